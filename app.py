@@ -1,0 +1,61 @@
+"""The calculator: how much GPU memory one training step needs, where it goes, what holds it.
+
+Run with ``streamlit run app.py``. Streamlit reruns this script from the top on every widget
+change; it only reads the widgets, calls `vram`, and displays the result.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import vram
+from ui import data, inputs, params, render
+from vram import charts
+
+st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
+
+
+def main() -> None:
+    inputs.init_state()
+    render.page_style()
+    state = inputs.sidebar()
+
+    head, units = st.columns([4, 1])
+    head.title("How much GPU memory does this training run need?")
+    with units:
+        unit = inputs.unit_switch()
+    inputs.show_url_errors()
+    inputs.write_url()
+
+    model, model_error = data.resolve_model(state)
+    setup, setup_errors = params.build_setup(state)
+    if model_error or setup_errors:
+        st.error("\n\n".join(([model_error] if model_error else []) + setup_errors))
+        return
+    assert model is not None and setup is not None
+
+    est = vram.estimate(model, setup)
+    report = vram.fit(model, setup, data.gpus())
+    st.caption(
+        f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} trained. "
+        "Figures are per GPU."
+    )
+    render.metrics(est, report, unit)
+
+    chart, compare = st.columns([3, 2])
+    with chart:
+        st.subheader("Where the memory goes")
+        render.plot(
+            charts.breakdown_figure(est, unit=unit, capacities=data.capacities()),
+            key="breakdown",
+        )
+    with compare:
+        st.subheader("Training against inference")
+        render.plot(charts.inference_figure(est, unit=unit), key="inference")
+    render.notes(est)
+    render.fit_tables(report, unit)
+    render.show_math(est, unit)
+    render.download(est, report)
+
+
+main()

@@ -1,0 +1,127 @@
+"""Cached reads of the data files, and the model a state dict points at.
+
+Streamlit reruns the whole page script on every widget change, so file reads are cached here
+(practice 8); `vram.estimate` is not, it takes microseconds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import streamlit as st
+
+import vram
+from ui import params
+from vram.architecture import read_config_text
+from vram.errors import VramError
+
+#: GPUs whose capacity is drawn as a line on the charts, when the catalog has them.
+COMMON_GPU_IDS: tuple[str, ...] = (
+    "t4",
+    "rtx-4090",
+    "a100-40gb-sxm",
+    "l40s",
+    "h100-sxm",
+    "h200",
+    "mi300x",
+)
+
+
+@st.cache_resource(show_spinner=False)
+def catalog() -> tuple[Any, ...]:
+    """The model catalog: teaching sizes first (1B, 8B, 13B, 70B), then by parameters."""
+    order = {"1B": 0, "8B": 1, "13B": 2, "70B": 3}
+    entries = vram.model_catalog()
+    return tuple(
+        sorted(entries, key=lambda e: (order.get(e.teaching_size or "", 9), e.params, e.slug))
+    )
+
+
+def default_model() -> str:
+    """The 8B teaching model (Llama 3.1 8B in the shipped catalog), else the first entry."""
+    for entry in catalog():
+        if entry.teaching_size == "8B":
+            return str(entry.slug)
+    return str(catalog()[0].slug)
+
+
+@st.cache_resource(show_spinner=False)
+def registry() -> params.Registry:
+    return params.registry(tuple(e.slug for e in catalog()), default_model())
+
+
+def model_label(slug: str) -> str:
+    """What the model list shows: ``8B · Llama 3.1 8B`` for teaching sizes, else the name."""
+    if slug == params.UPLOAD:
+        return "Upload a config.json…"
+    if slug == params.BY_SIZE:
+        return "Any size (parameter count)…"
+    for entry in catalog():
+        if entry.slug == slug:
+            size = f"{entry.teaching_size} · " if entry.teaching_size else ""
+            return f"{size}{entry.display_name}"
+    return slug
+
+
+@st.cache_resource(show_spinner=False)
+def gpus_from(path: str | None) -> tuple[Any, ...]:
+    return tuple(vram.load_gpus(path))
+
+
+def gpus() -> tuple[Any, ...]:
+    """The GPU catalog, or the team's own list named by VRAM_GPUS_CSV (read once per path)."""
+    return gpus_from(os.environ.get("VRAM_GPUS_CSV") or None)
+
+
+def short_gpu_name(name: str) -> str:
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "AMD Instinct ", "AMD "):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def capacities() -> list[tuple[str, int]]:
+    """(name, bytes) of the common GPUs to draw as lines; every GPU for a team's own list."""
+    all_gpus = gpus()
+    common = [g for g in all_gpus if g.id in COMMON_GPU_IDS] or list(all_gpus)
+    return [(short_gpu_name(g.name), int(g.memory_bytes)) for g in common]
+
+
+@st.cache_resource(show_spinner=False, max_entries=256)
+def catalog_model(slug: str) -> Any:
+    return vram.load_model(slug)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def config_model(text: str) -> Any:
+    """A model from config.json text; vram parses it as JSON (nothing is executed)."""
+    config = read_config_text(text)
+    name = str(config.get("_name_or_path") or "uploaded config.json")[:80]
+    config.setdefault("_name_or_path", name)
+    return vram.load_model(config)
+
+
+@st.cache_resource(show_spinner=False, max_entries=64)
+def sized_model(n_params: int) -> Any:
+    return vram.model_from_param_count(n_params)
+
+
+def resolve_model(state: Mapping[str, Any]) -> tuple[Any | None, str | None]:
+    """The ModelSpec a state points at, or None and a message naming what is wrong."""
+    choice = state["model"]
+    try:
+        if choice == params.UPLOAD:
+            text = state.get("config") or ""
+            if not text:
+                return (
+                    None,
+                    "Model: choose a config.json file to upload (a Hugging Face model's config).",
+                )
+            return config_model(text), None
+        if choice == params.BY_SIZE:
+            return sized_model(int(round(float(state["size"]) * 1e9))), None
+        return catalog_model(choice), None
+    except VramError as exc:
+        return None, f"Model: {exc}"

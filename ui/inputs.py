@@ -1,0 +1,207 @@
+"""The sidebar and the URL: widgets with short keys that are also the query parameter names.
+
+Streamlit reruns the page script from the top on every change. The state lives in
+`st.session_state` under the keys of `ui.params`; on a session's first run it is filled from
+the URL (bad parameters are reported and ignored), and after the widgets are drawn the URL is
+rewritten from it, so a copied link reproduces the view.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import streamlit as st
+
+from ui import data, params
+from vram.architecture import read_config_text
+from vram.charts import Unit
+from vram.errors import VramError
+from vram.setup import ALL_LINEAR
+
+#: Bigger than the default 1 MB cap would allow for nothing: a real config.json is a few KB.
+MAX_UPLOAD_BYTES = params.MAX_CONFIG_BYTES
+MAX_PINS = 4
+_ERRORS = "_url_errors"
+_READY = "_state_ready"
+
+
+def init_state() -> None:
+    """Call at the top of every page, before any widget.
+
+    Reads the URL on the session's first run. On later runs it re-assigns every value, which
+    keeps widget state alive when the person moves to a page that does not draw that widget
+    (Streamlit drops the state of widgets that were not drawn in a run).
+    """
+    reg = data.registry()
+    state = st.session_state
+    if not state.get(_READY):
+        values = reg.defaults()
+        query = {k: st.query_params[k] for k in st.query_params if k != "pin"}
+        parsed, errors = params.parse_query(reg, query)
+        values.update(parsed)
+        pins, pin_errors = params.parse_pins(reg, st.query_params.get_all("pin"), MAX_PINS)
+        for key, value in values.items():
+            state[key] = value
+        state["pins"] = pins
+        state[_ERRORS] = errors + pin_errors
+        state[_READY] = True
+    else:
+        for key in reg.keys:
+            if key in state:
+                state[key] = state[key]
+
+
+def show_url_errors() -> None:
+    """Report URL parameters that were ignored (once, on the run that read them)."""
+    errors = st.session_state.pop(_ERRORS, [])
+    if errors:
+        st.error(
+            "Some settings in the link could not be used:\n\n"
+            + "\n".join(f"- {line}" for line in errors)
+        )
+
+
+def current() -> dict[str, Any]:
+    """The state dict of the current run."""
+    reg = data.registry()
+    return {key: st.session_state.get(key, reg[key].default) for key in reg.keys}
+
+
+def write_url() -> None:
+    """Rewrite the URL from the state: only values that differ from the defaults, plus pins."""
+    reg = data.registry()
+    query: dict[str, str | list[str]] = dict(params.to_query(reg, current()))
+    pins = st.session_state.get("pins") or []
+    if pins:
+        query["pin"] = [params.dump_pin(reg, pin) for pin in pins]
+    if dict(st.query_params.to_dict()) != query or pins:
+        st.query_params.from_dict(query)
+
+
+def _on_gpus_change() -> None:
+    # Runs before the rerun: pick a sharding that makes sense for the new count, so moving
+    # the GPU control never lands on a setup that cannot be estimated.
+    state = st.session_state
+    state["shard"] = params.sharding_for(int(state["gpus"]), state["shard"])
+
+
+def _on_upload() -> None:
+    file = st.session_state.get("upload")
+    if file is None:
+        return
+    if file.size > MAX_UPLOAD_BYTES:
+        st.session_state["_upload_error"] = (
+            f"config.json: the file is {file.size:,} bytes; a config.json is at most "
+            f"{MAX_UPLOAD_BYTES:,} bytes."
+        )
+        return
+    raw = file.getvalue()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        st.session_state["_upload_error"] = "config.json: the file is not UTF-8 text."
+        return
+    try:
+        config = read_config_text(text)  # JSON only; nothing in the file is executed
+    except VramError as exc:
+        st.session_state["_upload_error"] = str(exc)
+        return
+    st.session_state.pop("_upload_error", None)
+    # Compact JSON keeps the link short; the state (and so the URL) carries the config.
+    st.session_state["config"] = json.dumps(config, separators=(",", ":"))
+
+
+def _select(key: str, title: str, options: tuple[Any, ...], **kwargs: Any) -> Any:
+    return st.selectbox(
+        title, options, key=key, format_func=lambda v: params.label(key, v), **kwargs
+    )
+
+
+def sidebar() -> dict[str, Any]:
+    """Draw the setup controls in the sidebar; return the state dict they produce."""
+    reg = data.registry()
+    with st.sidebar:
+        st.header("Training setup")
+        st.selectbox(
+            "Model",
+            reg.model_options,
+            key="model",
+            format_func=data.model_label,
+            help="The teaching sizes come first; type to search the catalog.",
+        )
+        model = st.session_state["model"]
+        if model == params.UPLOAD:
+            st.file_uploader(
+                "config.json",
+                type=["json"],
+                key="upload",
+                on_change=_on_upload,
+                help=f"A Hugging Face config.json, at most {MAX_UPLOAD_BYTES // 1024} KB. "
+                "It is read as JSON only.",
+            )
+            if st.session_state.get("_upload_error"):
+                st.error(st.session_state["_upload_error"])
+        elif model == params.BY_SIZE:
+            st.number_input(
+                "Parameters (billions)",
+                min_value=0.01,
+                max_value=10_000.0,
+                step=1.0,
+                key="size",
+                help="A Llama-shaped model of this size (approximate).",
+            )
+        method_options = tuple(params.LABELS["method"])
+        st.radio(
+            "Method",
+            method_options,
+            key="method",
+            horizontal=True,
+            format_func=lambda v: params.label("method", v),
+        )
+        _select("opt", "Optimizer", tuple(params.LABELS["opt"]))
+        st.slider("Micro-batch size", 1, params.BATCH_MAX, key="batch")
+        st.select_slider(
+            "Sequence length (tokens)",
+            params.SEQ_OPTIONS,
+            key="seq",
+            format_func=lambda v: f"{v:,}",
+        )
+        full = st.session_state["method"] == "full"
+        with st.expander("Advanced", expanded=False):
+            _select("prec", "Precision recipe", tuple(params.LABELS["prec"]))
+            st.select_slider("LoRA rank", params.RANK_OPTIONS, key="rank", disabled=full)
+            st.multiselect(
+                "LoRA targets",
+                params.TARGET_OPTIONS,
+                key="targets",
+                disabled=full,
+                help=f"'{ALL_LINEAR}' adapts every linear layer of the decoder.",
+            )
+            _select(
+                "quant",
+                "Quantization of the base",
+                params.QUANT_OPTIONS,
+                disabled=st.session_state["method"] != "qlora",
+                help="Only QLoRA quantizes the frozen base model.",
+            )
+            st.toggle("Gradient checkpointing", key="ckpt")
+            _select("attn", "Attention kernel", tuple(params.LABELS["attn"]))
+            _select("loss", "Loss (cross-entropy)", params.LOSS_OPTIONS)
+            st.select_slider("GPUs", params.GPU_OPTIONS, key="gpus", on_change=_on_gpus_change)
+            _select("shard", "Sharding", tuple(params.LABELS["shard"]))
+            _select("offload", "Offload", tuple(params.LABELS["offload"]))
+            _select("stack", "Training stack", tuple(params.LABELS["stack"]))
+    return current()
+
+
+def unit_switch() -> Unit:
+    """GB (10^9 bytes) or GiB (2^30 bytes), for every figure on the page."""
+    st.radio(
+        "Units",
+        params.UNITS,
+        key="unit",
+        horizontal=True,
+        help="GB = 10⁹ bytes (vendors), GiB = 2³⁰ bytes (nvidia-smi).",
+    )
+    return "GiB" if st.session_state["unit"] == "GiB" else "GB"

@@ -1,0 +1,231 @@
+"""Showing results: metrics, charts, tables and the line-item math, in the chosen unit.
+
+Everything here displays what `vram` computed; no memory arithmetic happens in this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+import streamlit as st
+
+from ui import data
+from vram import charts
+from vram.charts import Unit, format_bytes
+from vram.result import BUCKET_ORDER, Estimate
+
+#: Big numbers for the back of the room; charts set their own fonts (16 px and up).
+_CSS = """
+<style>
+[data-testid="stMetricValue"] { font-size: 2.6rem; font-weight: 700; }
+[data-testid="stMetricLabel"] p { font-size: 1.1rem; }
+[data-testid="stMetricDelta"] { font-size: 1.2rem; }
+</style>
+"""
+
+_PLOTLY_CONFIG: dict[str, Any] = {"displayModeBar": False, "responsive": True}
+
+
+def page_style() -> None:
+    st.html(_CSS)
+
+
+def plot(fig: Any, key: str) -> None:
+    # theme=None keeps the figure's own fonts and the bucket colours.
+    st.plotly_chart(fig, theme=None, config=_PLOTLY_CONFIG, key=key)
+
+
+def gpu_price(usd_per_hour: float | None) -> str:
+    return "price unknown" if usd_per_hour is None else f"${usd_per_hour:,.2f}/h"
+
+
+def gpu_choice(option: Any) -> str:
+    return f"{option.count}× {data.short_gpu_name(option.gpu.name)}"
+
+
+def metrics(est: Estimate, report: Any, unit: Unit) -> None:
+    """Peak per GPU, the cheapest GPUs that hold it, and the training ÷ inference multiple."""
+    peak, cheapest, multiple = st.columns(3)
+    peak.metric(
+        "Peak memory per GPU",
+        format_bytes(est.device_peak_bytes, unit),
+        delta=f"at the {est.phase.value}",
+        delta_color="off",
+        delta_arrow="off",
+        help=(
+            f"What nvidia-smi would show at the peak. PyTorch's max_memory_allocated would "
+            f"report {format_bytes(est.allocated_peak_bytes, unit)}; max_memory_reserved "
+            f"{format_bytes(est.reserved_peak_bytes, unit)}. The GPU fit uses the nvidia-smi "
+            "figure."
+        ),
+    )
+    if report.fits:
+        best = report.fits[0]
+        cheapest.metric(
+            "Cheapest GPUs that hold it",
+            gpu_choice(best),
+            delta=gpu_price(best.usd_per_hour),
+            delta_color="off",
+            delta_arrow="off",
+            help="Cheapest by the total price per hour of the GPUs needed.",
+        )
+    else:
+        cheapest.metric("Cheapest GPUs that hold it", "none in the list")
+    multiple.metric(
+        "Training ÷ inference",
+        f"{est.training_to_inference:.1f}×",
+        delta=f"inference: {format_bytes(est.inference.total_bytes, unit)}",
+        delta_color="off",
+        delta_arrow="off",
+        help="Training memory against serving the same model with the same batch and length.",
+    )
+
+
+def notes(est: Estimate) -> None:
+    if est.approximate:
+        st.warning("The model's shape is approximate, so the figures are too.")
+    if est.host_bytes:
+        st.info(
+            f"Host (CPU) memory needed for offloaded state: {format_bytes(est.host_bytes, 'GB')}."
+        )
+    for note in est.notes:
+        st.caption(note)
+
+
+def fit_tables(report: Any, unit: Unit) -> None:
+    """GPUs that hold the run (cheapest first) and those that do not, by how much."""
+    fits = pd.DataFrame(
+        [
+            {
+                "GPU": data.short_gpu_name(o.gpu.name),
+                "count": o.count,
+                "sharding": str(getattr(o.sharding, "value", o.sharding)),
+                "$ per hour": o.usd_per_hour,
+                "usable per GPU": format_bytes(o.usable_bytes, unit),
+                "needs per GPU": format_bytes(o.device_peak_bytes, unit),
+                "headroom": format_bytes(o.headroom_bytes, unit),
+            }
+            for o in report.fits
+        ]
+    )
+    misses = pd.DataFrame(
+        [
+            {
+                "GPU": data.short_gpu_name(o.gpu.name),
+                "usable per GPU": format_bytes(o.usable_bytes, unit),
+                "needs per GPU": format_bytes(o.device_peak_bytes, unit),
+                "short by": format_bytes(-o.headroom_bytes, unit),
+            }
+            for o in report.misses
+        ]
+    )
+    left, right = st.columns([3, 2])
+    with left:
+        st.subheader(f"GPUs that hold it ({len(report.fits)})")
+        if fits.empty:
+            st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
+        else:
+            st.dataframe(
+                fits,
+                hide_index=True,
+                column_config={"$ per hour": st.column_config.NumberColumn(format="$%.2f")},
+            )
+    with right:
+        st.subheader(f"Too small ({len(report.misses)})")
+        if misses.empty:
+            st.write("Every GPU in the list holds it.")
+        else:
+            st.dataframe(misses, hide_index=True)
+
+
+def _inputs_text(inputs: dict[str, Any]) -> str:
+    return ", ".join(
+        f"{k}={v:,}" if isinstance(v, int) and not isinstance(v, bool) else f"{k}={v}"
+        for k, v in inputs.items()
+    )
+
+
+def math_table(est: Estimate) -> pd.DataFrame:
+    """Every line item: bucket, what it is, formula, inputs and exact bytes."""
+    rows: list[dict[str, Any]] = []
+    for bucket in est.buckets:
+        for item in bucket.items:
+            rows.append(
+                {
+                    "bucket": charts.BUCKET_LABELS[bucket.name],
+                    "item": item.label,
+                    "formula": item.formula,
+                    "inputs": _inputs_text(item.inputs),
+                    "bytes": f"{item.bytes:,}",
+                    "source": item.source or item.note,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def show_math(est: Estimate, unit: Unit) -> None:
+    with st.expander("Show the math: every line item, its formula and inputs"):
+        st.markdown(
+            "Each bucket is the sum of its line items; the buckets sum to the peak per GPU. "
+            "Bytes are exact integers; 1 GB = 10⁹ bytes, 1 GiB = 2³⁰ bytes."
+        )
+        for bucket in est.buckets:
+            name = charts.BUCKET_LABELS[bucket.name]
+            st.markdown(f"**{name}: {format_bytes(bucket.bytes, unit)}** ({bucket.bytes:,} bytes)")
+            table = math_table(est)
+            st.table(table[table["bucket"] == name].drop(columns="bucket"), hide_index=True)
+        st.markdown(
+            f"**Total at the peak ({est.phase.value}): "
+            f"{format_bytes(est.device_peak_bytes, unit)}** ({est.device_peak_bytes:,} bytes) = "
+            + " + ".join(f"{b.bytes:,}" for b in est.buckets)
+        )
+        if est.inference.items:
+            st.markdown(f"**Inference: {format_bytes(est.inference.total_bytes, unit)}**")
+            st.table(
+                pd.DataFrame(
+                    [
+                        {
+                            "item": i.label,
+                            "formula": i.formula,
+                            "inputs": _inputs_text(i.inputs),
+                            "bytes": f"{i.bytes:,}",
+                        }
+                        for i in est.inference.items
+                    ]
+                ),
+                hide_index=True,
+            )
+
+
+def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.DataFrame:
+    """One row per setup, one column per bucket, plus the peak and the inference figure."""
+    rows: list[dict[str, Any]] = []
+    for label, est in labelled:
+        row: dict[str, Any] = {"setup": label}
+        for name in BUCKET_ORDER:
+            row[charts.BUCKET_LABELS[name]] = format_bytes(est.bucket(name).bytes, unit)
+        row["peak per GPU"] = format_bytes(est.device_peak_bytes, unit)
+        row["training ÷ inference"] = f"{est.training_to_inference:.1f}×"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def download(est: Estimate, report: Any) -> None:
+    payload = {
+        "estimate": est.model_dump(mode="json"),
+        "cheapest": [
+            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
+            for o in report.fits[:10]
+        ],
+    }
+    st.download_button(
+        "Download the estimate (JSON)",
+        json.dumps(payload, indent=2),
+        file_name="vram-estimate.json",
+        mime="application/json",
+        on_click="ignore",
+        key="download",
+    )

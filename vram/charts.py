@@ -1,0 +1,412 @@
+"""Plotly figures built from estimates: pure functions of their inputs, no Streamlit.
+
+The app displays them, the CLI can export them (``fig.write_html(...)``), and tests check the
+data they carry. Colours come from the Okabe-Ito palette (Okabe & Ito 2008, "Color Universal
+Design"), which stays distinguishable for the common forms of colour blindness; each bucket keeps
+its colour everywhere.
+
+    >>> fig = breakdown_figure(estimate, unit="GB", capacities=[("RTX 4090", 24 * 2**30)])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+import plotly.graph_objects as go
+
+from vram.result import BUCKET_ORDER, BucketName, Estimate
+
+Unit = Literal["GB", "GiB"]
+
+#: Bytes per display unit. GB = 10^9 (what vendors print), GiB = 2^30 (what nvidia-smi shows).
+UNIT_BYTES: dict[str, int] = {"GB": 10**9, "GiB": 2**30}
+
+#: Okabe-Ito colours, one per bucket; overhead is a neutral grey so the four buckets stand out.
+BUCKET_COLORS: dict[BucketName, str] = {
+    BucketName.WEIGHTS: "#0072B2",  # blue
+    BucketName.GRADIENTS: "#E69F00",  # orange
+    BucketName.OPTIMIZER: "#009E73",  # bluish green
+    BucketName.ACTIVATIONS: "#CC79A7",  # reddish purple
+    BucketName.OVERHEAD: "#999999",  # grey
+}
+
+BUCKET_LABELS: dict[BucketName, str] = {
+    BucketName.WEIGHTS: "Weights",
+    BucketName.GRADIENTS: "Gradients",
+    BucketName.OPTIMIZER: "Optimizer state",
+    BucketName.ACTIVATIONS: "Activations",
+    BucketName.OVERHEAD: "Overhead",
+}
+
+#: Colours for the inference side that are not buckets (the KV cache, working memory).
+KV_CACHE_COLOR = "#56B4E9"  # sky blue
+WORKING_COLOR = "#D55E00"  # vermillion
+
+#: Readable from the back of a classroom: no chart text under 16 px.
+FONT_SIZE = 18
+SMALL_FONT_SIZE = 16
+FONT_FAMILY = "Source Sans Pro, Arial, sans-serif"
+
+
+def to_unit(n_bytes: int, unit: Unit) -> float:
+    """Bytes as a float in GB (10^9) or GiB (2^30)."""
+    return n_bytes / UNIT_BYTES[unit]
+
+
+def format_bytes(n_bytes: int, unit: Unit) -> str:
+    """Three significant digits and the unit: ``12.3 GB``, ``0.52 GiB``, ``840 GB``."""
+    value = to_unit(n_bytes, unit)
+    if value == 0:
+        return f"0 {unit}"
+    if abs(value) >= 100:
+        return f"{value:,.0f} {unit}"
+    if abs(value) >= 10:
+        return f"{value:.1f} {unit}"
+    if abs(value) >= 0.01:
+        return f"{value:.2f} {unit}"
+    return f"{value:.4f} {unit}"
+
+
+def _layout(**extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "font": {"size": FONT_SIZE, "family": FONT_FAMILY},
+        "margin": {"l": 20, "r": 20, "t": 50, "b": 40},
+        "plot_bgcolor": "white",
+        "paper_bgcolor": "white",
+        "hoverlabel": {"font": {"size": SMALL_FONT_SIZE}},
+    }
+    layout.update(extra)
+    return layout
+
+
+def spread_labels(centres: Sequence[float], min_gap: float) -> list[float]:
+    """Move label positions apart so that neighbours are at least `min_gap` apart.
+
+    Keeps the order and stays as close as possible to the wanted centres (labels are pushed up
+    from the bottom, then the whole stack is pulled down if it drifted above the top centre).
+    """
+    if not centres:
+        return []
+    order = sorted(range(len(centres)), key=lambda i: centres[i])
+    placed: list[float] = []
+    for i in order:
+        want = centres[i]
+        placed.append(want if not placed else max(want, placed[-1] + min_gap))
+    drift = placed[-1] - max(centres)
+    if drift > 0:
+        # Pull down, but never below the first centre's slot.
+        shift = min(drift, max(0.0, placed[0] - min(centres)) + drift / 2)
+        placed = [p - shift / 2 for p in placed]
+    out = [0.0] * len(centres)
+    for slot, i in enumerate(order):
+        out[i] = placed[slot]
+    return out
+
+
+def capacity_lines(capacities: Iterable[tuple[str, int]], peak_bytes: int) -> list[tuple[str, int]]:
+    """The capacities worth drawing: all below the peak, and the first one at or above it.
+
+    Names sharing a size are joined ("A100 80GB / H100 SXM"), so each line is drawn once.
+    """
+    by_size: dict[int, list[str]] = {}
+    for name, size in capacities:
+        by_size.setdefault(int(size), [])
+        if name not in by_size[size]:
+            by_size[size].append(name)
+    sizes = sorted(by_size)
+    shown = [s for s in sizes if s < peak_bytes]
+    above = [s for s in sizes if s >= peak_bytes]
+    if above:
+        shown.append(above[0])
+    return [(" / ".join(by_size[s][:2]), s) for s in shown]
+
+
+def breakdown_figure(
+    estimate: Estimate,
+    *,
+    unit: Unit = "GB",
+    capacities: Iterable[tuple[str, int]] = (),
+    height: int = 560,
+) -> go.Figure:
+    """One stacked bar of the buckets (per GPU), each labelled, with GPU capacities as lines.
+
+    `capacities` are ``(name, memory_bytes)`` pairs; the lines below the peak and the first one
+    above it are drawn, so the picture shows the smallest card that holds the run.
+    """
+    peak = estimate.device_peak_bytes
+    fig = go.Figure()
+    bottom = 0.0
+    centres: list[float] = []
+    labels: list[str] = []
+    colors: list[str] = []
+    x_name = "Per GPU"
+    for name in BUCKET_ORDER:
+        n_bytes = estimate.bucket(name).bytes
+        value = to_unit(n_bytes, unit)
+        text = f"{BUCKET_LABELS[name]}: {format_bytes(n_bytes, unit)}"
+        fig.add_trace(
+            go.Bar(
+                x=[x_name],
+                y=[value],
+                name=BUCKET_LABELS[name],
+                marker={"color": BUCKET_COLORS[name], "line": {"color": "white", "width": 1}},
+                hovertemplate=f"{text}<extra></extra>",
+                width=0.5,
+            )
+        )
+        centres.append(bottom + value / 2)
+        labels.append(text)
+        colors.append(BUCKET_COLORS[name])
+        bottom += value
+
+    lines = capacity_lines(capacities, peak)
+    top = max([to_unit(peak, unit)] + [to_unit(s, unit) for _, s in lines]) * 1.08 or 1.0
+    min_gap = top * 0.075
+    positions = spread_labels(centres, min_gap)
+    annotations: list[dict[str, Any]] = []
+    for text, y, label_y, color in zip(labels, centres, positions, colors, strict=True):
+        annotations.append(
+            {
+                "x": 0.28,
+                "y": label_y,
+                "xref": "x",
+                "yref": "y",
+                "ax": 0.26,
+                "ay": y,
+                "axref": "x",
+                "ayref": "y",
+                "text": f"<span style='color:{color}'>■</span> {text}",
+                "showarrow": True,
+                "arrowhead": 0,
+                "arrowwidth": 1,
+                "arrowcolor": "#555",
+                "xanchor": "left",
+                "font": {"size": FONT_SIZE, "color": "#222"},
+            }
+        )
+    annotations.append(
+        {
+            "x": x_name,
+            "y": to_unit(peak, unit),
+            "yshift": 14,
+            "showarrow": False,
+            "text": f"<b>{format_bytes(peak, unit)}</b>",
+            "font": {"size": FONT_SIZE + 4, "color": "#222"},
+        }
+    )
+    shapes: list[dict[str, Any]] = []
+    for name, size in lines:
+        y = to_unit(size, unit)
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": y,
+                "y1": y,
+                "line": {"color": "#333", "width": 2, "dash": "dash"},
+            }
+        )
+        annotations.append(
+            {
+                "xref": "paper",
+                "x": 0.0,
+                "y": y,
+                "yref": "y",
+                "yanchor": "bottom",
+                "xanchor": "left",
+                "showarrow": False,
+                "text": f"{name} · {format_bytes(size, unit)}",
+                "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
+            }
+        )
+    fig.update_layout(
+        **_layout(
+            barmode="stack",
+            height=height,
+            showlegend=False,
+            xaxis={"range": [-0.45, 1.6], "showticklabels": False, "fixedrange": True},
+            yaxis={
+                "title": {"text": f"memory per GPU ({unit})"},
+                "range": [0, top],
+                "gridcolor": "#e5e5e5",
+                "fixedrange": True,
+            },
+            annotations=annotations,
+            shapes=shapes,
+        )
+    )
+    return fig
+
+
+def _inference_color(key: str) -> str:
+    lowered = key.lower()
+    if "weight" in lowered or "param" in lowered:
+        return BUCKET_COLORS[BucketName.WEIGHTS]
+    if "kv" in lowered or "cache" in lowered:
+        return KV_CACHE_COLOR
+    return WORKING_COLOR
+
+
+def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460) -> go.Figure:
+    """Training (stacked by bucket) next to inference (weights, KV cache, working memory)."""
+    fig = go.Figure()
+    for name in BUCKET_ORDER:
+        n_bytes = estimate.bucket(name).bytes
+        fig.add_trace(
+            go.Bar(
+                x=["Training"],
+                y=[to_unit(n_bytes, unit)],
+                name=BUCKET_LABELS[name],
+                marker={"color": BUCKET_COLORS[name]},
+                legendgroup="training",
+                hovertemplate=f"{BUCKET_LABELS[name]}: {format_bytes(n_bytes, unit)}<extra></extra>",
+            )
+        )
+    for item in estimate.inference.items:
+        fig.add_trace(
+            go.Bar(
+                x=["Inference"],
+                y=[to_unit(item.bytes, unit)],
+                name=item.label,
+                marker={"color": _inference_color(item.key)},
+                legendgroup="inference",
+                hovertemplate=f"{item.label}: {format_bytes(item.bytes, unit)}<extra></extra>",
+            )
+        )
+    train = estimate.device_peak_bytes
+    infer = estimate.inference.total_bytes
+    top = max(to_unit(train, unit), to_unit(infer, unit)) * 1.25 or 1.0
+    annotations = [
+        {
+            "x": "Training",
+            "y": to_unit(train, unit),
+            "yshift": 16,
+            "showarrow": False,
+            "text": f"<b>{format_bytes(train, unit)}</b>",
+            "font": {"size": FONT_SIZE + 2},
+        },
+        {
+            "x": "Inference",
+            "y": to_unit(infer, unit),
+            "yshift": 16,
+            "showarrow": False,
+            "text": f"<b>{format_bytes(infer, unit)}</b>",
+            "font": {"size": FONT_SIZE + 2},
+        },
+        {
+            "xref": "paper",
+            "x": 0.5,
+            "yref": "paper",
+            "y": 1.0,
+            "yanchor": "bottom",
+            "showarrow": False,
+            "text": f"training needs <b>{estimate.training_to_inference:.1f}×</b> the memory of inference",
+            "font": {"size": FONT_SIZE + 2, "color": "#222"},
+        },
+    ]
+    fig.update_layout(
+        **_layout(
+            barmode="stack",
+            height=height,
+            bargap=0.45,
+            yaxis={
+                "title": {"text": f"memory per GPU ({unit})"},
+                "range": [0, top],
+                "gridcolor": "#e5e5e5",
+                "fixedrange": True,
+            },
+            xaxis={"fixedrange": True, "tickfont": {"size": FONT_SIZE + 2}},
+            legend={"font": {"size": SMALL_FONT_SIZE}, "traceorder": "normal"},
+            annotations=annotations,
+        )
+    )
+    return fig
+
+
+def compare_figure(
+    labelled: Sequence[tuple[str, Estimate]],
+    *,
+    unit: Unit = "GB",
+    capacities: Iterable[tuple[str, int]] = (),
+    height: int = 560,
+) -> go.Figure:
+    """Several setups side by side: one stacked bar each, the total written above it."""
+    names = [label for label, _ in labelled]
+    fig = go.Figure()
+    for bucket in BUCKET_ORDER:
+        values = [to_unit(est.bucket(bucket).bytes, unit) for _, est in labelled]
+        texts = [format_bytes(est.bucket(bucket).bytes, unit) for _, est in labelled]
+        fig.add_trace(
+            go.Bar(
+                x=names,
+                y=values,
+                name=BUCKET_LABELS[bucket],
+                marker={"color": BUCKET_COLORS[bucket], "line": {"color": "white", "width": 1}},
+                customdata=texts,
+                hovertemplate=f"{BUCKET_LABELS[bucket]}: %{{customdata}}<extra>%{{x}}</extra>",
+            )
+        )
+    peaks = [est.device_peak_bytes for _, est in labelled]
+    annotations: list[dict[str, Any]] = [
+        {
+            "x": name,
+            "y": to_unit(peak, unit),
+            "yshift": 16,
+            "showarrow": False,
+            "text": f"<b>{format_bytes(peak, unit)}</b>",
+            "font": {"size": FONT_SIZE + 2},
+        }
+        for name, peak in zip(names, peaks, strict=True)
+    ]
+    lines = capacity_lines(capacities, max(peaks, default=0))
+    shapes: list[dict[str, Any]] = []
+    for name, size in lines:
+        y = to_unit(size, unit)
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "paper",
+                "x0": 0,
+                "x1": 1,
+                "yref": "y",
+                "y0": y,
+                "y1": y,
+                "line": {"color": "#333", "width": 2, "dash": "dash"},
+            }
+        )
+        annotations.append(
+            {
+                "xref": "paper",
+                "x": 1.0,
+                "xanchor": "right",
+                "y": y,
+                "yref": "y",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "text": f"{name} · {format_bytes(size, unit)}",
+                "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
+            }
+        )
+    top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
+    fig.update_layout(
+        **_layout(
+            barmode="stack",
+            height=height,
+            bargap=0.35,
+            yaxis={
+                "title": {"text": f"memory per GPU ({unit})"},
+                "range": [0, top * 1.15 or 1.0],
+                "gridcolor": "#e5e5e5",
+                "fixedrange": True,
+            },
+            xaxis={"fixedrange": True, "tickfont": {"size": SMALL_FONT_SIZE}},
+            legend={"font": {"size": SMALL_FONT_SIZE}, "orientation": "h", "y": -0.15},
+            annotations=annotations,
+            shapes=shapes,
+        )
+    )
+    return fig
