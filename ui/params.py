@@ -290,6 +290,7 @@ def registry(model_slugs: tuple[str, ...], default_model: str) -> Registry:
                 _choice(_enum_values(Framework)),
                 title="Training stack",
             ),
+            Param("math", False, _bool, _dump_bool, title="Show the math"),
             Param("unit", "GB", _choice(("gb", "gib")), title="Units"),
         ),
         model_options=options,

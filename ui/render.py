@@ -5,6 +5,7 @@ Everything here displays what `vram` computed; no memory arithmetic happens in t
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -148,56 +149,49 @@ def _inputs_text(inputs: dict[str, Any]) -> str:
     )
 
 
-def math_table(est: Estimate) -> pd.DataFrame:
-    """Every line item: bucket, what it is, formula, inputs and exact bytes."""
-    rows: list[dict[str, Any]] = []
-    for bucket in est.buckets:
-        for item in bucket.items:
-            rows.append(
-                {
-                    "bucket": charts.BUCKET_LABELS[bucket.name],
-                    "item": item.label,
-                    "formula": item.formula,
-                    "inputs": _inputs_text(item.inputs),
-                    "bytes": f"{item.bytes:,}",
-                    "source": item.source or item.note,
-                }
-            )
-    return pd.DataFrame(rows)
+def _cell(text: str) -> str:
+    return html.escape(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _items_markdown(items: Sequence[Any]) -> str:
+    """Line items as a Markdown table (cheaper to send than a dataframe, and it wraps)."""
+    lines = ["| item | formula | inputs | bytes |", "|---|---|---|---:|"]
+    for item in items:
+        label = _cell(item.label) + (
+            f" <br><small>{_cell(item.source)}</small>" if item.source else ""
+        )
+        lines.append(
+            f"| {label} | `{item.formula.replace('`', "'").replace('|', '¦')}` | {_cell(_inputs_text(item.inputs))} "
+            f"| {item.bytes:,} |"
+        )
+    return "\n".join(lines)
 
 
 def show_math(est: Estimate, unit: Unit) -> None:
-    with st.expander("Show the math: every line item, its formula and inputs"):
+    """Every line item of every bucket, so a student can redo the arithmetic by hand."""
+    if not st.toggle("Show the math: every line item, its formula and inputs", key="math"):
+        return
+    st.markdown(
+        "Each bucket is the sum of its line items; the buckets sum to the peak per GPU. "
+        "Bytes are exact integers; 1 GB = 10⁹ bytes, 1 GiB = 2³⁰ bytes."
+    )
+    for bucket in est.buckets:
+        name = charts.BUCKET_LABELS[bucket.name]
+        color = charts.BUCKET_COLORS[bucket.name]
         st.markdown(
-            "Each bucket is the sum of its line items; the buckets sum to the peak per GPU. "
-            "Bytes are exact integers; 1 GB = 10⁹ bytes, 1 GiB = 2³⁰ bytes."
+            f"#### <span style='color:{color}'>■</span> {name}: "
+            f"{format_bytes(bucket.bytes, unit)} ({bucket.bytes:,} bytes)",
+            unsafe_allow_html=True,
         )
-        for bucket in est.buckets:
-            name = charts.BUCKET_LABELS[bucket.name]
-            st.markdown(f"**{name}: {format_bytes(bucket.bytes, unit)}** ({bucket.bytes:,} bytes)")
-            table = math_table(est)
-            st.table(table[table["bucket"] == name].drop(columns="bucket"), hide_index=True)
-        st.markdown(
-            f"**Total at the peak ({est.phase.value}): "
-            f"{format_bytes(est.device_peak_bytes, unit)}** ({est.device_peak_bytes:,} bytes) = "
-            + " + ".join(f"{b.bytes:,}" for b in est.buckets)
-        )
-        if est.inference.items:
-            st.markdown(f"**Inference: {format_bytes(est.inference.total_bytes, unit)}**")
-            st.table(
-                pd.DataFrame(
-                    [
-                        {
-                            "item": i.label,
-                            "formula": i.formula,
-                            "inputs": _inputs_text(i.inputs),
-                            "bytes": f"{i.bytes:,}",
-                        }
-                        for i in est.inference.items
-                    ]
-                ),
-                hide_index=True,
-            )
+        if bucket.items:
+            st.markdown(_items_markdown(bucket.items), unsafe_allow_html=True)
+    st.markdown(
+        f"#### Total at the peak ({est.phase.value}): {format_bytes(est.device_peak_bytes, unit)}"
+        f"\n\n{est.device_peak_bytes:,} = " + " + ".join(f"{b.bytes:,}" for b in est.buckets)
+    )
+    if est.inference.items:
+        st.markdown(f"#### Inference: {format_bytes(est.inference.total_bytes, unit)}")
+        st.markdown(_items_markdown(est.inference.items), unsafe_allow_html=True)
 
 
 def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.DataFrame:
