@@ -125,3 +125,7 @@ def resolve_model(state: Mapping[str, Any]) -> tuple[Any | None, str | None]:
         return catalog_model(choice), None
     except VramError as exc:
         return None, f"Model: {exc}"
+
+
+def custom_gpu_list() -> bool:
+    return bool(os.environ.get("VRAM_GPUS_CSV"))

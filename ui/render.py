@@ -153,6 +153,11 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _formula(text: str) -> str:
+    # Inside a code span Markdown escapes HTML itself; only backticks and pipes would break it.
+    return text.replace("`", "'").replace("|", "/")
+
+
 def _items_markdown(items: Sequence[Any]) -> str:
     """Line items as a Markdown table (cheaper to send than a dataframe, and it wraps)."""
     lines = ["| item | formula | inputs | bytes |", "|---|---|---|---:|"]
@@ -161,7 +166,7 @@ def _items_markdown(items: Sequence[Any]) -> str:
             f" <br><small>{_cell(item.source)}</small>" if item.source else ""
         )
         lines.append(
-            f"| {label} | `{item.formula.replace('`', "'").replace('|', '¦')}` | {_cell(_inputs_text(item.inputs))} "
+            f"| {label} | `{_formula(item.formula)}` | {_cell(_inputs_text(item.inputs))} "
             f"| {item.bytes:,} |"
         )
     return "\n".join(lines)
@@ -222,4 +227,50 @@ def download(est: Estimate, report: Any) -> None:
         mime="application/json",
         on_click="ignore",
         key="download",
+    )
+
+
+def gpu_table(
+    gpus: Sequence[Any], report: Any | None, unit: Unit, *, only_fits: bool
+) -> pd.DataFrame:
+    """The catalog with what the current run needs on each GPU (count, total price, headroom)."""
+    options: dict[str, tuple[bool, Any]] = {}
+    if report is not None:
+        for option in report.misses:
+            options.setdefault(option.gpu.id, (False, option))
+        for option in report.fits:
+            options[option.gpu.id] = (True, option)
+    rows: list[dict[str, Any]] = []
+    for gpu in gpus:
+        fits, option = options.get(gpu.id, (False, None))
+        if only_fits and not fits:
+            continue
+        rows.append(
+            {
+                "GPU": data.short_gpu_name(gpu.name),
+                "vendor": gpu.vendor,
+                "segment": gpu.segment,
+                f"memory ({unit})": round(charts.to_unit(gpu.memory_bytes, unit), 1),
+                "bf16 TFLOPS": gpu.bf16_dense_tflops,
+                "bandwidth (GB/s)": gpu.memory_bandwidth_gbps,
+                "$ per GPU-hour": gpu.usd_per_hour,
+                "holds it": "✅" if fits else ("❌" if option is not None else "—"),
+                "GPUs needed": option.count if fits else None,
+                "$ per hour, all": option.usd_per_hour if fits else None,
+                f"headroom ({unit})": (
+                    round(charts.to_unit(option.headroom_bytes, unit), 1) if option else None
+                ),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def gpu_dataframe(table: pd.DataFrame, unit: Unit) -> None:
+    money = st.column_config.NumberColumn(format="$%.2f")
+    st.dataframe(
+        table,
+        hide_index=True,
+        column_config={"$ per GPU-hour": money, "$ per hour, all": money},
+        height=min(800, 40 + 36 * max(1, len(table))),
+        row_height=34,
     )

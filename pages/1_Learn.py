@@ -1,0 +1,111 @@
+"""Learn: where training memory goes, which lever shrinks which bucket, and exercises.
+
+Every number on this page is computed live by `vram.estimate`, so the text can never disagree
+with the calculator.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import vram
+from ui import data, inputs, learn, params, render
+from vram import charts
+
+st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
+
+
+def examples(unit: charts.Unit) -> None:
+    """Full vs LoRA vs QLoRA of one teaching-size model, live."""
+    teaching = [e for e in data.catalog() if e.teaching_size]
+    slugs = [e.slug for e in teaching] or [data.default_model()]
+    if "learn_model" not in st.session_state:
+        st.session_state["learn_model"] = data.default_model()
+    st.segmented_control(
+        "Model",
+        slugs,
+        key="learn_model",
+        format_func=data.model_label,
+    )
+    slug = st.session_state.get("learn_model") or data.default_model()
+    base = {**data.registry().defaults(), "model": slug, "opt": "adamw"}
+    labelled: list[tuple[str, vram.Estimate]] = []
+    model = data.catalog_model(slug)
+    for method in ("full", "lora", "qlora"):
+        state = {**base, "method": method}
+        setup, errors = params.build_setup(state)
+        if setup is None:
+            st.error("\n".join(errors))
+            return
+        labelled.append((params.label("method", method), vram.estimate(model, setup)))
+    render.plot(
+        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480),
+        key="learn_examples",
+    )
+    st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
+
+
+def exercises() -> None:
+    reg = data.registry()
+    for n, ex in enumerate(learn.EXERCISES, start=1):
+        with st.container(border=True):
+            st.markdown(f"**Exercise {n}.** {ex.question}")
+            answer = st.number_input(
+                "Your estimate (GB)",
+                min_value=0.0,
+                max_value=100_000.0,
+                value=None,
+                step=0.5,
+                key=ex.key,
+                placeholder="type a number of GB",
+            )
+            if answer is None:
+                st.caption(f"Hint: {ex.hint}")
+                continue
+            state = {**reg.defaults(), **ex.state}
+            model, _ = data.resolve_model(state)
+            setup, errors = params.build_setup(state)
+            if model is None or setup is None:
+                st.error("\n".join(errors))
+                continue
+            est = vram.estimate(model, setup)
+            result = learn.grade(float(answer), learn.target_bytes(est, ex.target))
+            (st.success if result.ok else st.warning)(result.message)
+            st.markdown(learn.explanation(est, ex.target))
+
+
+def main() -> None:
+    inputs.init_state()
+    render.page_style()
+    st.title("Where does training memory go?")
+    unit = inputs.unit_switch()
+    inputs.show_url_errors()
+    inputs.write_url()
+    st.markdown(
+        """
+One training step keeps four kinds of things on the GPU at its peak, plus some overhead:
+
+1. **Weights**: the model itself, in whatever precision (and quantization) it is held.
+2. **Gradients**: one per *trained* parameter; a frozen base (LoRA, QLoRA) has none.
+3. **Optimizer state**: AdamW keeps two running averages per trained parameter, usually fp32.
+4. **Activations**: what the forward pass saves for the backward pass. It grows with
+   batch × sequence length, and with the vocabulary for the logits.
+5. **Overhead**: the CUDA context and the allocator's cache, which nvidia-smi counts.
+
+Below, the same model three ways, computed live:
+"""
+    )
+    examples(unit)
+    st.header("The levers: which technique shrinks which bucket")
+    st.markdown(learn.LEVERS_MARKDOWN)
+    st.header("Common wrong beliefs")
+    st.markdown(learn.BELIEFS_MARKDOWN)
+    st.header("Try it yourself")
+    st.markdown(
+        "Type your estimate (GB = 10⁹ bytes); the page checks it against the calculator "
+        "(within 15 %) and shows where the number comes from."
+    )
+    exercises()
+
+
+main()

@@ -1,0 +1,54 @@
+"""Compare: pin up to four setups and see them side by side in one chart and one table."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import vram
+from ui import compare, data, inputs, render
+from vram import charts
+
+st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide")
+
+
+def main() -> None:
+    inputs.init_state()
+    render.page_style()
+    inputs.sidebar()
+    head, units = st.columns([4, 1])
+    head.title("Compare setups")
+    with units:
+        unit = inputs.unit_switch()
+    inputs.show_url_errors()
+    st.markdown(
+        f"Pin up to {inputs.MAX_PINS} setups from the sidebar, or pin a ready-made comparison "
+        "of the current model."
+    )
+    compare.pin_buttons()
+    inputs.write_url()
+
+    pins = st.session_state.get("pins") or []
+    if not pins:
+        st.info("Nothing pinned yet: set up a run in the sidebar and press **Pin**.")
+        return
+    labelled: list[tuple[str, vram.Estimate]] = []
+    for n, pin in enumerate(pins):
+        model, model_error = data.resolve_model(pin)
+        setup, errors = compare.build(pin)
+        if model is None or setup is None:
+            st.error(
+                f"Pinned setup {n + 1}: "
+                + " ".join(([model_error] if model_error else []) + errors)
+            )
+            continue
+        labelled.append((compare.label(pin, model.name, n), vram.estimate(model, setup)))
+    if not labelled:
+        return
+    render.plot(
+        charts.compare_figure(labelled, unit=unit, capacities=data.capacities()), key="compare"
+    )
+    st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
+    compare.remove_buttons(labelled)
+
+
+main()

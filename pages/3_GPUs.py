@@ -1,0 +1,58 @@
+"""GPUs: the catalog as a sortable, filterable table, and what the current setup needs on each."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import vram
+from ui import data, inputs, params, render
+
+st.set_page_config(page_title="vram · GPUs", page_icon="🧮", layout="wide")
+
+
+def main() -> None:
+    inputs.init_state()
+    render.page_style()
+    state = inputs.sidebar()
+    head, units = st.columns([4, 1])
+    head.title("GPUs: memory, speed, price, and what this run needs")
+    with units:
+        unit = inputs.unit_switch()
+    inputs.show_url_errors()
+    inputs.write_url()
+
+    gpus = data.gpus()
+    model, model_error = data.resolve_model(state)
+    setup, errors = params.build_setup(state)
+    report = None
+    if model is None or setup is None:
+        st.error("\n\n".join(([model_error] if model_error else []) + errors))
+    else:
+        est = vram.estimate(model, setup)
+        report = vram.fit(model, setup, gpus)
+        st.markdown(
+            f"**{model.name}**, {params.label('method', state['method'])}: needs "
+            f"**{render.format_bytes(est.device_peak_bytes, unit)}** per GPU "
+            f"with {setup.n_gpus} GPU(s). Click a column header to sort."
+        )
+    vendors = sorted({g.vendor for g in gpus})
+    segments = sorted({g.segment for g in gpus})
+    a, b, c = st.columns(3)
+    chosen_vendors = a.multiselect("Vendor", vendors, default=vendors, key="gpu_vendor")
+    chosen_segments = b.multiselect("Segment", segments, default=segments, key="gpu_segment")
+    only_fits = c.toggle("Only GPUs that hold this run", key="gpu_fits", disabled=report is None)
+    table = render.gpu_table(
+        [g for g in gpus if g.vendor in chosen_vendors and g.segment in chosen_segments],
+        report,
+        unit,
+        only_fits=only_fits,
+    )
+    render.gpu_dataframe(table, unit)
+    source = "your VRAM_GPUS_CSV" if data.custom_gpu_list() else "data/gpus.csv"
+    st.caption(
+        f"From {source}. Memory is what the driver reports; prices are typical on-demand "
+        "figures per GPU-hour and vary by provider and region."
+    )
+
+
+main()
