@@ -266,6 +266,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
     traces: list[dict[str, Any]] = []
     for name in BUCKET_ORDER:
         n_bytes = estimate.bucket(name).bytes
+        text = f"{BUCKET_LABELS[name]}: {format_bytes(n_bytes, unit)}"
         traces.append(
             dict(
                 type="bar",
@@ -274,7 +275,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
                 name=BUCKET_LABELS[name],
                 marker={"color": BUCKET_COLORS[name]},
                 legendgroup="training",
-                hovertemplate=f"{BUCKET_LABELS[name]}: {format_bytes(n_bytes, unit)}<extra></extra>",
+                hovertemplate=f"{text}<extra></extra>",
             )
         )
     for item in estimate.inference.items:
@@ -316,7 +317,10 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
             "y": 1.0,
             "yanchor": "bottom",
             "showarrow": False,
-            "text": f"training needs <b>{estimate.training_to_inference:.1f}×</b> the memory of inference",
+            "text": (
+                f"training needs <b>{estimate.training_to_inference:.1f}×</b> "
+                "the memory of inference"
+            ),
             "font": {"size": FONT_SIZE + 2, "color": "#222"},
         },
     ]

@@ -1,0 +1,19 @@
+"""Errors a person can act on: each names the field and what is allowed."""
+
+from __future__ import annotations
+
+
+class VramError(ValueError):
+    """Base class for every error `vram` raises on bad input."""
+
+
+class ConfigError(VramError):
+    """A model config (config.json or a dict) cannot be read as an architecture."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class CatalogError(VramError):
+    """A data file (the GPU list, the model catalog) has a bad row."""

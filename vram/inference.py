@@ -1,0 +1,54 @@
+"""Serving the same model, for the training-versus-inference comparison.
+
+Weights in the serving dtype (16-bit, or the quantized format for QLoRA), the KV cache for
+batch × sequence (`2 · layers · kv_heads · head_dim · bytes · batch · tokens`, Pope et al. 2022,
+"Efficiently Scaling Transformer Inference", §2), one layer's working activations and the last
+token's logits.
+"""
+
+from __future__ import annotations
+
+from vram.architecture import ModelSpec
+from vram.params import STORAGE_BYTES, Storage, quantized_bytes
+from vram.result import InferenceEstimate, LineItem
+from vram.setup import Quant, TrainingSetup
+
+FP32 = 4
+
+
+def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstimate:
+    """Memory to serve `model` for `setup.micro_batch` sequences of `setup.seq_len` tokens."""
+    quant = setup.effective_quant
+    e = 2
+    tokens = setup.micro_batch * setup.seq_len
+    if quant is Quant.NONE:
+        weights = model.n_params * e
+        w_formula = "params × 2 B (16-bit)"
+    else:
+        storage = Storage(quant.value)
+        weights = (model.n_params - sum(
+            s.count * ln.weight_params for s in model.stacks for ln in s.linears)) * e
+        weights += sum(
+            s.count * ln.copies * quantized_bytes(ln.d_in * ln.d_out, ln.d_out, storage)
+            for s in model.stacks for ln in s.linears)
+        w_formula = f"layer Linears in {quant.value} ({STORAGE_BYTES[storage]:.3f} B/param), rest 2 B"
+    kv = sum(2 * s.count * s.n_kv_heads * s.head_dim * e * tokens for s in model.stacks)
+    widest = max(max(s.intermediate_size * max(1, s.experts_per_token), s.n_heads * s.head_dim)
+                 for s in model.stacks)
+    working = 3 * e * tokens * widest
+    logits = FP32 * setup.micro_batch * model.vocab_size
+    items = (
+        LineItem(key="inference.weights", label="weights", formula=w_formula,
+                 inputs={"params": model.n_params}, bytes=weights),
+        LineItem(key="inference.kv_cache", label="KV cache",
+                 formula="2 · layers · kv_heads · head_dim · 2 B · batch · tokens",
+                 inputs={"batch": setup.micro_batch, "tokens": setup.seq_len}, bytes=kv,
+                 source="Pope et al. 2022, §2"),
+        LineItem(key="inference.working", label="one layer's working activations",
+                 formula="3 · 2 B · tokens · max(I, q width)", inputs={"tokens": tokens},
+                 bytes=working),
+        LineItem(key="inference.logits", label="last-token logits (fp32)",
+                 formula="4 B · batch · vocab", inputs={"vocab": model.vocab_size},
+                 bytes=logits),
+    )
+    return InferenceEstimate(items=items)

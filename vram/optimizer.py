@@ -1,0 +1,64 @@
+"""Optimizer state: bytes each optimizer keeps per trainable parameter, and step temporaries.
+
+Sources: torch.optim.AdamW keeps exp_avg and exp_avg_sq like the parameter (Loshchilov & Hutter
+2019); bitsandbytes 8-bit optimizers keep uint8 states with an fp32 absmax per 256-value block and
+fall back to 32-bit states for tensors under 4096 values (Dettmers et al. 2022, "8-bit Optimizers
+via Block-wise Quantization"); Adafactor keeps row and column statistics of the second moment and
+no first moment by default (Shazeer & Stern 2018; transformers' Adafactor beta1=None); Lion keeps
+one momentum (Chen et al. 2023); SGD with momentum one buffer, plain SGD none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vram.params import STORAGE_BYTES, ParamGroup, Storage
+from vram.setup import Optimizer, TrainingSetup
+
+BNB_BLOCK = 256
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerState:
+    state_bytes: int
+    formula: str
+    step_temp_bytes: int
+    paged: bool
+
+
+def _state_dtype_bytes(group: ParamGroup) -> int:
+    """torch optimizers create states with `zeros_like(param)`: the parameter's dtype."""
+    return int(STORAGE_BYTES[group.storage]) if group.storage in (Storage.FP32, Storage.BF16) else 4
+
+
+def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bool,
+                    ) -> OptimizerState:
+    """State bytes for the trainable groups (before any sharding)."""
+    trainable = [g for g in groups if g.trainable]
+    opt = setup.optimizer
+    total = 0
+    temp = 0
+    formula = ""
+    for group in trainable:
+        n = group.n_params
+        b = _state_dtype_bytes(group)
+        if opt in (Optimizer.ADAMW, Optimizer.PAGED_ADAMW, Optimizer.ADAMW_IN_BACKWARD):
+            total += 2 * b * n
+            temp += b * n  # foreach AdamW: sqrt(exp_avg_sq) as a new list of tensors
+            formula = "2 states × dtype bytes × trainable params"
+        elif opt in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
+            total += 2 * (n + 4 * -(-n // BNB_BLOCK))
+            formula = "2 states × (1 byte + 4 bytes per 256-value block) × trainable params"
+        elif opt in (Optimizer.SGD_MOMENTUM, Optimizer.LION):
+            total += b * n
+            temp += b * n if opt is Optimizer.LION else 0
+            formula = "1 state × dtype bytes × trainable params"
+        elif opt is Optimizer.ADAFACTOR:
+            total += 4 * group.factored_numel if group.factored_numel else 4 * n
+            formula = "4 bytes × (rows + columns) per matrix (factored second moment)"
+        else:
+            formula = "plain SGD keeps no state"
+    paged = opt in (Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT)
+    if fused or opt is Optimizer.ADAMW_IN_BACKWARD:
+        temp = 0
+    return OptimizerState(total, formula, temp, paged)

@@ -1,0 +1,41 @@
+"""What the GPU holds beyond live tensors: allocator slack, the CUDA context, NCCL buffers.
+
+`torch.cuda.max_memory_reserved()` exceeds the allocated peak by the caching allocator's
+fragmentation; nvidia-smi adds the CUDA context (driver state, loaded kernels, cuBLAS
+workspace: 0.3 to 1.3 GiB depending on driver, CUDA version and GPU; the Hugging Face
+performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffers.
+"""
+
+from __future__ import annotations
+
+from vram.setup import TrainingSetup
+
+MIB = 2**20
+GIB = 2**30
+
+#: CUDA context with lazy module loading (CUDA >= 11.7, PyTorch 2.x): about 0.5 GiB, plus
+#: cuBLAS/cuDNN workspaces.
+CUDA_CONTEXT_BYTES = 768 * MIB
+
+#: NCCL's per-process channel buffers for one communicator on one node.
+NCCL_BYTES = 512 * MIB
+
+
+def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
+    """Reserved − allocated: blocks cached but not in use at the peak.
+
+    The caching allocator rounds large requests up to 2 MiB segments and cannot reuse a freed
+    block for a larger request, so slack grows with the churn of activations: a base of 3 % of
+    the allocated peak plus 8 % of the activations.
+    """
+    return allocated_bytes * 3 // 100 + activation_bytes * 8 // 100
+
+
+def cuda_context_bytes() -> int:
+    """The CUDA context as nvidia-smi counts it, before any tensor."""
+    return CUDA_CONTEXT_BYTES
+
+
+def nccl_bytes(setup: TrainingSetup) -> int:
+    """NCCL buffers appear only with more than one GPU."""
+    return NCCL_BYTES if setup.n_gpus > 1 else 0

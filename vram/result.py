@@ -1,0 +1,131 @@
+"""What an estimate returns: buckets of bytes, each made of line items that show their work.
+
+Every figure is bytes per GPU, an integer. The five buckets sum to `device_peak_bytes`:
+
+    weights + gradients + optimizer + activations   = allocated_peak_bytes
+    allocated_peak_bytes + allocator slack           = reserved_peak_bytes
+    reserved_peak_bytes + CUDA context (+ NCCL)      = device_peak_bytes
+    (overhead = slack + context)
+
+A bucket holds what is alive *at the peak moment* of the step; `phase` says when that is.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vram.setup import TrainingSetup
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+InputValue = int | float | str | bool
+
+
+class BucketName(StrEnum):
+    WEIGHTS = "weights"
+    GRADIENTS = "gradients"
+    OPTIMIZER = "optimizer"
+    ACTIVATIONS = "activations"
+    OVERHEAD = "overhead"
+
+
+BUCKET_ORDER: tuple[BucketName, ...] = tuple(BucketName)
+
+
+class Phase(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER_STEP = "optimizer step"
+
+
+class LineItem(BaseModel):
+    """One term of a bucket: what it is, the formula, its inputs, and its bytes."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    label: str
+    formula: str
+    inputs: dict[str, InputValue] = Field(default_factory=dict)
+    bytes: NonNegativeInt
+    source: str = ""
+    note: str = ""
+
+
+class Bucket(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: BucketName
+    items: tuple[LineItem, ...] = ()
+
+    @property
+    def bytes(self) -> int:
+        return sum(item.bytes for item in self.items)
+
+
+class ParamCounts(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    total: NonNegativeInt
+    trainable: NonNegativeInt
+    quantized: NonNegativeInt = 0
+
+
+class InferenceEstimate(BaseModel):
+    """Serving the same model: weights + KV cache for batch x sequence + working memory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    items: tuple[LineItem, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(item.bytes for item in self.items)
+
+
+class Estimate(BaseModel):
+    """Per-GPU memory of one training step, by bucket, with the peaks tools would report."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model_name: str
+    setup: TrainingSetup
+    params: ParamCounts
+    buckets: tuple[Bucket, ...]
+    phase: Phase
+    allocated_peak_bytes: NonNegativeInt
+    reserved_peak_bytes: NonNegativeInt
+    device_peak_bytes: NonNegativeInt
+    host_bytes: NonNegativeInt = 0
+    paged_bytes: NonNegativeInt = 0
+    inference: InferenceEstimate
+    approximate: bool = False
+    notes: tuple[str, ...] = ()
+
+    def bucket(self, name: BucketName | str) -> Bucket:
+        wanted = BucketName(name)
+        for bucket in self.buckets:
+            if bucket.name is wanted:
+                return bucket
+        raise KeyError(wanted)
+
+    @property
+    def bucket_bytes(self) -> dict[str, int]:
+        return {bucket.name.value: bucket.bytes for bucket in self.buckets}
+
+    @property
+    def training_to_inference(self) -> float:
+        """How many times more memory training needs than serving the same batch."""
+        return self.device_peak_bytes / max(1, self.inference.total_bytes)
+
+    def figure(self, metric: str) -> int:
+        """The figure a given tool reports: allocated, active, reserved or device."""
+        if metric in ("allocated", "active"):
+            return self.allocated_peak_bytes
+        if metric == "reserved":
+            return self.reserved_peak_bytes
+        if metric == "device":
+            return self.device_peak_bytes
+        raise ValueError(f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")

@@ -1,0 +1,73 @@
+"""What each training stack really does, where stacks differ in ways that change memory.
+
+The same setup costs different memory in Hugging Face Trainer + PEFT, LitGPT and torchtune,
+because each makes its own choices about dtypes, tied heads, quantized layers and the loss.
+Each choice here names the source it was read from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vram.setup import Framework, Method, Precision, Sharding, TrainingSetup
+
+
+@dataclass(frozen=True, slots=True)
+class StackProfile:
+    """Stack behaviours that change bytes; derived from the setup, never typed by a user."""
+
+    #: LitGPT always builds a separate lm_head, copying the tied embedding into it
+    #: (litgpt/model.py GPT.__init__; scripts/convert_hf_checkpoint.py).
+    unties_head: bool
+    #: LitGPT's BitsandbytesPrecision swaps every nn.Linear for Linear4bit, lm_head included
+    #: (lightning/fabric/plugins/precision/bitsandbytes.py); HF and torchtune keep it 16-bit.
+    quantizes_head: bool
+    #: peft.prepare_model_for_kbit_training casts every non-quantized parameter to fp32
+    #: (peft/utils/other.py); TRL skips it for sharded QLoRA (trl/trainer/sft_trainer.py).
+    upcasts_frozen_to_fp32: bool
+    #: Bytes per LoRA adapter parameter. PEFT upcasts adapters to fp32 by default
+    #: (get_peft_model(autocast_adapter_dtype=True)); LitGPT and torchtune keep the model dtype.
+    adapter_bytes: int
+    #: HF computes the loss on `logits.float()` (transformers/loss/loss_utils.py ForCausalLMLoss).
+    upcasts_logits: bool
+    #: The loss is computed in chunks (LitGPT fine-tuning: lm_head_chunk_size=128 +
+    #: chunked_cross_entropy; torchtune CEWithChunkedOutputLoss).
+    chunked_loss: bool
+    #: Fused optimizer kernels allocate no step temporaries (torch.optim.AdamW(fused=True)).
+    fused_optimizer: bool
+    #: The key/value heads are expanded to all query heads before attention (a copy).
+    expands_kv: bool
+    #: Norms upcast their input to fp32 and keep that copy for backward (HF and LitGPT RMSNorm).
+    norm_keeps_fp32_input: bool
+    #: LoRA on a fused qkv adapts the selected slices (LitGPT LoRAQKVLinear) rather than the
+    #: whole fused module (PEFT can only target whole modules).
+    adapts_fused_slices: bool
+    #: The output logits stay referenced by the training loop through backward (LitGPT keeps
+    #: `logits`; HF Trainer and torchtune drop them before backward).
+    keeps_logits: bool
+
+
+def profile_for(setup: TrainingSetup) -> StackProfile:
+    """The stack profile of a setup."""
+    framework = setup.framework
+    litgpt = framework is Framework.LITGPT
+    torchtune = framework is Framework.TORCHTUNE
+    hf_like = not (litgpt or torchtune)
+    qlora = setup.method is Method.QLORA
+    sharded_qlora = qlora and setup.sharding is Sharding.ZERO3
+    adapter_bytes = 4 if hf_like or setup.precision is not Precision.BF16_TRUE else 2
+    if setup.precision is Precision.FP32:
+        adapter_bytes = 4
+    return StackProfile(
+        unties_head=litgpt,
+        quantizes_head=litgpt and qlora,
+        upcasts_frozen_to_fp32=hf_like and qlora and not sharded_qlora,
+        adapter_bytes=adapter_bytes,
+        upcasts_logits=not litgpt,
+        chunked_loss=setup.effective_loss.value == "chunked",
+        fused_optimizer=torchtune,
+        expands_kv=litgpt,
+        norm_keeps_fp32_input=True,
+        adapts_fused_slices=litgpt,
+        keeps_logits=litgpt,
+    )

@@ -1,0 +1,285 @@
+"""Build the Hugging Face model of a config under fake tensors, with the setup applied.
+
+Recipes (what each `TrainingSetup` field becomes):
+
+* precision: `fp32` -> fp32 weights; `fp16-mixed` / `bf16-mixed` -> fp32 weights and
+  `torch.autocast` in the forward pass; `bf16-true` -> bf16 weights, gradients and states.
+* method `full`: every parameter trainable. `lora`: real PEFT `get_peft_model` with the setup's
+  rank, dropout and targets (mapped to the family's module names). PEFT's default
+  `autocast_adapter_dtype=True` keeps adapters in fp32 on a 16-bit base, as users of the HF
+  stacks get; torchtune and LitGPT keep adapters in the model dtype, so for those frameworks
+  the adapters follow the base dtype.
+* `qlora`: every linear layer of the repeated blocks becomes a `QuantLinear` (bitsandbytes
+  storage, see `quant.py`); the LM head stays 16-bit except with LitGPT, which quantizes it too.
+  For the HF Trainer and PEFT+Accelerate stacks `peft.prepare_model_for_kbit_training` runs
+  first, which upcasts every non-quantized 16-bit parameter (embeddings, norms, LM head) to fp32.
+* `grad_ckpt`: the model's own `gradient_checkpointing_enable(use_reentrant=False)`.
+* attention: `eager` or `sdpa`. `flash` is traced with SDPA: on these CPU fake tensors SDPA runs
+  PyTorch's flash-attention kernel, which saves the output and the fp32 logsumexp for backward
+  exactly as flash-attn does, and never materialises the s x s scores.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from vram.setup import ALL_LINEAR, Framework, Method, Precision, TrainingSetup
+from vram.trace.quant import QuantLinear, lora_forward_bnb
+
+#: Config keys that hold the number of repeated blocks.
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+
+#: Families the trace knows: model_type -> kind of head.
+SEQ2SEQ = {"t5", "mt5", "bart"}
+CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
+
+#: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
+_LLAMA_LIKE = {
+    "q_proj": ["q_proj"], "k_proj": ["k_proj"], "v_proj": ["v_proj"], "o_proj": ["o_proj"],
+    "gate_proj": ["gate_proj"], "up_proj": ["up_proj"], "down_proj": ["down_proj"],
+}
+_FUSED_QKV = {
+    "q_proj": ["query_key_value"], "k_proj": ["query_key_value"],
+    "v_proj": ["query_key_value"], "o_proj": [r"attention\.dense", r"self_attention\.dense"],
+    "gate_proj": [], "up_proj": ["dense_h_to_4h"], "down_proj": ["dense_4h_to_h"],
+}
+TARGET_MAP: dict[str, dict[str, list[str]]] = {
+    "phi": {
+        "q_proj": ["q_proj"], "k_proj": ["k_proj"], "v_proj": ["v_proj"], "o_proj": ["dense"],
+        "gate_proj": [], "up_proj": ["fc1"], "down_proj": ["fc2"],
+    },
+    "phi3": {
+        "q_proj": ["qkv_proj"], "k_proj": ["qkv_proj"], "v_proj": ["qkv_proj"],
+        "o_proj": ["o_proj"], "gate_proj": ["gate_up_proj"], "up_proj": ["gate_up_proj"],
+        "down_proj": ["down_proj"],
+    },
+    "falcon": _FUSED_QKV, "bloom": _FUSED_QKV, "gpt_neox": _FUSED_QKV,
+    "t5": {
+        "q_proj": ["q"], "k_proj": ["k"], "v_proj": ["v"], "o_proj": ["o"],
+        "gate_proj": ["wi_0"], "up_proj": ["wi", "wi_1"], "down_proj": ["wo"],
+    },
+    "bert": {
+        "q_proj": ["query"], "k_proj": ["key"], "v_proj": ["value"],
+        "o_proj": [r"attention\.output\.dense"], "gate_proj": [],
+        "up_proj": [r"intermediate\.dense"], "down_proj": [r"layer\.\d+\.output\.dense"],
+    },
+}
+TARGET_MAP["mt5"] = TARGET_MAP["t5"]
+TARGET_MAP["roberta"] = TARGET_MAP["bert"]
+
+
+class TraceUnsupported(ValueError):
+    """This family or setup cannot be traced; the message says why."""
+
+
+@dataclass
+class Built:
+    """The model ready to train, and what the step driver needs to know about it."""
+
+    model: nn.Module
+    hf: nn.Module  # the underlying transformers model (below any PEFT wrapper)
+    kind: str  # "causal", "seq2seq" or "classifier"
+    autocast: torch.dtype | None
+    vocab: int
+    layer_lists: list[tuple[str, nn.ModuleList]]
+
+
+def depth(config: dict[str, Any]) -> int:
+    """Number of repeated blocks the config describes."""
+    for key in LAYER_KEYS:
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    raise TraceUnsupported("config: no num_hidden_layers / num_layers / n_layer key")
+
+
+def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """A copy of `config` with every layer-count key set to `n_layers`."""
+    out = copy.deepcopy(config)
+    for key in LAYER_KEYS:
+        if key in out and isinstance(out[key], int):
+            out[key] = n_layers
+    if isinstance(out.get("layer_types"), list):
+        out["layer_types"] = (out["layer_types"] * n_layers)[:n_layers]
+    return out
+
+
+def kind_of(model_type: str) -> str:
+    if model_type in SEQ2SEQ:
+        return "seq2seq"
+    if model_type in CLASSIFIER:
+        return "classifier"
+    return "causal"
+
+
+def weight_dtype(setup: TrainingSetup) -> torch.dtype:
+    return torch.bfloat16 if setup.precision is Precision.BF16_TRUE else torch.float32
+
+
+def autocast_dtype(setup: TrainingSetup) -> torch.dtype | None:
+    if setup.precision is Precision.BF16_MIXED:
+        return torch.bfloat16
+    if setup.precision is Precision.FP16_MIXED:
+        return torch.float16
+    return None
+
+
+def compute_dtype(setup: TrainingSetup) -> torch.dtype:
+    return autocast_dtype(setup) or weight_dtype(setup)
+
+
+def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.Module:
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForSeq2SeqLM,
+        AutoModelForSequenceClassification,
+    )
+
+    cfg_dict = {k: v for k, v in config.items() if k not in ("architectures", "_name_or_path")}
+    model_type = cfg_dict.pop("model_type", None)
+    if not model_type:
+        raise TraceUnsupported("config: no model_type")
+    # Quantization configs describe checkpoints, not the architecture.
+    cfg_dict.pop("quantization_config", None)
+    cfg_dict["use_cache"] = False
+    if kind == "classifier":
+        cfg_dict["num_labels"] = 2
+    try:
+        hf_config = AutoConfig.for_model(model_type, **cfg_dict)
+    except (ValueError, KeyError) as exc:
+        raise TraceUnsupported(f"model_type {model_type!r}: transformers cannot build it ({exc})")
+    attn = "eager" if setup.attention.value == "eager" else "sdpa"
+    auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM,
+            "classifier": AutoModelForSequenceClassification}[kind]
+    try:
+        model = auto.from_config(hf_config, dtype=weight_dtype(setup), attn_implementation=attn)
+    except ValueError as exc:
+        if "attn_implementation" in str(exc) or "does not support" in str(exc):
+            model = auto.from_config(hf_config, dtype=weight_dtype(setup),
+                                     attn_implementation="eager")
+        else:
+            raise TraceUnsupported(f"model_type {model_type!r}: {exc}") from exc
+    return model
+
+
+def layer_lists(model: nn.Module, n_layers: int) -> list[tuple[str, nn.ModuleList]]:
+    """The ModuleLists of repeated blocks (two for encoder-decoder models)."""
+    found = []
+    for name, module in model.named_modules():
+        last = name.rsplit(".", 1)[-1]
+        if (isinstance(module, nn.ModuleList) and len(module) == n_layers
+                and last in ("layers", "h", "block", "layer", "blocks")):
+            found.append((name, module))
+    if not found:
+        raise TraceUnsupported("model: no list of repeated blocks found (layers/h/block)")
+    return found
+
+
+def target_patterns(model_type: str, setup: TrainingSetup) -> str | list[str]:
+    """PEFT `target_modules` for the setup's LoRA targets in this family's naming."""
+    if setup.lora_targets == ALL_LINEAR:
+        return "all-linear"
+    mapping = TARGET_MAP.get(model_type, _LLAMA_LIKE)
+    suffixes: list[str] = []
+    for name in setup.lora_targets:
+        if name == "lm_head":
+            suffixes.append("classifier" if model_type in CLASSIFIER else "lm_head")
+            continue
+        suffixes.extend(mapping.get(name, []))
+    if not suffixes:
+        raise TraceUnsupported(
+            f"lora_targets: none of {list(setup.lora_targets)} exists in a {model_type} model")
+    unique = list(dict.fromkeys(suffixes))
+    return r"(?:.*\.)?(?:" + "|".join(unique) + r")"
+
+
+def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: TrainingSetup,
+              quant_head: bool) -> None:
+    cdtype = compute_dtype(setup)
+    quant = setup.effective_quant.value
+    for _, blocks in lists:
+        for block in blocks:
+            for parent in list(block.modules()):
+                for child_name, child in list(parent.named_children()):
+                    if type(child) is nn.Linear:
+                        setattr(parent, child_name, QuantLinear(child, quant, cdtype))
+    if quant_head:
+        get_out = getattr(model, "get_output_embeddings", None)
+        head = get_out() if get_out else None
+        if type(head) is nn.Linear:
+            for parent in model.modules():
+                for child_name, child in list(parent.named_children()):
+                    if child is head:
+                        setattr(parent, child_name, QuantLinear(head, quant, cdtype))
+            if hasattr(model.config, "tie_word_embeddings"):
+                model.config.tie_word_embeddings = False
+
+
+def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: str) -> nn.Module:
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    task = {"causal": TaskType.CAUSAL_LM, "seq2seq": TaskType.SEQ_2_SEQ_LM,
+            "classifier": TaskType.SEQ_CLS}[kind]
+    lora_config = LoraConfig(
+        r=setup.lora_rank, lora_alpha=2 * setup.lora_rank,
+        target_modules=target_patterns(model_type, setup),
+        lora_dropout=setup.lora_dropout, task_type=task,
+    )
+    keep_dtype = setup.framework in (Framework.TORCHTUNE, Framework.LITGPT)
+    peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
+    if keep_dtype:
+        dtype = weight_dtype(setup)
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.data = param.data.to(dtype)
+    if setup.method is Method.QLORA:
+        from peft.tuners.lora import Linear as LoraLinear
+
+        bnb_cls = type("LoraBnbLinear", (LoraLinear,), {"forward": lora_forward_bnb})
+        for module in peft_model.modules():
+            if isinstance(module, LoraLinear) and isinstance(module.base_layer, QuantLinear):
+                module.__class__ = bnb_cls
+    return peft_model
+
+
+def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
+    """Instantiate `config` with `setup` applied. Call inside a `FakeTensorMode`."""
+    model_type = str(config.get("model_type", ""))
+    if model_type in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"):
+        from vram.trace.moe import patch_moe
+
+        patch_moe()
+    kind = kind_of(model_type)
+    n_layers = depth(config)
+    model = _instantiate(config, setup, kind)
+    lists = layer_lists(model, n_layers)
+    if setup.method is Method.QLORA:
+        _quantize(model, lists, setup, quant_head=setup.framework is Framework.LITGPT)
+        if setup.framework in (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE):
+            from peft import prepare_model_for_kbit_training
+
+            prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if setup.grad_ckpt:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise TraceUnsupported(f"model_type {model_type!r}: no gradient checkpointing")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    hf = model
+    if setup.method is Method.FULL:
+        for param in model.parameters():
+            param.requires_grad_(True)
+    else:
+        model = _apply_lora(model, model_type, setup, kind)
+    model.train()
+    vocab = int(getattr(hf.config, "vocab_size", 0) or 0)
+    return Built(model=model, hf=hf, kind=kind, autocast=autocast_dtype(setup), vocab=vocab,
+                 layer_lists=lists)
+
+
+def trainable(model: nn.Module) -> Iterator[nn.Parameter]:
+    return (p for p in model.parameters() if p.requires_grad)
