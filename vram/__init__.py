@@ -1,1 +1,71 @@
-"""vram: how much GPU memory a training run needs, where it goes, and which GPUs hold it."""
+"""vram: how much GPU memory a training run needs, where it goes, and which GPUs hold it.
+
+    >>> import vram
+    >>> model = vram.load_model("llama-3.1-8b")
+    >>> result = vram.estimate(model, vram.TrainingSetup(method="qlora", seq_len=2048))
+    >>> result.device_peak_bytes, result.bucket_bytes
+    >>> vram.fit(model, result.setup).cheapest
+"""
+
+from vram.architecture import ModelSpec, model_from_config, model_from_param_count
+from vram.catalog import CatalogEntry, load_model, model_catalog, teaching_models
+from vram.errors import CatalogError, ConfigError, VramError
+from vram.estimate import estimate
+from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
+from vram.result import (
+    Bucket,
+    BucketName,
+    Estimate,
+    InferenceEstimate,
+    LineItem,
+    ParamCounts,
+    Phase,
+)
+from vram.setup import (
+    Attention,
+    Framework,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    Precision,
+    Quant,
+    Sharding,
+    TrainingSetup,
+)
+
+__all__ = [
+    "Attention",
+    "Bucket",
+    "BucketName",
+    "CatalogEntry",
+    "CatalogError",
+    "ConfigError",
+    "Estimate",
+    "FitOption",
+    "FitReport",
+    "Framework",
+    "Gpu",
+    "InferenceEstimate",
+    "LineItem",
+    "Loss",
+    "Method",
+    "ModelSpec",
+    "Offload",
+    "Optimizer",
+    "ParamCounts",
+    "Phase",
+    "Precision",
+    "Quant",
+    "Sharding",
+    "TrainingSetup",
+    "VramError",
+    "estimate",
+    "fit",
+    "load_gpus",
+    "load_model",
+    "model_catalog",
+    "model_from_config",
+    "model_from_param_count",
+    "teaching_models",
+]

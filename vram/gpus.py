@@ -1,0 +1,185 @@
+"""The GPU catalog (`data/gpus.csv`, or a team's own list) and the cheapest setup that holds a run.
+
+Memory is stored as the driver reports it (nvidia-smi's total, in bytes), because that is the
+capacity an out-of-memory error is measured against. A team points the app and the CLI at its
+own list and prices with the environment variable `VRAM_GPUS_CSV`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from vram.architecture import ModelSpec
+from vram.errors import CatalogError
+from vram.estimate import estimate
+from vram.paths import data_dir
+from vram.setup import Sharding, TrainingSetup
+
+GPUS_ENV = "VRAM_GPUS_CSV"
+MAX_GPU_ROWS = 10_000
+#: Data-parallel sizes tried for multi-GPU setups, up to 8 nodes of `max_per_node`.
+GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+MAX_NODES = 8
+
+
+class Gpu(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+    name: Annotated[str, Field(min_length=1, max_length=128)]
+    vendor: str
+    segment: Literal["consumer", "workstation", "datacenter"]
+    memory_bytes: Annotated[int, Field(gt=0, lt=2**50)]
+    memory_source: str = ""
+    bf16_dense_tflops: Annotated[float, Field(gt=0)] | None = None
+    memory_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
+    usd_per_hour: Annotated[float, Field(gt=0, lt=10_000)] | None = None
+    price_source: str = ""
+    max_per_node: Annotated[int, Field(ge=1, le=64)] = 8
+
+
+def _row_to_gpu(row: dict[str, str]) -> Gpu:
+    def number(key: str) -> float | None:
+        text = (row.get(key) or "").strip()
+        return float(text) if text else None
+
+    memory = (row.get("memory_bytes") or "").strip()
+    return Gpu(
+        id=row["id"].strip(), name=row["name"].strip(), vendor=(row.get("vendor") or "").strip(),
+        segment=row["segment"].strip(),  # type: ignore[arg-type]
+        memory_bytes=int(memory), memory_source=row.get("memory_source") or "",
+        bf16_dense_tflops=number("bf16_dense_tflops"),
+        memory_bandwidth_gbps=number("memory_bandwidth_gbps"),
+        usd_per_hour=number("usd_per_hour"), price_source=row.get("price_source") or "",
+        max_per_node=int((row.get("max_per_node") or "8").strip()),
+    )
+
+
+def default_gpus_path() -> Path:
+    override = os.environ.get(GPUS_ENV)
+    return Path(override) if override else data_dir() / "gpus.csv"
+
+
+@cache
+def _load(path: str) -> tuple[Gpu, ...]:
+    gpus: list[Gpu] = []
+    seen: set[str] = set()
+    try:
+        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        raise CatalogError(f"GPU list {path}: cannot read ({exc.strerror})") from None
+    with handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            if line > MAX_GPU_ROWS:
+                raise CatalogError(f"GPU list {path}: more than {MAX_GPU_ROWS} rows")
+            try:
+                gpu = _row_to_gpu(row)
+            except (KeyError, ValueError, ValidationError, AttributeError) as exc:
+                first = str(exc).splitlines()
+                detail = " ".join(first[:3])[:200]
+                raise CatalogError(f"GPU list {Path(path).name} line {line}: {detail}") from None
+            if gpu.id in seen:
+                raise CatalogError(f"GPU list {Path(path).name} line {line}: duplicate id {gpu.id!r}")
+            seen.add(gpu.id)
+            gpus.append(gpu)
+    if not gpus:
+        raise CatalogError(f"GPU list {path}: no rows")
+    return tuple(gpus)
+
+
+def load_gpus(path: str | Path | None = None) -> tuple[Gpu, ...]:
+    """The GPU catalog, validated row by row (an error names the row). Cached per path."""
+    return _load(str(path if path is not None else default_gpus_path()))
+
+
+class FitOption(BaseModel):
+    """One way to run the setup: `count` GPUs of one kind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpu: Gpu
+    count: int
+    sharding: Sharding
+    device_peak_bytes: int
+    usable_bytes: int
+    usd_per_hour: float | None
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.usable_bytes - self.device_peak_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_bytes >= 0
+
+
+class FitReport(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fits: tuple[FitOption, ...]
+    misses: tuple[FitOption, ...]
+
+    @property
+    def cheapest(self) -> FitOption | None:
+        return self.fits[0] if self.fits else None
+
+
+def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
+    """The same run on `count` GPUs: keep the user's sharding, or shard fully (ZeRO-3/FSDP)."""
+    if count == setup.n_gpus:
+        return setup
+    if count == 1:
+        sharding = Sharding.NONE if setup.sharding is not Sharding.ZERO3 else Sharding.ZERO3
+    else:
+        sharding = setup.sharding if setup.sharding is not Sharding.NONE else Sharding.ZERO3
+    offload = setup.offload
+    if sharding is not Sharding.ZERO3 and offload.value == "params+optimizer":
+        offload = setup.offload.__class__("none")
+    if sharding in (Sharding.NONE, Sharding.DDP) and offload.value == "optimizer":
+        offload = setup.offload.__class__("none")
+    return setup.model_copy(update={"n_gpus": count, "sharding": sharding, "offload": offload})
+
+
+def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
+    largest = gpu.max_per_node * (MAX_NODES if gpu.segment == "datacenter" else 1)
+    counts = [c for c in GPU_COUNTS if c <= largest]
+    if setup.n_gpus > 1:
+        counts = [c for c in counts if c >= 2] or [2]
+    return counts
+
+
+def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:
+    """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall."""
+    catalog = tuple(gpus) if gpus is not None else load_gpus()
+    peaks: dict[int, int] = {}
+    fits: list[FitOption] = []
+    misses: list[FitOption] = []
+    for gpu in catalog:
+        best: FitOption | None = None
+        first: FitOption | None = None
+        for count in _counts(gpu, setup):
+            if count not in peaks:
+                peaks[count] = estimate(model, _setup_for(setup, count)).device_peak_bytes
+            option = FitOption(
+                gpu=gpu, count=count, sharding=_setup_for(setup, count).sharding,
+                device_peak_bytes=peaks[count], usable_bytes=gpu.memory_bytes,
+                usd_per_hour=gpu.usd_per_hour * count if gpu.usd_per_hour else None,
+            )
+            first = first or option
+            if option.fits:
+                best = option
+                break
+        if best is not None:
+            fits.append(best)
+        elif first is not None:
+            misses.append(first)
+    fits.sort(key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0.0, o.count))
+    misses.sort(key=lambda o: o.headroom_bytes, reverse=True)
+    return FitReport(fits=tuple(fits), misses=tuple(misses))
