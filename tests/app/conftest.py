@@ -1,0 +1,17 @@
+"""AppTest fixtures: the calculator and its pages, run headless in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = ("pages/1_Learn.py", "pages/2_Compare.py", "pages/3_GPUs.py")
+
+
+@pytest.fixture
+def app() -> AppTest:
+    """The calculator, not yet run (set `query_params` first to test links)."""
+    return AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)

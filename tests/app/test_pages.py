@@ -1,0 +1,220 @@
+"""AppTest for every page: loads, controls move the numbers the way `vram` says, URL, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import vram
+from tests.app.conftest import PAGES
+from ui import params
+from vram.charts import format_bytes
+from vram.setup import TrainingSetup
+
+DEFAULT_MODEL = "llama-3.1-8b"
+
+
+def _metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def _peak(at: AppTest) -> str:
+    return _metric(at, "Peak memory per GPU")
+
+
+def _expected_peak(unit: str = "GB", model: str = DEFAULT_MODEL, **setup: object) -> str:
+    est = vram.estimate(vram.load_model(model), TrainingSetup(**setup))  # type: ignore[arg-type]
+    return format_bytes(est.device_peak_bytes, unit)  # type: ignore[arg-type]
+
+
+def _clean(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
+    app.run()
+    _clean(app)
+    assert not app.error
+    assert app.selectbox(key="model").value == DEFAULT_MODEL
+    assert _peak(app) == _expected_peak()
+    assert _metric(app, "Cheapest GPUs that hold it") != "none in the list"
+    assert len(app.get("plotly_chart")) == 2
+    assert app.get("download_button")
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_loads(app: AppTest, page: str) -> None:
+    app.run()
+    app.switch_page(page).run()
+    _clean(app)
+    assert not app.error
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "setup"),
+    [
+        ("batch", 8, {"micro_batch": 8}),
+        ("seq", 16384, {"seq_len": 16384}),
+        ("method", "full", {"method": "full"}),
+        ("opt", "sgd", {"optimizer": "sgd"}),
+        ("ckpt", True, {"grad_ckpt": True}),
+    ],
+)
+def test_controls_change_the_numbers_as_vram_says(
+    app: AppTest, key: str, value: object, setup: dict[str, object]
+) -> None:
+    app.run()
+    before = _peak(app)
+    widget = {
+        "batch": app.slider,
+        "seq": app.select_slider,
+        "method": app.radio,
+        "opt": app.selectbox,
+        "ckpt": app.toggle,
+    }[key](key=key)
+    widget.set_value(value).run()
+    _clean(app)
+    assert _peak(app) == _expected_peak(**setup)
+    assert _peak(app) != before
+    assert app.query_params[key] == params.registry(("x",), "x")[key].dump(value)
+
+
+def test_gpu_count_picks_a_sharding(app: AppTest) -> None:
+    app.run()
+    app.select_slider(key="gpus").set_value(8).run()
+    _clean(app)
+    assert not app.error
+    assert app.selectbox(key="shard").value == "ddp"
+
+
+def test_unit_switch(app: AppTest) -> None:
+    app.run()
+    app.radio(key="unit").set_value("GiB").run()
+    assert _peak(app) == _expected_peak("GiB")
+    assert _peak(app).endswith("GiB")
+
+
+def test_url_round_trip(app: AppTest) -> None:
+    query = {
+        "model": "llama-3.2-1b",
+        "method": "full",
+        "batch": "4",
+        "seq": "8192",
+        "ckpt": "1",
+        "opt": "adamw-8bit",
+        "unit": "GiB",
+    }
+    app.query_params.update(query)
+    app.run()
+    _clean(app)
+    assert not app.error
+    assert app.slider(key="batch").value == 4
+    assert app.select_slider(key="seq").value == 8192
+    assert app.toggle(key="ckpt").value is True
+    assert _peak(app) == _expected_peak(
+        "GiB",
+        "llama-3.2-1b",
+        method="full",
+        micro_batch=4,
+        seq_len=8192,
+        grad_ckpt=True,
+        optimizer="adamw-8bit",
+    )
+    assert dict(app.query_params) == query
+
+
+def test_invalid_url_parameters_show_a_message(app: AppTest) -> None:
+    app.query_params.update(
+        {"batch": "9999", "seq": "abc", "model": "no-such-model", "method": "<script>"}
+    )
+    app.run()
+    _clean(app)
+    message = app.error[0].value
+    for key in ("`batch`", "`seq`", "`model`", "`method`"):
+        assert key in message
+    assert _peak(app) == _expected_peak()  # fell back to the defaults
+
+
+def test_impossible_setup_shows_what_to_change(app: AppTest) -> None:
+    app.query_params.update({"method": "full", "offload": "optimizer"})
+    app.run()
+    _clean(app)
+    assert "Offload (`offload`)" in app.error[0].value
+    assert not app.metric
+
+
+def _upload(app: AppTest, content: bytes) -> AppTest:
+    app.query_params["model"] = "upload"
+    app.run()
+    app.file_uploader(key="upload").set_value(("config.json", content, "application/json"))
+    return app.run()
+
+
+def test_good_upload_is_estimated(app: AppTest) -> None:
+    text = (vram_data_dir() / "models" / "llama-3.2-1b.json").read_bytes()
+    _upload(app, text)
+    _clean(app)
+    assert not app.error
+    assert _peak(app) == _expected_peak(model="llama-3.2-1b")
+    assert "config" in app.query_params  # the link carries the config
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        (json.dumps({"model_type": "nonsense"}).encode(), "model_type"),
+        (b"\xff\xfe\x00", "UTF-8"),
+        (b"{" + b" " * 300_000 + b"}", "at most"),
+    ],
+)
+def test_bad_upload_shows_a_message(app: AppTest, content: bytes, fragment: str) -> None:
+    _upload(app, content)
+    _clean(app)
+    assert any(fragment in e.value for e in app.error), [e.value for e in app.error]
+
+
+def test_compare_pins_and_round_trips(app: AppTest) -> None:
+    app.run()
+    app.switch_page("pages/2_Compare.py").run()
+    app.button(key="pin_methods").click().run()
+    _clean(app)
+    table = app.dataframe[0].value
+    assert len(table) == 3
+    expected = [_expected_peak(method=m) for m in ("full", "lora", "qlora")]
+    assert list(table["peak per GPU"]) == expected
+    pins = app.query_params["pin"]
+    assert len(pins) == 3
+
+    again = AppTest.from_file(app._script_path, default_timeout=60)
+    again.query_params["pin"] = pins
+    again.run()
+    again.switch_page("pages/2_Compare.py").run()
+    assert list(again.dataframe[0].value["peak per GPU"]) == expected
+
+
+def test_gpus_page_shows_what_the_run_needs(app: AppTest) -> None:
+    app.run()
+    app.switch_page("pages/3_GPUs.py").run()
+    _clean(app)
+    table = app.dataframe[0].value
+    assert len(table) == len(vram.load_gpus())
+    assert set(table["holds it"]) <= {"✅", "❌", "—"}
+    assert "✅" in set(table["holds it"])
+
+
+def test_learn_exercise_checks_an_answer(app: AppTest) -> None:
+    app.run()
+    app.switch_page("pages/1_Learn.py").run()
+    app.number_input(key="ex1").set_value(1.0).run()
+    _clean(app)
+    assert any("Not quite" in w.value for w in app.warning)
+
+
+def vram_data_dir():
+    from vram.paths import data_dir
+
+    return data_dir()

@@ -1,0 +1,75 @@
+"""URL state: parsing, error messages that name the parameter, round trips."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ui import params
+
+REG = params.registry(("llama-3.2-1b", "llama-3.1-8b"), "llama-3.1-8b")
+
+
+def test_defaults_make_a_valid_setup() -> None:
+    setup, errors = params.build_setup(REG.defaults())
+    assert errors == [] and setup is not None
+    assert setup.method.value == "qlora" and setup.micro_batch == 1 and setup.seq_len == 2048
+
+
+def test_bad_parameters_are_named_and_ignored() -> None:
+    values, errors = params.parse_query(
+        REG, {"batch": "lots", "seq": "1000", "method": "magic", "zzz": "1", "ckpt": "1"}
+    )
+    assert values == {"ckpt": True}
+    text = " ".join(errors)
+    for key in ("`batch`", "`seq`", "`method`", "`zzz`"):
+        assert key in text
+
+
+def test_setup_errors_name_the_control() -> None:
+    state = {**REG.defaults(), "gpus": 8, "shard": "none"}
+    setup, errors = params.build_setup(state)
+    assert setup is None
+    assert any("Sharding (`shard`)" in e for e in errors)
+
+
+def test_sharding_follows_the_gpu_count() -> None:
+    assert params.sharding_for(8, "none") == "ddp"
+    assert params.sharding_for(1, "zero2") == "none"
+    assert params.sharding_for(1, "zero3") == "zero3"
+
+
+states = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from(["llama-3.2-1b", "llama-3.1-8b"]),
+        "method": st.sampled_from(["full", "lora", "qlora"]),
+        "batch": st.integers(1, params.BATCH_MAX),
+        "seq": st.sampled_from(params.SEQ_OPTIONS),
+        "rank": st.sampled_from(params.RANK_OPTIONS),
+        "targets": st.sampled_from([["all-linear"], ["q_proj", "v_proj"]]),
+        "ckpt": st.booleans(),
+        "unit": st.sampled_from(["GB", "GiB"]),
+    }
+)
+
+
+@given(states)
+def test_query_round_trip(state: dict[str, object]) -> None:
+    full = {**REG.defaults(), **state}
+    query = params.to_query(REG, full)
+    parsed, errors = params.parse_query(REG, query)
+    assert errors == []
+    assert {**REG.defaults(), **parsed} == full
+
+
+@given(st.lists(states, max_size=4))
+def test_pins_round_trip(pins: list[dict[str, object]]) -> None:
+    full = [{**REG.defaults(), **pin, "unit": "GB"} for pin in pins]
+    texts = [params.dump_pin(REG, pin) for pin in full]
+    parsed, errors = params.parse_pins(REG, texts, limit=4)
+    assert errors == [] and parsed == full
+
+
+def test_bad_pins_are_reported() -> None:
+    pins, errors = params.parse_pins(REG, ["not json", '{"batch": "x"}', "{}"], limit=4)
+    assert len(pins) == 1 and len(errors) == 2
