@@ -153,7 +153,8 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
     try:
         hf_config = AutoConfig.for_model(model_type, **cfg_dict)
     except (ValueError, KeyError) as exc:
-        raise TraceUnsupported(f"model_type {model_type!r}: transformers cannot build it ({exc})")
+        raise TraceUnsupported(
+            f"model_type {model_type!r}: transformers cannot build it ({exc})") from exc
     attn = "eager" if setup.attention.value == "eager" else "sdpa"
     auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM,
             "classifier": AutoModelForSequenceClassification}[kind]

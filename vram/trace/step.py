@@ -1,0 +1,294 @@
+"""Run two training steps on fake tensors and account for every live byte.
+
+One step, as the HF Trainer runs it: forward (under autocast for the mixed recipes), the loss
+(HF's own: full logits upcast to fp32 for the cross-entropy; or a torchtune-style chunked
+cross-entropy: 8 chunks, each projected by the LM head and upcast to fp32 on its own), backward,
+`optimizer.step()`, `zero_grad(set_to_none=True)`. Two steps run, so optimizer state created
+lazily in the first step is alive through the second.
+
+Extrapolation: a model's blocks are identical, so for every labelled segment of the step (a
+phase, and within it: before the blocks, inside the first block, inside the last block, after
+them) the peak live bytes and each bucket are exactly linear in the depth. `trace_step` traces
+1- and 2-block models and extends each segment linearly, `v(L) = v1 + (L-1)(v2-v1)`; the peak is
+the largest extended segment. Blocks between the first and the last cannot hold a larger peak
+(live bytes inside block k are linear in k), so they need no segment of their own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from vram.setup import Loss, Optimizer, TrainingSetup
+from vram.trace.build import Built, TraceUnsupported, build, depth, with_depth
+from vram.trace.optim import in_backward, make_optimizer, state_tensors
+from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
+from vram.trace.tracker import SegmentPeak, StorageTracker
+
+CHUNKS = 8
+MAX_POINTS = 2000
+FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer step"
+
+
+@dataclass
+class RawTrace:
+    """The outcome of tracing one depth."""
+
+    n_layers: int
+    peaks: dict[tuple[str, ...], SegmentPeak]
+    timeline: list[tuple[int, int, str]]
+    paged_bytes: int
+    params_total: int
+    params_trainable: int
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+class _HostScalarTracker(StorageTracker):
+    """Leaves out 0-dim tensors made by an optimizer: torch keeps step counters on the host."""
+
+    in_optimizer = False
+
+    def register(self, tensor: torch.Tensor, origin: str = "") -> None:
+        if self.in_optimizer and tensor.dim() == 0:
+            return
+        super().register(tensor, origin)
+
+
+def _roles(index: int, count: int) -> str:
+    roles = []
+    if index == 0:
+        roles.append("first")
+    if index == count - 1:
+        roles.append("last")
+    return "+".join(roles) or "mid"
+
+
+def _install_labels(built: Built, tracker: StorageTracker) -> None:
+    """Hooks that tell the tracker which block runs, in the forward and the backward pass."""
+    for stack, blocks in built.layer_lists:
+        for index, block in enumerate(blocks):
+            label = _roles(index, len(blocks))
+
+            def pre(_m: nn.Module, _a: Any, stack: str = stack, label: str = label) -> None:
+                if tracker.phase == FORWARD:
+                    tracker.set_segment(stack, label)
+
+            def post(_m: nn.Module, _a: Any, out: Any, stack: str = stack,
+                     label: str = label) -> None:
+                if tracker.phase != FORWARD:
+                    return
+                tracker.set_segment(stack, label + ":after")
+                first = out[0] if isinstance(out, tuple) else out
+                if isinstance(first, torch.Tensor) and first.requires_grad:
+
+                    def on_grad(_g: torch.Tensor) -> None:
+                        tracker.set_segment(stack, label)
+
+                    first.register_hook(on_grad)
+
+            block.register_forward_pre_hook(pre)
+            block.register_forward_hook(post)
+
+
+def _loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
+          labels: torch.Tensor) -> torch.Tensor:
+    model = built.model
+    if built.kind == "causal" and setup.effective_loss is Loss.CHUNKED:
+        hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
+        head = built.hf.get_output_embeddings()
+        total: torch.Tensor | None = None
+        for h_chunk, l_chunk in zip(hidden.chunk(CHUNKS, dim=1), labels.chunk(CHUNKS, dim=1),
+                                    strict=True):
+            logits = head(h_chunk).float()
+            part = nn.functional.cross_entropy(logits.flatten(0, 1), l_chunk.flatten(),
+                                               reduction="sum")
+            del logits
+            total = part if total is None else total + part
+        assert total is not None
+        return total / labels.numel()
+    out = model(input_ids=ids, labels=labels)
+    loss: torch.Tensor = out.loss
+    del out
+    return loss
+
+
+def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> RawTrace:
+    """Trace two steps of the model with `n_layers` blocks."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    start = time.perf_counter()
+    cfg = with_depth(config, n_layers)
+    tracker = _HostScalarTracker()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built = build(cfg, setup)
+        model = built.model
+        params = list(model.parameters())
+        train = [p for p in params if p.requires_grad]
+        if not train:
+            raise TraceUnsupported("setup: nothing to train (no parameter requires a gradient)")
+        optimizer = make_optimizer(setup, train, tracker.exclude)
+        per_param = in_backward(train) if setup.optimizer is Optimizer.ADAMW_IN_BACKWARD else []
+        _wrap_in_backward(per_param, tracker)
+        optimizers = [optimizer] if optimizer is not None else per_param
+
+        weight_keys: dict[int, str] = {}
+        for p in params:
+            tracker.register(p, "param")
+            weight_keys[tracker.storage_key(p)] = "weights"
+        for b in model.buffers():
+            tracker.register(b, "buffer")
+            weight_keys[tracker.storage_key(b)] = "weights"
+
+        def classify() -> dict[int, str]:
+            classes = dict(weight_keys)
+            for t in state_tensors(optimizers):
+                classes[tracker.storage_key(t)] = "optimizer"
+            for p in train:
+                if p.grad is not None:
+                    classes[tracker.storage_key(p.grad)] = "gradients"
+            return classes
+
+        tracker.classifier = classify
+        _install_labels(built, tracker)
+        vocab = max(built.vocab, 2)
+        with tracker:
+            batch, seq = setup.micro_batch, setup.seq_len
+            ids = torch.randint(0, vocab, (batch, seq))
+            classes = built.kind == "classifier"
+            labels = torch.randint(0, 2, (batch,)) if classes else ids.clone()
+            tracker.recording = True
+            for _ in range(2):
+                tracker.set_phase(FORWARD, "embed")
+                if built.autocast is not None:
+                    with torch.autocast("cpu", dtype=built.autocast):
+                        loss = _loss(built, setup, ids, labels)
+                else:
+                    loss = _loss(built, setup, ids, labels)
+                tracker.set_phase(BACKWARD, "head")
+                loss.backward()
+                del loss
+                tracker.set_phase(OPTIMIZER)
+                tracker.in_optimizer = True
+                if optimizer is not None:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                tracker.in_optimizer = False
+                tracker.sample()
+            tracker.recording = False
+        params_total = sum(_numel(p) for p in params)
+        params_trainable = sum(p.numel() for p in train)
+    return RawTrace(
+        n_layers=n_layers, peaks=dict(tracker.peaks), timeline=tracker.timeline,
+        paged_bytes=tracker.excluded_bytes, params_total=params_total,
+        params_trainable=params_trainable, seconds=time.perf_counter() - start,
+    )
+
+
+def _numel(p: torch.Tensor) -> int:
+    """Parameters a tensor stands for (a packed 4-bit weight holds two per byte)."""
+    if p.dtype == torch.uint8 and p.dim() == 2 and p.shape[1] == 1:
+        return 2 * p.numel()
+    return p.numel()
+
+
+def _wrap_in_backward(optimizers: list[torch.optim.Optimizer],
+                      tracker: _HostScalarTracker) -> None:
+    for optim in optimizers:
+        original = optim.step
+
+        def step(*args: Any, _orig: Any = original, **kwargs: Any) -> Any:
+            tracker.in_optimizer = True
+            try:
+                return _orig(*args, **kwargs)
+            finally:
+                tracker.in_optimizer = False
+
+        optim.step = step  # type: ignore[method-assign]
+
+
+def _expand(peaks: dict[tuple[str, ...], SegmentPeak]) -> dict[tuple[str, ...], SegmentPeak]:
+    """At depth 1 the only block is both first and last: file its segments under both."""
+    out: dict[tuple[str, ...], SegmentPeak] = {}
+    for key, peak in peaks.items():
+        last = key[-1]
+        head, _, tail = last.partition(":")
+        if "+" in head:
+            for role in head.split("+"):
+                out[(*key[:-1], role + (":" + tail if tail else ""))] = peak
+        else:
+            out[key] = peak
+    return out
+
+
+def _line(v1: int, v2: int, n: int) -> int:
+    return v1 + (n - 1) * (v2 - v1)
+
+
+def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
+    """At most MAX_POINTS points; each kept point is the highest of its window (peak kept)."""
+    if len(timeline) <= MAX_POINTS:
+        chosen = timeline
+    else:
+        window = -(-len(timeline) // MAX_POINTS)
+        chosen = [max(timeline[i:i + window], key=lambda p: p[1])
+                  for i in range(0, len(timeline), window)]
+    return [TimelinePoint(event=e, live_bytes=b, phase=ph) for e, b, ph in chosen]
+
+
+def _top(peak: SegmentPeak) -> list[LiveTensor]:
+    return [LiveTensor(what=w, bytes=b, bucket=k) for w, b, k in peak.top]
+
+
+def _best(peaks: dict[tuple[str, ...], SegmentPeak]) -> SegmentPeak:
+    return max(peaks.values(), key=lambda p: p.live)
+
+
+def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
+               n_layers: int | None = None) -> TraceResult:
+    """The exact allocated memory of one training step of `config` under `setup`.
+
+    With `n_layers=None`, models of 1 and 2 blocks are traced and every segment's peak and
+    buckets are extended linearly to the config's depth (exact for identical blocks, and fast:
+    a 70B model in seconds). With `n_layers=k`, a model of exactly `k` blocks is traced and
+    nothing is extrapolated (`k` = the config's depth gives the full trace).
+    """
+    full = depth(config)
+    if n_layers is not None or full <= 2:
+        target = n_layers if n_layers is not None else full
+        raw = trace_depth(config, setup, target)
+        peak = _best(raw.peaks)
+        return TraceResult(
+            buckets=dict(peak.buckets), allocated_peak_bytes=peak.live, phase=peak.phase,
+            paged_bytes=raw.paged_bytes, timeline=_downsample(raw.timeline),
+            timeline_n_layers=target, n_layers=target, n_layers_traced=(target,),
+            extrapolated=False, params_total=raw.params_total,
+            params_trainable=raw.params_trainable, top_tensors=_top(peak),
+        )
+    one = trace_depth(config, setup, 1)
+    two = trace_depth(config, setup, 2)
+    p1, p2 = _expand(one.peaks), _expand(two.peaks)
+    best_key: tuple[str, ...] | None = None
+    best_live = -1
+    for key in p1.keys() & p2.keys():
+        live = _line(p1[key].live, p2[key].live, full)
+        if live > best_live:
+            best_key, best_live = key, live
+    assert best_key is not None
+    a, b = p1[best_key], p2[best_key]
+    buckets = {k: _line(a.buckets[k], b.buckets[k], full) for k in a.buckets}
+    return TraceResult(
+        buckets=buckets, allocated_peak_bytes=best_live, phase=b.phase,
+        paged_bytes=_line(one.paged_bytes, two.paged_bytes, full),
+        timeline=_downsample(two.timeline), timeline_n_layers=2, n_layers=full,
+        n_layers_traced=(1, 2), extrapolated=True,
+        params_total=_line(one.params_total, two.params_total, full),
+        params_trainable=_line(one.params_trainable, two.params_trainable, full),
+        top_tensors=_top(b),
+        notes=(f"traced 1 and 2 blocks in {one.seconds + two.seconds:.1f} s; "
+               f"extended linearly to {full}",),
+    )
