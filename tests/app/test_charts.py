@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 
@@ -92,7 +93,7 @@ def test_inference_figure_writes_the_multiple(est: vram.Estimate) -> None:
 def test_spread_labels_keeps_order_and_gap() -> None:
     out = charts.spread_labels([0.0, 0.1, 0.2, 10.0], min_gap=1.0)
     assert out == sorted(out)
-    assert all(b - a >= 1.0 - 1e-9 for a, b in zip(out, out[1:], strict=False))
+    assert all(b - a >= 1.0 - 1e-9 for a, b in itertools.pairwise(out))
 
 
 @pytest.mark.parametrize(
