@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from vram.architecture import MlpKind, ModelSpec, NormKind, Role, Stack
 from vram.params import head_targeted, is_targeted, targeted_roles
-from vram.setup import Attention, Method, Offload, Precision, TrainingSetup
+from vram.setup import Attention, Method, Offload, Precision, Sharding, TrainingSetup
 from vram.stack import StackProfile
 
 FP32 = 4
@@ -58,25 +58,46 @@ class Numerics:
     autocast: bool
 
 
-def numerics(setup: TrainingSetup) -> Numerics:
-    """Activation dtypes of a precision recipe."""
+def numerics(setup: TrainingSetup, profile: StackProfile | None = None) -> Numerics:
+    """Activation dtypes of a precision recipe.
+
+    With fp32 weights (fp32, autocast recipes, or QLoRA after prepare_model_for_kbit_training
+    upcast the embedding and norms) the residual stream is fp32.
+    """
+    if profile is not None and profile.upcasts_frozen_to_fp32:
+        return Numerics(compute=2, residual=4, autocast=setup.precision is not Precision.FP32)
     if setup.precision is Precision.FP32:
         return Numerics(compute=4, residual=4, autocast=False)
-    if setup.precision is Precision.BF16_TRUE:
+    if setup.precision is Precision.BF16_TRUE or zero_half_model(setup):
         return Numerics(compute=2, residual=2, autocast=False)
     return Numerics(compute=2, residual=4, autocast=True)
 
 
-def _norm_bytes(stack: Stack, n: Numerics, *, weight_trains: bool) -> int:
-    """One norm, per token: RMSNorm keeps an fp32 copy of its input (+ normalized x if trained);
-    LayerNorm keeps its input and fp32 mean/rstd."""
-    h_norm = stack.n_heads * 0 + _hidden(stack)
+def zero_half_model(setup: TrainingSetup) -> bool:
+    """DeepSpeed-style ZeRO with a mixed recipe runs a 16-bit model (fp32 master in the
+    optimizer) rather than autocast over fp32 weights."""
+    mixed = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+    return mixed and setup.sharding in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
+
+
+def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trains: bool) -> int:
+    """One norm, per token.
+
+    RMSNorm (HF LlamaRMSNorm, LitGPT RMSNorm) upcasts its input to fp32 and keeps that copy; a
+    trained weight also needs the normalized input (16-bit in HF, fp32 in LitGPT, which
+    multiplies by `weight.float()`). Compiled, only the input and 1/rms are kept.
+    `nn.LayerNorm` keeps its input and fp32 mean and rstd.
+    """
+    h = _hidden(stack)
+    if profile.compiled:
+        return n.residual * h + FP32
     if stack.norm_kind is NormKind.RMS:
-        kept = FP32 * h_norm
+        kept = FP32 * h
         if weight_trains:
-            kept += (FP32 if n.residual == FP32 else n.compute) * h_norm
+            fp32_normalized = profile.norm_keeps_fp32_normalized or n.residual == FP32
+            kept += (FP32 if fp32_normalized else n.compute) * h
         return kept
-    return n.residual * h_norm + 2 * FP32
+    return n.residual * h + 2 * FP32
 
 
 def _hidden(stack: Stack) -> int:
@@ -87,7 +108,7 @@ def _hidden(stack: Stack) -> int:
 
 
 def _consumers_input_bytes(n: Numerics, n_linears: int) -> int:
-    """Bytes per hidden unit kept as Linear inputs after a norm when the Linears train.
+    """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
 
     Without autocast the Linears share one input tensor; under autocast each call casts the
     fp32 input to 16 bits anew, and each cast copy is kept (autocast caches only leaf casts).
@@ -101,8 +122,10 @@ def layer_activations(
     model: ModelSpec, stack: Stack, setup: TrainingSetup, profile: StackProfile,
 ) -> LayerActivations:
     """Bytes one layer of `stack` keeps per token (attention scores per token × sequence)."""
-    n = numerics(setup)
+    n = numerics(setup, profile)
     full = setup.method is Method.FULL
+    # A Linear keeps its input when its weight trains, or when it is a bitsandbytes 4-bit layer.
+    keeps_inputs = full or profile.quantized_linear_keeps_input
     roles = targeted_roles(setup) if setup.trains_adapters else frozenset()
     h = _hidden(stack)
     e = n.compute
@@ -111,46 +134,41 @@ def layer_activations(
     kv_out = stack.n_kv_heads * stack.head_dim
     out = LayerActivations(stack=stack.name, count=stack.count)
     lora_bytes = profile.adapter_bytes if not n.autocast else e
+    compiled = profile.compiled
 
-    def lora_extra(linear_d_in: int, linear_d_out: int) -> int:
-        """PEFT/LitGPT LoRA branch: dropout output + its mask, then the rank-r activation."""
-        r = setup.lora_rank
-        if setup.lora_dropout > 0:
-            return lora_bytes * linear_d_in + linear_d_in + lora_bytes * r
-        return lora_bytes * linear_d_in + lora_bytes * r
-
-    # --- norms and the inputs of the Linears that follow them -------------------------------
-    attn_linears = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
-    mlp_in = [ln for ln in stack.linears if ln.role in (Role.GATE, Role.UP, Role.GATE_UP)
-              and ln.copies == 1]
-    if not mlp_in:
-        mlp_in = [ln for ln in stack.linears if ln.role is Role.UP and ln.copies == 1]
-    norms = _norm_bytes(stack, n, weight_trains=full) * stack.n_norms
-    out.terms.append(Term("norms", f"{stack.n_norms} norms", "n_norms × (4·h [+ e·h])", norms))
-    if full:
-        kept = _consumers_input_bytes(n, len(attn_linears)) * h
+    # --- norms and the inputs of the Linears that read them ---------------------------------
+    attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
+    mlp_in = [ln for ln in stack.linears
+              if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
+    norms = _norm_bytes(stack, n, profile, weight_trains=full) * stack.n_norms
+    out.terms.append(Term("norms", f"{stack.n_norms} norms", "n_norms × (4·h [+ normalized])",
+                          norms))
+    if keeps_inputs and not compiled:
+        kept = _consumers_input_bytes(n, len(attn_in)) * h
         kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
         out.terms.append(Term("linear_inputs", "Linear inputs (attention in, MLP in)",
-                              "e·h per Linear input (one copy per call under autocast)", kept))
+                              "e·h per norm output (one copy per call under autocast)", kept))
 
-    # --- attention -------------------------------------------------------------------------
+    # --- attention ---------------------------------------------------------------------------
     expand = profile.expands_kv and setup.attention is not Attention.FLASH
     kv_width = q_out if expand else kv_out
-    qkv = e * (q_out + 2 * kv_width)
-    attn = qkv + e * q_out  # q, k, v and the attention output
-    if setup.attention is Attention.EAGER or (stack.attn_softcap and profile.expands_kv):
-        # Scores are s×s per head: fp32 softmax output + its 16-bit cast (HF eager_attention).
-        per_token_scores = stack.n_heads * s * (FP32 + (e if e != FP32 else 0))
+    attn = e * (q_out + 2 * kv_width) + e * q_out  # q, k, v and the attention output
+    eager = setup.attention is Attention.EAGER or stack.attn_softcap and profile.expands_kv
+    if eager:
+        # s×s per head: the softmax output in fp32 (HF upcasts) and its 16-bit cast.
+        per_score = FP32 + (e if e != FP32 else 0)
+        if stack.attn_dropout > 0:
+            per_score += 1 + (e if n.autocast else 0)  # dropout mask (+ 16-bit cast of it)
         if stack.attn_softcap:
-            per_token_scores += stack.n_heads * s * e  # tanh output of the soft-cap
-        attn += per_token_scores
+            per_score += e  # tanh output of Gemma 2's soft-cap
+        attn += stack.n_heads * s * per_score
         label = "eager attention: q, k, v, output, s×s probabilities"
-        formula = "e·(q + 2·kv + o) + a·s·(4 + e)"
+        formula = "e·(q + 2·kv + o) + a·s·(4 + e [+ dropout mask])"
     else:
         attn += FP32 * stack.n_heads  # logsumexp per head
         label = "fused attention (SDPA/flash): q, k, v, output, logsumexp"
         formula = "e·(q + 2·kv + o) + 4·a"
-    if full or is_targeted(_role_linear(stack, Role.O), roles):
+    if keeps_inputs and not compiled:
         attn += e * q_out  # the contiguous copy that feeds o_proj
     if stack.cross_attention:
         attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
@@ -160,38 +178,39 @@ def layer_activations(
     inter = stack.intermediate_size
     experts = stack.experts_per_token or 1
     if stack.mlp_kind is MlpKind.GATED:
-        mlp = 3 * e * inter  # gate output, act(gate), up output
-        down_trains = full or any(
-            is_targeted(ln, roles) for ln in stack.linears if ln.role is Role.DOWN)
-        if down_trains:
-            mlp += e * inter
-        formula = "e·I·(3 [+1 when down_proj trains])"
+        # gate output, act(gate), up output; the product too when down_proj keeps its input.
+        # Compiled: gate and up only; the rest is recomputed.
+        mlp = 2 * e * inter if compiled else 3 * e * inter + (e * inter if keeps_inputs else 0)
+        formula = "e·I·(3 [+1 when down_proj keeps its input])"
     else:
-        mlp = e * inter  # activation input
-        if full or any(is_targeted(ln, roles) for ln in stack.linears if ln.role is Role.DOWN):
-            mlp += e * inter
-        formula = "e·I·(1 [+1 when fc2 trains])"
+        mlp = e * inter + (e * inter if keeps_inputs and not compiled else 0)
+        formula = "e·I·(1 [+1 when fc2 keeps its input])"
+    if stack.hidden_dropout > 0:
+        mlp += inter + (e * inter if n.autocast or not keeps_inputs else 0)
     mlp *= experts
     if stack.n_experts:
         # MoE: each expert gathers its tokens (a copy) and scales its output by the router.
         mlp += experts * (2 * e * h) + FP32 * stack.n_experts
         formula += " × top-k + routing copies"
     out.terms.append(Term("mlp", f"MLP ({stack.mlp_kind.value})", formula, mlp))
+    if stack.hidden_dropout > 0:
+        out.terms.append(Term("dropout", "dropout masks on the residual branches",
+                              "1 byte × h per dropout", 2 * h))
 
     # --- LoRA branches -----------------------------------------------------------------------
     if setup.trains_adapters:
         extra = 0
-        seen_fused_input = False
+        fused_seen = False
         for linear in stack.linears:
             if not is_targeted(linear, roles):
                 continue
             if profile.adapts_fused_slices and linear.role in (Role.Q, Role.K, Role.V):
-                # LitGPT: one LoRAQKVLinear with one dropout for all selected slices.
-                if seen_fused_input:
+                # LitGPT: one LoRAQKVLinear, one dropout for all selected slices.
+                if fused_seen:
                     extra += lora_bytes * setup.lora_rank
                     continue
-                seen_fused_input = True
-            extra += lora_extra(linear.d_in, linear.d_out) * (
+                fused_seen = True
+            extra += _lora_branch_bytes(setup, lora_bytes, linear.d_in) * (
                 experts if linear.copies > 1 else 1)
         if extra:
             out.terms.append(Term("lora", "LoRA branches (dropout output, mask, x·A)",
@@ -199,16 +218,21 @@ def layer_activations(
 
     # --- backward transient of one layer -----------------------------------------------------
     out.backward_transient = 2 * e * inter * experts + 2 * e * (q_out + 2 * kv_width)
-    if setup.attention is Attention.EAGER:
+    if eager:
         out.backward_transient += stack.n_heads * s * (FP32 + e)
     return out
 
 
-def _role_linear(stack: Stack, role: Role):  # type: ignore[no-untyped-def]
-    for linear in stack.linears:
-        if linear.role is role:
-            return linear
-    return stack.linears[0]
+def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int) -> int:
+    """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`.
+
+    With dropout the branch keeps the dropped input (adapter dtype) and a 1-byte mask; without,
+    A keeps x itself (a copy when the adapter dtype differs). A's output (rank r) feeds B.
+    """
+    r = setup.lora_rank
+    if setup.lora_dropout > 0:
+        return lora_bytes * d_in + d_in + lora_bytes * r
+    return lora_bytes * d_in + lora_bytes * r
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,18 +255,24 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     log-softmax (2·V) alive, the gradients replace them chunk by chunk.
     torchtune's chunked loss upcasts per chunk: 16-bit logits + fp32 log-probabilities.
     """
-    n = numerics(setup)
+    n = numerics(setup, profile)
     vocab = model.vocab_size
     if model.head_kind.value == "classifier":
         return HeadActivations(saved=0, loss_peak=0, formula="a few values per sequence",
                                label="classification head")
     full = setup.method is Method.FULL
     norm = (FP32 + (n.compute if full else 0)) * model.hidden_size
-    if full:
+    if full or (profile.quantizes_head and profile.quantized_linear_keeps_input):
         norm += n.compute * model.hidden_size  # the lm_head input
     elif head_targeted(setup):
         norm += (profile.adapter_bytes + 1) * model.hidden_size
     logits = n.compute * vocab
+    if profile.compiled:
+        # A compiled cross-entropy keeps the 16-bit logits and a logsumexp per token; the
+        # gradient of the logits replaces them chunk by chunk.
+        saved = norm + logits + FP32
+        return HeadActivations(saved, saved + logits, "16-bit logits + logsumexp (compiled)",
+                               "logits and compiled cross-entropy")
     if profile.chunked_loss and not profile.upcasts_logits:
         saved = norm + 2 * logits
         return HeadActivations(saved, saved + logits // 4,
@@ -279,7 +309,7 @@ class ActivationPlan:
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
     """Activation memory of one micro-batch."""
-    n = numerics(setup)
+    n = numerics(setup, profile)
     tokens = setup.micro_batch * setup.seq_len
     layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
     head = head_activations(model, setup, profile)

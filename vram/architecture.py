@@ -137,6 +137,9 @@ class Stack(BaseModel):
     attn_softcap: bool = False
     #: Query/key norms inside attention (Qwen3, OLMo 2).
     qk_norm: bool = False
+    #: Dropout in training: on attention probabilities and on the residual branches.
+    attn_dropout: float = 0.0
+    hidden_dropout: float = 0.0
 
     @property
     def params_per_layer(self) -> int:
@@ -576,16 +579,18 @@ def _t5(name: str, family: str, r: _Reader) -> ModelSpec:
         ff = _plain_mlp(d, d_ff, False, ("wi", "wo"))
     mlp_kind = MlpKind.GATED if gated else MlpKind.PLAIN
     rel_bias = buckets * n_heads  # in the first layer of each stack
+    dropout = r.float("dropout_rate", 0.1)  # T5Config default
     encoder = Stack(
         name="encoder", count=n_enc, linears=(*attention(""), *ff), other_params=2 * d,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_kv,
-        mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False,
+        mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False, attn_dropout=dropout,
+        hidden_dropout=dropout,
     )
     decoder = Stack(
         name="decoder", count=n_dec, linears=(*attention(""), *attention("cross_"), *ff),
         other_params=3 * d, n_norms=3, norm_kind=NormKind.RMS, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=d_kv, mlp_kind=mlp_kind, intermediate_size=d_ff,
-        cross_attention=True,
+        cross_attention=True, attn_dropout=dropout, hidden_dropout=dropout,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(
@@ -611,6 +616,8 @@ def _bert(name: str, r: _Reader) -> ModelSpec:
         name="encoder", count=r.int("num_hidden_layers"), linears=linears, other_params=4 * h,
         n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter, causal=False,
+        attn_dropout=r.float("attention_probs_dropout_prob", 0.1),  # BertConfig defaults
+        hidden_dropout=r.float("hidden_dropout_prob", 0.1),
     )
     vocab = r.int("vocab_size")
     max_pos = r.int("max_position_embeddings", default=512)

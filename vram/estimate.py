@@ -130,6 +130,16 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
             formula="2 × one layer's full parameters", inputs={"layers": 2}, bytes=gathered,
             source="PyTorch FSDP forward/backward prefetch",
         ))
+    if (profile.fsdp_keeps_frozen_unsharded and setup.sharding is Sharding.ZERO3
+            and setup.n_gpus > 1 and setup.trains_adapters and not offload_params):
+        frozen = sum(g.bytes for g in groups if not g.trainable)
+        weight_items.append(LineItem(
+            key="weights.unsharded_frozen", label="frozen weights left unsharded in backward",
+            formula="frozen bytes × (1 − 1/GPUs)", inputs={"gpus": setup.n_gpus},
+            bytes=frozen - frozen // setup.n_gpus,
+            source="FSDP1 before PyTorch 2.2 did not reshard frozen parameters in backward "
+                   "(pytorch/pytorch#95805)",
+        ))
     casts = _autocast_copies(model, setup, groups)
     if casts:
         weight_items.append(LineItem(
@@ -153,6 +163,11 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     trainable = [g for g in groups if g.trainable]
     grads_full = sum(_grad_bytes(g, setup) for g in trainable)
     grads = grads_full // g_shards
+    offload_opt = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
+    if offload_opt:
+        # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
+        host += grads
+        grads = 0
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     grad_items = [LineItem(
         key="gradients.params", label="gradients of trainable parameters",
@@ -173,9 +188,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     master = _master_bytes(groups, setup) // o_shards
     state_bytes = state.state_bytes // o_shards
     paged = state_bytes if state.paged else 0
-    offload_opt = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
     if offload_opt:
-        host += state_bytes + master + grads
+        host += state_bytes + master
     opt_items: list[LineItem] = []
     if not offload_opt:
         opt_items.append(LineItem(

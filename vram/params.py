@@ -208,6 +208,9 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
             lora += setup.lora_rank * (h + vocab)
             lora_matrices += 2
         adapter_storage = Storage.FP32 if profile.adapter_bytes == 4 else Storage.BF16
+        if dense is Storage.BF16 and setup.precision in (Precision.BF16_MIXED,
+                                                          Precision.FP16_MIXED):
+            adapter_storage = Storage.BF16  # ZeRO casts the model; fp32 master with optimizer
         add("lora", f"LoRA adapters (rank {setup.lora_rank})", lora, adapter_storage, True,
             matrices=lora_matrices, factored=lora_matrices * setup.lora_rank * 2)
     return groups

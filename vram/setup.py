@@ -120,6 +120,8 @@ class TrainingSetup(BaseModel):
     seq_len: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_LEN)] = 2048
     grad_accum: Annotated[int, Field(strict=True, ge=1, le=1_000_000)] = 1
     grad_ckpt: Annotated[bool, Field(strict=True)] = False
+    #: torch.compile of model and loss; None = the stack's published default.
+    compile: Annotated[bool, Field(strict=True)] | None = None
     attention: Attention = Attention.SDPA
     loss: Loss | None = None
     n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS)] = 1
@@ -207,10 +209,21 @@ class TrainingSetup(BaseModel):
 
     @property
     def effective_loss(self) -> Loss:
-        """Chunked cross-entropy where the stack does it by default (LitGPT fine-tuning)."""
+        """Chunked cross-entropy where the stack does it by default: LitGPT fine-tuning
+        (lm_head_chunk_size=128 + chunked_cross_entropy) and torchtune's recipes
+        (CEWithChunkedOutputLoss, the configs' default since v0.3)."""
         if self.loss is not None:
             return self.loss
-        return Loss.CHUNKED if self.framework is Framework.LITGPT else Loss.STANDARD
+        chunked = self.framework in (Framework.LITGPT, Framework.TORCHTUNE)
+        return Loss.CHUNKED if chunked else Loss.STANDARD
+
+    @property
+    def effective_compile(self) -> bool:
+        """torch.compile: torchtune's published memory tables are all measured with
+        `compile=True`; other stacks run eagerly unless asked."""
+        if self.compile is not None:
+            return self.compile
+        return self.framework is Framework.TORCHTUNE
 
     @property
     def trains_adapters(self) -> bool:

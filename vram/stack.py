@@ -42,6 +42,18 @@ class StackProfile:
     #: LoRA on a fused qkv adapts the selected slices (LitGPT LoRAQKVLinear) rather than the
     #: whole fused module (PEFT can only target whole modules).
     adapts_fused_slices: bool
+    #: bitsandbytes' MatMul4Bit keeps its input for backward (`ctx.tensors = (A, B)` in
+    #: bitsandbytes/autograd/_functions.py) although only B is needed; torchao's NF4 linear
+    #: (torchtune) keeps only the weight.
+    quantized_linear_keeps_input: bool
+    #: LitGPT's RMSNorm multiplies by `weight.float()`, so a trained norm keeps its normalized
+    #: input in fp32 (litgpt/model.py RMSNorm.forward).
+    norm_keeps_fp32_normalized: bool
+    #: FSDP1 in PyTorch <= 2.1 kept frozen parameters unsharded through the whole backward
+    #: (pytorch/pytorch#95805; fixed by #101982): LitGPT's published FSDP LoRA peaks show it.
+    fsdp_keeps_frozen_unsharded: bool
+    #: torch.compile fuses pointwise ops and recomputes them in backward (min-cut partitioner).
+    compiled: bool
     #: The output logits stay referenced by the training loop through backward (LitGPT keeps
     #: `logits`; HF Trainer and torchtune drop them before backward).
     keeps_logits: bool
@@ -56,6 +68,10 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
     qlora = setup.method is Method.QLORA
     sharded_qlora = qlora and setup.sharding is Sharding.ZERO3
     adapter_bytes = 4 if hf_like or setup.precision is not Precision.BF16_TRUE else 2
+    zero_mixed = setup.sharding in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3) and (
+        setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED))
+    if zero_mixed:
+        adapter_bytes = 2  # the engine casts the whole model, adapters included
     if setup.precision is Precision.FP32:
         adapter_bytes = 4
     return StackProfile(
@@ -70,4 +86,8 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         norm_keeps_fp32_input=True,
         adapts_fused_slices=litgpt,
         keeps_logits=litgpt,
+        norm_keeps_fp32_normalized=litgpt,
+        fsdp_keeps_frozen_unsharded=litgpt,
+        compiled=setup.effective_compile,
+        quantized_linear_keeps_input=qlora and not torchtune,
     )
