@@ -121,7 +121,7 @@ def resolve_model(state: Mapping[str, Any]) -> tuple[Any | None, str | None]:
                 )
             return config_model(text), None
         if choice == params.BY_SIZE:
-            return sized_model(int(round(float(state["size"]) * 1e9))), None
+            return sized_model(round(float(state["size"]) * 1e9)), None
         return catalog_model(choice), None
     except VramError as exc:
         return None, f"Model: {exc}"

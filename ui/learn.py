@@ -121,7 +121,7 @@ LEVERS_MARKDOWN = """
 | lever | shrinks | costs |
 |---|---|---|
 | LoRA (train small adapters) | gradients, optimizer state | a little quality on some tasks |
-| QLoRA (4-bit frozen base) | weights, gradients, optimizer state | slower steps (dequantizing), a little quality |
+| QLoRA (4-bit frozen base) | weights, gradients, optimizer state | slower steps, a little quality |
 | 8-bit or paged optimizer | optimizer state | tiny quality risk; paging can stall |
 | SGD / Lion / Adafactor | optimizer state | tuning; convergence differs |
 | pure bf16 (no fp32 master) | weights, optimizer state | precision of small updates |

@@ -21,12 +21,14 @@ from vram.result import BUCKET_ORDER, Estimate
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """
 <style>
-[data-testid="stMetricValue"] { font-size: 2.6rem; font-weight: 700; }
+[data-testid="stMetricValue"] { font-size: 2.4rem; font-weight: 700; }
+[data-testid="stMetricValue"] > div { white-space: normal; overflow-wrap: anywhere; }
 [data-testid="stMetricLabel"] p { font-size: 1.1rem; }
 [data-testid="stMetricDelta"] { font-size: 1.2rem; }
 </style>
 """
 
+PHASES = {"forward": "forward pass", "backward": "backward pass"}
 _PLOTLY_CONFIG: dict[str, Any] = {"displayModeBar": False, "responsive": True}
 
 
@@ -53,7 +55,7 @@ def metrics(est: Estimate, report: Any, unit: Unit) -> None:
     peak.metric(
         "Peak memory per GPU",
         format_bytes(est.device_peak_bytes, unit),
-        delta=f"at the {est.phase.value}",
+        delta=f"during the {PHASES.get(est.phase.value, est.phase.value)}",
         delta_color="off",
         delta_arrow="off",
         help=(
@@ -64,7 +66,9 @@ def metrics(est: Estimate, report: Any, unit: Unit) -> None:
         ),
     )
     if report.fits:
-        best = report.fits[0]
+        # The cheapest priced option; a GPU without a price in the list cannot be "cheapest".
+        priced = [o for o in report.fits if o.usd_per_hour is not None]
+        best = (priced or list(report.fits))[0]
         cheapest.metric(
             "Cheapest GPUs that hold it",
             gpu_choice(best),

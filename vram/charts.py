@@ -80,7 +80,7 @@ def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
 def _layout(**extra: Any) -> dict[str, Any]:
     layout: dict[str, Any] = {
         "font": {"size": FONT_SIZE, "family": FONT_FAMILY},
-        "margin": {"l": 20, "r": 20, "t": 50, "b": 40},
+        "margin": {"l": 80, "r": 20, "t": 60, "b": 50},
         "plot_bgcolor": "white",
         "paper_bgcolor": "white",
         "hoverlabel": {"font": {"size": SMALL_FONT_SIZE}},
@@ -92,8 +92,8 @@ def _layout(**extra: Any) -> dict[str, Any]:
 def spread_labels(centres: Sequence[float], min_gap: float) -> list[float]:
     """Move label positions apart so that neighbours are at least `min_gap` apart.
 
-    Keeps the order and stays as close as possible to the wanted centres (labels are pushed up
-    from the bottom, then the whole stack is pulled down if it drifted above the top centre).
+    Keeps the order; pushes labels up from the lowest, then pulls the whole stack down again
+    as far as the lowest label's own position allows, so it stays centred on what it names.
     """
     if not centres:
         return []
@@ -102,29 +102,31 @@ def spread_labels(centres: Sequence[float], min_gap: float) -> list[float]:
     for i in order:
         want = centres[i]
         placed.append(want if not placed else max(want, placed[-1] + min_gap))
-    drift = placed[-1] - max(centres)
-    if drift > 0:
-        # Pull down, but never below the first centre's slot.
-        shift = min(drift, max(0.0, placed[0] - min(centres)) + drift / 2)
-        placed = [p - shift / 2 for p in placed]
+    wanted = [centres[i] for i in order]
+    excess = sum(p - w for p, w in zip(placed, wanted, strict=True)) / len(placed)
+    # Pull down by the mean displacement, but keep every label at or above zero.
+    shift = max(0.0, min(excess, placed[0]))
+    placed = [p - shift for p in placed]
     out = [0.0] * len(centres)
     for slot, i in enumerate(order):
         out[i] = placed[slot]
     return out
 
 
-def capacity_lines(capacities: Iterable[tuple[str, int]], peak_bytes: int) -> list[tuple[str, int]]:
-    """The capacities worth drawing: all below the peak, and the first one at or above it.
+def capacity_lines(
+    capacities: Iterable[tuple[str, int]], peak_bytes: int, *, max_below: int = 3
+) -> list[tuple[str, int]]:
+    """The capacities worth drawing: the largest few below the peak, and the first above it.
 
-    Names sharing a size are joined ("A100 80GB / H100 SXM"), so each line is drawn once.
+    Names sharing a size are joined ("L4 / A10"), so each line is drawn once.
     """
     by_size: dict[int, list[str]] = {}
     for name, size in capacities:
-        by_size.setdefault(int(size), [])
-        if name not in by_size[size]:
-            by_size[size].append(name)
+        names = by_size.setdefault(int(size), [])
+        if name not in names:
+            names.append(name)
     sizes = sorted(by_size)
-    shown = [s for s in sizes if s < peak_bytes]
+    shown = [s for s in sizes if s < peak_bytes][-max_below:] if max_below else []
     above = [s for s in sizes if s >= peak_bytes]
     if above:
         shown.append(above[0])
@@ -178,12 +180,13 @@ def breakdown_figure(
     for text, y, label_y, color in zip(labels, centres, positions, colors, strict=True):
         annotations.append(
             {
-                "x": 0.28,
-                "y": label_y,
+                # The text sits at the arrow's tail (ax, ay); the head points at the segment.
+                "x": 0.27,
+                "y": y,
                 "xref": "x",
                 "yref": "y",
-                "ax": 0.26,
-                "ay": y,
+                "ax": 0.36,
+                "ay": label_y,
                 "axref": "x",
                 "ayref": "y",
                 "text": f"<span style='color:{color}'>■</span> {text}",
@@ -223,11 +226,11 @@ def breakdown_figure(
         annotations.append(
             {
                 "xref": "paper",
-                "x": 0.0,
+                "x": 1.0,
                 "y": y,
                 "yref": "y",
                 "yanchor": "bottom",
-                "xanchor": "left",
+                "xanchor": "right",
                 "showarrow": False,
                 "text": f"{name} · {format_bytes(size, unit)}",
                 "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
@@ -239,7 +242,7 @@ def breakdown_figure(
             barmode="stack",
             height=height,
             showlegend=False,
-            xaxis={"range": [-0.45, 1.6], "showticklabels": False, "fixedrange": True},
+            xaxis={"range": [-0.35, 2.0], "showticklabels": False, "fixedrange": True},
             yaxis={
                 "title": {"text": f"memory per GPU ({unit})"},
                 "range": [0, top],
@@ -317,10 +320,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
             "y": 1.0,
             "yanchor": "bottom",
             "showarrow": False,
-            "text": (
-                f"training needs <b>{estimate.training_to_inference:.1f}×</b> "
-                "the memory of inference"
-            ),
+            "text": f"training = <b>{estimate.training_to_inference:.1f}×</b> inference",
             "font": {"size": FONT_SIZE + 2, "color": "#222"},
         },
     ]
@@ -336,8 +336,9 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
                 "gridcolor": "#e5e5e5",
                 "fixedrange": True,
             },
-            xaxis={"fixedrange": True, "tickfont": {"size": FONT_SIZE + 2}},
-            legend={"font": {"size": SMALL_FONT_SIZE}, "traceorder": "normal"},
+            xaxis={"fixedrange": True, "tickfont": {"size": FONT_SIZE + 2}, "tickangle": 0},
+            # Colours match the breakdown chart; hovering a segment names it.
+            showlegend=False,
             annotations=annotations,
         ),
     )

@@ -1,0 +1,161 @@
+"""The served app in headless Chromium: move the batch slider, see the total and chart change.
+
+Needs Debian's `chromium` (apt-get install -y chromium) and the `playwright` Python package; no
+`playwright install` (it would download its own browser). Screenshots go to `artifacts/`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM = os.environ.get("VRAM_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+if not Path(CHROMIUM).exists():
+    pytest.skip(
+        f"no Chromium at {CHROMIUM}: apt-get install -y chromium (or set VRAM_CHROMIUM)",
+        allow_module_level=True,
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    port = _free_port()
+    log = ARTIFACTS / "streamlit.log"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                "app.py",
+                "--server.headless",
+                "true",
+                "--server.port",
+                str(port),
+                "--server.address",
+                "127.0.0.1",
+                "--browser.gatherUsageStats",
+                "false",
+            ],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                        if r.read().strip() == b"ok":
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"streamlit did not become healthy; see {log}")
+                time.sleep(0.3)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+        )
+        yield browser
+        browser.close()
+
+
+def _peak(page: object) -> str:
+    metric = page.locator('[data-testid="stMetric"]').first  # type: ignore[attr-defined]
+    return str(metric.locator('[data-testid="stMetricValue"]').inner_text()).strip()
+
+
+def _chart_text(page: object) -> str:
+    chart = page.locator(".js-plotly-plot").first  # type: ignore[attr-defined]
+    return str(chart.locator("g.annotation").all_inner_texts())
+
+
+def _wait_idle(page: object) -> None:
+    # Streamlit shows a "running" status widget while the script runs.
+    page.wait_for_timeout(300)  # type: ignore[attr-defined]
+    page.locator('[data-testid="stStatusWidget"]').wait_for(  # type: ignore[attr-defined]
+        state="hidden", timeout=20_000
+    )
+
+
+def test_batch_slider_changes_total_and_chart(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1600, "height": 1100})  # type: ignore[attr-defined]
+    page.goto(server)
+    page.locator('[data-testid="stMetricValue"]').first.wait_for(timeout=60_000)
+    page.locator(".js-plotly-plot g.annotation").first.wait_for(timeout=60_000)
+    _wait_idle(page)
+    before_total, before_chart = _peak(page), _chart_text(page)
+    page.screenshot(path=str(ARTIFACTS / "calculator-before.png"), full_page=True)
+
+    thumb = page.locator('[data-testid="stSlider"] input[type="range"][aria-label^="Micro-batch"]')
+    thumb.focus()
+    for _ in range(7):  # batch 1 -> 8, as a keyboard user would
+        thumb.press("ArrowRight")
+    page.wait_for_function(
+        "(before) => { const m = document.querySelector('[data-testid=\"stMetricValue\"]');"
+        " return m && m.innerText.trim() !== before; }",
+        arg=before_total,
+        timeout=20_000,
+    )
+    _wait_idle(page)
+    after_total, after_chart = _peak(page), _chart_text(page)
+    page.screenshot(path=str(ARTIFACTS / "calculator-after.png"), full_page=True)
+
+    assert after_total != before_total
+    assert after_chart != before_chart
+    assert thumb.input_value() == "8"
+    assert "batch=8" in page.url  # the link carries the new state
+    assert not page.locator('[data-testid="stException"]').count()
+
+
+def test_pages_render_in_the_browser(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1600, "height": 1100})  # type: ignore[attr-defined]
+    for path, name in (
+        ("/Learn", "learn"),
+        ("/Compare?pin=%7B%7D&pin=%7B%22method%22%3A%22full%22%7D", "compare"),
+        ("/GPUs", "gpus"),
+    ):
+        page.goto(server + path)
+        page.locator('[data-testid="stMainBlockContainer"] h1').first.wait_for(timeout=60_000)
+        _wait_idle(page)
+        page.wait_for_timeout(800)
+        page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+        assert not page.locator('[data-testid="stException"]').count(), name
