@@ -16,7 +16,9 @@ the largest extended segment. Blocks between the first and the last cannot hold 
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +126,8 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
     start = time.perf_counter()
     cfg = with_depth(config, n_layers)
     tracker = _HostScalarTracker()
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, _swappable(mode):
         built = build(cfg, setup)
         model = built.model
         params = list(model.parameters())
@@ -187,6 +190,29 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
         paged_bytes=tracker.excluded_bytes, params_total=params_total,
         params_trainable=params_trainable, seconds=time.perf_counter() - start,
     )
+
+
+@contextlib.contextmanager
+def _swappable(mode: Any) -> Iterator[None]:
+    """Let `module.to(...)` swap fake parameters (PEFT moves adapters with it).
+
+    `nn.Module._apply` swaps FakeTensor parameters with `torch.utils.swap_tensors`, which
+    refuses tensors that have weak references; the fake mode's converter memo holds one to
+    every parameter initialised in place. The memo entry is dropped just before the swap.
+    """
+    original = torch.utils.swap_tensors
+    memo = mode.fake_tensor_converter.meta_converter.tensor_memo
+
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        for key in [k for k, v in list(memo.items()) if v is t1 or v is t2]:
+            del memo[key]
+        original(t1, t2)
+
+    torch.utils.swap_tensors = swap
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = original
 
 
 def _numel(p: torch.Tensor) -> int:
