@@ -98,6 +98,14 @@ def browser() -> Iterator[object]:
         browser.close()
 
 
+def _expected_peak(**setup: object) -> str:
+    import vram
+    from vram.charts import format_bytes
+
+    est = vram.estimate(vram.load_model("llama-3.1-8b"), vram.TrainingSetup(**setup))  # type: ignore[arg-type]
+    return format_bytes(est.device_peak_bytes, "GB")
+
+
 def _peak(page: object) -> str:
     metric = page.locator('[data-testid="stMetric"]').first  # type: ignore[attr-defined]
     return str(metric.locator('[data-testid="stMetricValue"]').inner_text()).strip()
@@ -105,7 +113,7 @@ def _peak(page: object) -> str:
 
 def _chart_text(page: object) -> str:
     chart = page.locator(".js-plotly-plot").first  # type: ignore[attr-defined]
-    return str(chart.locator("g.annotation").all_inner_texts())
+    return " | ".join(chart.locator("g.annotation").all_text_contents())
 
 
 def _wait_idle(page: object) -> None:
@@ -127,19 +135,24 @@ def test_batch_slider_changes_total_and_chart(server: str, browser: object) -> N
 
     thumb = page.locator('[data-testid="stSlider"] input[type="range"][aria-label^="Micro-batch"]')
     thumb.focus()
-    for _ in range(7):  # batch 1 -> 8, as a keyboard user would
+    for _ in range(20):  # batch 1 -> 8, as a keyboard user would (a rerun may eat a key)
+        if thumb.input_value() == "8":
+            break
         thumb.press("ArrowRight")
+        page.wait_for_timeout(100)
+    expected = _expected_peak(micro_batch=8)
     page.wait_for_function(
-        "(before) => { const m = document.querySelector('[data-testid=\"stMetricValue\"]');"
-        " return m && m.innerText.trim() !== before; }",
-        arg=before_total,
-        timeout=20_000,
+        "(want) => { const m = document.querySelector('[data-testid=\"stMetricValue\"]');"
+        " return m && m.innerText.trim() === want; }",
+        arg=expected,
+        timeout=30_000,
     )
     _wait_idle(page)
     after_total, after_chart = _peak(page), _chart_text(page)
     page.screenshot(path=str(ARTIFACTS / "calculator-after.png"), full_page=True)
 
-    assert after_total != before_total
+    assert before_total == _expected_peak(micro_batch=1)
+    assert after_total == expected != before_total
     assert after_chart != before_chart
     assert thumb.input_value() == "8"
     assert "batch=8" in page.url  # the link carries the new state
