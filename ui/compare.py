@@ -52,7 +52,7 @@ def remove(index: int) -> None:
 def pin_buttons() -> None:
     full = len(_pins()) >= inputs.MAX_PINS
     a, b, c, d = st.columns(4)
-    a.button("📌 Pin the current setup", on_click=pin_current, disabled=full, key="pin_now")
+    a.button("Pin the current setup", on_click=pin_current, disabled=full, key="pin_now")
     b.button("Full vs LoRA vs QLoRA", on_click=pin_methods, key="pin_methods")
     c.button("4 sequence lengths", on_click=pin_lengths, key="pin_lengths")
     d.button("Clear", on_click=clear, key="pin_clear", disabled=not _pins())

@@ -252,13 +252,12 @@ def gpu_table(
         rows.append(
             {
                 "GPU": data.short_gpu_name(gpu.name),
-                "vendor": gpu.vendor,
                 "segment": gpu.segment,
                 f"memory ({unit})": round(charts.to_unit(gpu.memory_bytes, unit), 1),
                 "bf16 TFLOPS": gpu.bf16_dense_tflops,
                 "bandwidth (GB/s)": gpu.memory_bandwidth_gbps,
                 "$ per GPU-hour": gpu.usd_per_hour,
-                "holds it": "✅" if fits else ("❌" if option is not None else "—"),
+                "holds it": "yes" if fits else ("no" if option is not None else "?"),
                 "GPUs needed": option.count if fits else None,
                 "$ per hour, all": option.usd_per_hour if fits else None,
                 f"headroom ({unit})": (
@@ -274,7 +273,11 @@ def gpu_dataframe(table: pd.DataFrame, unit: Unit) -> None:
     st.dataframe(
         table,
         hide_index=True,
-        column_config={"$ per GPU-hour": money, "$ per hour, all": money},
+        column_config={
+            "GPU": st.column_config.TextColumn(width="medium", pinned=True),
+            "$ per GPU-hour": money,
+            "$ per hour, all": money,
+        },
         height=min(800, 40 + 36 * max(1, len(table))),
         row_height=34,
     )

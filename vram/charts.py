@@ -206,6 +206,7 @@ def breakdown_figure(
             "showarrow": False,
             "text": f"<b>{format_bytes(peak, unit)}</b>",
             "font": {"size": FONT_SIZE + 4, "color": "#222"},
+            "bgcolor": "rgba(255,255,255,0.85)",
         }
     )
     shapes: list[dict[str, Any]] = []
@@ -304,6 +305,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
             "showarrow": False,
             "text": f"<b>{format_bytes(train, unit)}</b>",
             "font": {"size": FONT_SIZE + 2},
+            "bgcolor": "rgba(255,255,255,0.85)",
         },
         {
             "x": "Inference",
@@ -312,6 +314,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
             "showarrow": False,
             "text": f"<b>{format_bytes(infer, unit)}</b>",
             "font": {"size": FONT_SIZE + 2},
+            "bgcolor": "rgba(255,255,255,0.85)",
         },
         {
             "xref": "paper",
@@ -377,6 +380,7 @@ def compare_figure(
             "showarrow": False,
             "text": f"<b>{format_bytes(peak, unit)}</b>",
             "font": {"size": FONT_SIZE + 2},
+            "bgcolor": "rgba(255,255,255,0.85)",
         }
         for name, peak in zip(names, peaks, strict=True)
     ]

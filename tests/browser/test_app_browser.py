@@ -161,13 +161,14 @@ def test_batch_slider_changes_total_and_chart(server: str, browser: object) -> N
 
 def test_pages_render_in_the_browser(server: str, browser: object) -> None:
     page = browser.new_page(viewport={"width": 1600, "height": 1100})  # type: ignore[attr-defined]
-    for path, name in (
-        ("/Learn", "learn"),
-        ("/Compare?pin=%7B%7D&pin=%7B%22method%22%3A%22full%22%7D", "compare"),
-        ("/GPUs", "gpus"),
+    compare = "/Compare?pin=%7B%7D&pin=%7B%22method%22%3A%22full%22%7D"
+    for path, name, ready in (
+        ("/Learn", "learn", ".js-plotly-plot g.annotation"),
+        (compare, "compare", ".js-plotly-plot g.annotation"),
+        ("/GPUs", "gpus", '[data-testid="stDataFrame"]'),
     ):
         page.goto(server + path)
-        page.locator('[data-testid="stMainBlockContainer"] h1').first.wait_for(timeout=60_000)
+        page.locator(ready).first.wait_for(timeout=60_000)
         _wait_idle(page)
         page.wait_for_timeout(800)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
