@@ -12,6 +12,7 @@ This package imports without them; `trace_available()` says whether a trace can 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import TYPE_CHECKING, Any
 
 from vram.trace.report import TimelinePoint, TraceResult
@@ -31,7 +32,16 @@ class TraceUnavailable(RuntimeError):
 
 def missing_packages() -> list[str]:
     """The packages of the trace extra that cannot be imported here."""
-    return [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    return [name for name in REQUIRED if not _installed(name)]
+
+
+def _installed(name: str) -> bool:
+    if name in sys.modules and sys.modules[name] is None:  # import blocked
+        return False
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def trace_available() -> bool:

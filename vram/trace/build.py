@@ -37,6 +37,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"
 
 #: Families the trace knows: model_type -> kind of head.
 SEQ2SEQ = {"t5", "mt5", "bart"}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
 CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
 
 #: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
@@ -150,6 +151,8 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
     cfg_dict["use_cache"] = False
     if kind == "classifier":
         cfg_dict["num_labels"] = 2
+    if kind == "seq2seq" and cfg_dict.get("decoder_start_token_id") is None:
+        cfg_dict["decoder_start_token_id"] = cfg_dict.get("pad_token_id") or 0
     try:
         hf_config = AutoConfig.for_model(model_type, **cfg_dict)
     except (ValueError, KeyError) as exc:
@@ -204,11 +207,14 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
               quant_head: bool) -> None:
     cdtype = compute_dtype(setup)
     quant = setup.effective_quant.value
+    # transformers keeps these in full precision under bitsandbytes (T5's `wo`).
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
     for _, blocks in lists:
         for block in blocks:
             for parent in list(block.modules()):
                 for child_name, child in list(parent.named_children()):
-                    if type(child) is nn.Linear:
+                    if (isinstance(child, nn.Linear) and not isinstance(child, QuantLinear)
+                            and child_name not in keep):
                         setattr(parent, child_name, QuantLinear(child, quant, cdtype))
     if quant_head:
         get_out = getattr(model, "get_output_embeddings", None)
@@ -252,13 +258,17 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
 def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     """Instantiate `config` with `setup` applied. Call inside a `FakeTensorMode`."""
     model_type = str(config.get("model_type", ""))
-    if model_type in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3"):
-        from vram.trace.moe import patch_moe
-
-        patch_moe()
     kind = kind_of(model_type)
     n_layers = depth(config)
     model = _instantiate(config, setup, kind)
+    if model_type in MOE and (autocast_dtype(setup) is not None
+                              or weight_dtype(setup) is not torch.bfloat16):
+        # transformers' default `grouped_mm` experts need bf16 operands; the other recipes
+        # run the eager expert loop (see moe.py).
+        from vram.trace.moe import patch_moe, use_uniform_experts
+
+        patch_moe()
+        use_uniform_experts(model)
     lists = layer_lists(model, n_layers)
     if setup.method is Method.QLORA:
         _quantize(model, lists, setup, quant_head=setup.framework is Framework.LITGPT)

@@ -1,4 +1,9 @@
-"""Mixture-of-experts layers on fake tensors: routing assumed uniform.
+"""Mixture-of-experts layers on fake tensors.
+
+With bf16 weights (`bf16-true`) the trace runs transformers' default experts implementation,
+`grouped_mm`: it sorts the `tokens * top_k` assignments by expert, so every shape is static and
+the trace is exact whatever the routing. `grouped_mm` needs bf16 operands, so the fp32 and
+autocast recipes run the eager per-expert loop instead, with routing assumed uniform:
 
 Which tokens an expert receives depends on the router's values, which fake tensors do not have
 (`nonzero` / `torch.where` have data-dependent shapes). The trace therefore runs transformers'
@@ -7,6 +12,9 @@ eager expert loop with the assignment spread evenly: of the `tokens * top_k` ass
 tensor the eager loop allocates (the one-hot expert mask, the gathered tokens, the gate/up and
 down projections, the weighted output accumulated with `index_add_`) is allocated with those
 shapes. A real batch routes unevenly, so the activations of a real step scatter around this.
+
+The experts are 3D parameters, not `nn.Linear`: QLoRA leaves them unquantized and LoRA cannot
+target them (PEFT's `target_modules` sees only the attention projections).
 """
 
 from __future__ import annotations
