@@ -695,11 +695,11 @@ def model_from_config_file(path: str | Path, name: str | None = None) -> ModelSp
     return model_from_config(read_config_text(file.read_bytes()), name or file.stem)
 
 
-def model_from_param_count(n_params: int, name: str | None = None) -> ModelSpec:
-    """A plausible Llama-style shape for a bare parameter count; marked approximate.
+def config_for_param_count(n_params: int) -> dict[str, Any]:
+    """A plausible Llama-style config.json for a bare parameter count.
 
     Shape rule (Llama 2/3 sizes): about 12·L·h² parameters in the layers with L ≈ h/128,
-    GQA with 8 KV heads above 3B, gated MLP of width 3.5·h, 128k vocabulary.
+    GQA with 8 KV heads from 3B up, gated MLP of width 3.5·h, 128k vocabulary from 0.5B up.
     """
     if isinstance(n_params, bool) or not isinstance(n_params, int):
         raise ConfigError("params", "must be a whole number")
@@ -709,21 +709,26 @@ def model_from_param_count(n_params: int, name: str | None = None) -> ModelSpec:
     budget = max(n_params - 2 * vocab * 1024, n_params // 2)
     gqa = n_params >= 3_000_000_000
     step = 1024 if gqa else 128  # with GQA, heads come in groups of 8
-    h = max(int(round((budget * 128 / 13) ** (1 / 3) / step)) * step, 256)
+    h = max(round((budget * 128 / 13) ** (1 / 3) / step) * step, 256)
     n_heads = max(h // 128, 2)
     n_kv = 8 if gqa else n_heads
-    inter = int(round(3.5 * h / 256)) * 256
+    inter = round(3.5 * h / 256) * 256
     tied = n_params < 5_000_000_000
     per_layer = (
         2 * h * h + 2 * h * (n_kv * 128 if n_kv != n_heads else h) + 3 * h * inter + 2 * h
     )
     head = vocab * h * (1 if tied else 2)
     n_layers = max(1, round((n_params - head - h) / per_layer))
-    config = {
-        "model_type": "llama", "hidden_size": h, "intermediate_size": inter,
-        "num_hidden_layers": n_layers, "num_attention_heads": n_heads,
+    return {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": h,
+        "intermediate_size": inter, "num_hidden_layers": n_layers, "num_attention_heads": n_heads,
         "num_key_value_heads": n_kv, "head_dim": h // n_heads, "vocab_size": vocab,
         "tie_word_embeddings": tied, "max_position_embeddings": 131_072,
     }
+
+
+def model_from_param_count(n_params: int, name: str | None = None) -> ModelSpec:
+    """A Llama-style model of about `n_params` parameters; marked approximate."""
+    config = config_for_param_count(n_params)
     spec = model_from_config(config, name or f"~{n_params / 1e9:.1f}B parameters")
     return spec.model_copy(update={"approximate": True})

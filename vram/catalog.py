@@ -16,7 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from vram.architecture import (
+    MAX_CONFIG_BYTES,
     ModelSpec,
+    config_for_param_count,
     model_from_config,
     model_from_config_file,
     model_from_param_count,
@@ -118,3 +120,24 @@ def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
         "model", f"{text[:80]!r} is not a catalog model, a config.json or a size "
         f"(e.g. {slugs}, ...; `python -m vram models` lists all)"
     )
+
+
+def load_config(model: str | Path | Mapping[str, Any] | int) -> dict[str, Any]:
+    """The config.json behind `load_model`'s argument, as a dict (for the exact trace)."""
+    if isinstance(model, Mapping):
+        return dict(model)
+    if isinstance(model, int) and not isinstance(model, bool):
+        return config_for_param_count(model)
+    text = str(model).strip()
+    if isinstance(model, str) and catalog_entry(text) is not None:
+        return read_config_text((data_dir() / "models" / f"{text}.json").read_bytes())
+    if text.startswith("{"):
+        return read_config_text(text)
+    count = parse_param_count(text)
+    if count is not None:
+        return config_for_param_count(count)
+    path = Path(text)
+    load_model(path)  # validates, with the same messages
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ConfigError("config.json", "too large")
+    return read_config_text(path.read_bytes())

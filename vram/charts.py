@@ -210,7 +210,7 @@ def breakdown_figure(
         }
     )
     shapes: list[dict[str, Any]] = []
-    for name, size in lines:
+    for gpu_name, size in lines:
         y = to_unit(size, unit)
         shapes.append(
             {
@@ -233,7 +233,7 @@ def breakdown_figure(
                 "yanchor": "bottom",
                 "xanchor": "right",
                 "showarrow": False,
-                "text": f"{name} · {format_bytes(size, unit)}",
+                "text": f"{gpu_name} · {format_bytes(size, unit)}",
                 "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
             }
         )

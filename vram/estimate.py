@@ -87,12 +87,15 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
 
 
 def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]) -> int:
-    """ZeRO-3 / FSDP gather one layer's full parameters while computing it, and prefetch one
-    more (FSDP forward/backward prefetch)."""
+    """ZeRO-3 / FSDP gather one layer's full parameters while computing it and prefetch the
+    next (FSDP forward/backward prefetch); the head, when it is its own unit, is gathered for
+    the loss."""
     if setup.sharding is not Sharding.ZERO3 or setup.n_gpus == 1 or not model.n_layers:
         return 0
     per_layer = sum(g.bytes for g in groups if g.key in ("linears", "norms")) // model.n_layers
-    return 2 * per_layer
+    head = sum(g.bytes for g in groups if g.key == "head")
+    # The output head is its own FSDP unit; it is gathered while the loss runs.
+    return max(2 * per_layer, per_layer + head)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -226,6 +229,16 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     }
     phase = max(moments, key=lambda p: moments[p])
     allocated = moments[phase]
+    # The caching allocator keeps what it reserved in backward through the optimizer step, so
+    # the reserved peak is the largest (allocated + slack) over the moments, not the slack at
+    # the allocated peak.
+    activations_at = {
+        Phase.FORWARD: layers_kept + plan.head_saved_bytes,
+        Phase.BACKWARD: max(loss_moment, top_layer_moment) - base,
+        Phase.OPTIMIZER_STEP: step_temp,
+    }
+    reserved_peak = max(
+        moments[p] + allocator_slack_bytes(moments[p], activations_at[p]) for p in moments)
 
     act_items: list[LineItem] = []
     grads_at_peak = grads if phase is Phase.OPTIMIZER_STEP and not in_backward else (
@@ -283,7 +296,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         )
 
     # Overhead --------------------------------------------------------------------------------
-    slack = allocator_slack_bytes(allocated, act_bytes)
+    slack = max(0, reserved_peak - allocated)
     context = cuda_context_bytes()
     nccl = nccl_bytes(setup)
     overhead_items = [
@@ -314,7 +327,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     reserved = allocated + slack
     device = reserved + context + nccl + paged
     if model.approximate:
-        notes.append("The architecture was derived from a parameter count: figures are approximate.")
+        notes.append("The architecture was derived from a parameter count: figures are "
+                     "approximate.")
     if plan.offloaded_bytes:
         host += plan.offloaded_bytes
     return Estimate(
@@ -326,6 +340,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         buckets=buckets, phase=phase, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved, device_peak_bytes=device, host_bytes=host,
         paged_bytes=paged, inference=inference_estimate(model, setup),
+        state_bytes=weights_bytes + grads + opt_bytes + paged,
         approximate=model.approximate, notes=tuple(notes),
     )
 

@@ -53,7 +53,7 @@ def _row_to_gpu(row: dict[str, str]) -> Gpu:
     memory = (row.get("memory_bytes") or "").strip()
     return Gpu(
         id=row["id"].strip(), name=row["name"].strip(), vendor=(row.get("vendor") or "").strip(),
-        segment=row["segment"].strip(),  # type: ignore[arg-type]
+        segment=row["segment"].strip(),
         memory_bytes=int(memory), memory_source=row.get("memory_source") or "",
         bf16_dense_tflops=number("bf16_dense_tflops"),
         memory_bandwidth_gbps=number("memory_bandwidth_gbps"),
@@ -86,7 +86,8 @@ def _load(path: str) -> tuple[Gpu, ...]:
                 detail = " ".join(first[:3])[:200]
                 raise CatalogError(f"GPU list {Path(path).name} line {line}: {detail}") from None
             if gpu.id in seen:
-                raise CatalogError(f"GPU list {Path(path).name} line {line}: duplicate id {gpu.id!r}")
+                raise CatalogError(
+                    f"GPU list {Path(path).name} line {line}: duplicate id {gpu.id!r}")
             seen.add(gpu.id)
             gpus.append(gpu)
     if not gpus:

@@ -31,7 +31,8 @@ def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstim
         weights += sum(
             s.count * ln.copies * quantized_bytes(ln.d_in * ln.d_out, ln.d_out, storage)
             for s in model.stacks for ln in s.linears)
-        w_formula = f"layer Linears in {quant.value} ({STORAGE_BYTES[storage]:.3f} B/param), rest 2 B"
+        w_formula = (f"layer Linears in {quant.value} ({STORAGE_BYTES[storage]:.3f} B/param), "
+                     "rest 2 B")
     kv = sum(2 * s.count * s.n_kv_heads * s.head_dim * e * tokens for s in model.stacks)
     widest = max(max(s.intermediate_size * max(1, s.experts_per_token), s.n_heads * s.head_dim)
                  for s in model.stacks)

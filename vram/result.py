@@ -100,6 +100,9 @@ class Estimate(BaseModel):
     device_peak_bytes: NonNegativeInt
     host_bytes: NonNegativeInt = 0
     paged_bytes: NonNegativeInt = 0
+    #: Weights + every gradient + every optimizer state (paged included), per GPU: the model
+    #: state of the step, whatever the moment of the peak.
+    state_bytes: NonNegativeInt = 0
     inference: InferenceEstimate
     approximate: bool = False
     notes: tuple[str, ...] = ()
@@ -128,4 +131,5 @@ class Estimate(BaseModel):
             return self.reserved_peak_bytes
         if metric == "device":
             return self.device_peak_bytes
-        raise ValueError(f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")
+        raise ValueError(
+            f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")

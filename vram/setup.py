@@ -96,7 +96,7 @@ SHARDING_ALIASES: dict[str, Sharding] = {
 LORA_TARGET_NAMES: frozenset[str] = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
 )
-ALL_LINEAR = "all-linear"
+ALL_LINEAR: Literal["all-linear"] = "all-linear"
 
 MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 4 * 1024 * 1024

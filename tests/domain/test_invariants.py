@@ -1,0 +1,164 @@
+"""Invariants that must hold for every setup (hypothesis)."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vram import TrainingSetup, estimate, load_model
+
+MODELS = [
+    "llama-3.2-1b",
+    "llama-3.1-8b",
+    "mistral-7b-v0.1",
+    "gemma-2-9b",
+    "phi-2",
+    "falcon-7b",
+    "mixtral-8x7b-v0.1",
+    "t0_3b",
+    "bert-large-uncased",
+    "qwen2.5-7b-instruct",
+]
+
+setups = st.fixed_dictionaries(
+    {
+        "method": st.sampled_from(["full", "lora", "qlora"]),
+        "optimizer": st.sampled_from(
+            [
+                "adamw",
+                "adamw-8bit",
+                "paged-adamw",
+                "sgd",
+                "sgd-momentum",
+                "adafactor",
+                "lion",
+                "adamw-in-backward",
+            ]
+        ),
+        "precision": st.sampled_from(["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"]),
+        "micro_batch": st.integers(1, 16),
+        "seq_len": st.sampled_from([128, 512, 2048, 8192]),
+        "grad_ckpt": st.booleans(),
+        "attention": st.sampled_from(["eager", "sdpa", "flash"]),
+        "framework": st.sampled_from(["hf-trainer", "litgpt", "torchtune"]),
+        "lora_targets": st.sampled_from(
+            ["all-linear", "q_proj,v_proj", "q_proj,k_proj,v_proj,o_proj"]
+        ),
+    }
+)
+
+
+def _model(name: str):
+    return load_model(name)
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups)
+def test_parts_sum_to_the_device_peak(model: str, fields: dict) -> None:
+    result = estimate(_model(model), TrainingSetup(**fields))
+    assert sum(result.bucket_bytes.values()) == result.device_peak_bytes
+    assert result.allocated_peak_bytes <= result.reserved_peak_bytes <= result.device_peak_bytes
+    buckets = result.bucket_bytes
+    assert (
+        buckets["weights"] + buckets["gradients"] + buckets["optimizer"] + buckets["activations"]
+        == result.allocated_peak_bytes
+    )
+    assert all(item.bytes >= 0 for bucket in result.buckets for item in bucket.items)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    model=st.sampled_from(MODELS), fields=setups, grow=st.sampled_from(["micro_batch", "seq_len"])
+)
+def test_more_batch_or_sequence_never_needs_less(model: str, fields: dict, grow: str) -> None:
+    small = TrainingSetup(**fields)
+    large = small.model_copy(update={grow: getattr(small, grow) * 2})
+    spec = _model(model)
+    assert estimate(spec, large).device_peak_bytes >= estimate(spec, small).device_peak_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups)
+def test_lora_never_needs_more_model_state_than_full(model: str, fields: dict) -> None:
+    """Weights + gradients + optimizer state (paged state included): adapters on a frozen base
+    always cost less."""
+    spec = _model(model)
+
+    def state(method: str) -> int:
+        return estimate(spec, TrainingSetup(**{**fields, "method": method})).state_bytes
+
+    assert state("lora") <= state("full")
+    assert state("qlora") <= state("lora")
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups)
+def test_lora_never_needs_more_than_full(model: str, fields: dict) -> None:
+    """The whole peak too, where the LoRA branch reads its input without copying it (no
+    adapter dropout, adapters in the model's dtype: LitGPT and torchtune in bf16-true) and the
+    optimizer keeps a state per parameter. With stateless SGD or factored Adafactor, full
+    fine-tuning's forward holds nothing LoRA does not, while LoRA adds its adapters and their
+    x·A activations: LoRA then exceeds full fine-tuning by those megabytes at the loss, which is
+    what a real step does too."""
+    spec = _model(model)
+    stateless = ("sgd", "adafactor")
+    optimizer = "adamw" if fields["optimizer"] in stateless else fields["optimizer"]
+    common = {**fields, "precision": "bf16-true", "lora_dropout": 0.0, "optimizer": optimizer}
+    for framework in ("litgpt", "torchtune"):
+        lora = TrainingSetup(**{**common, "method": "lora", "framework": framework})
+        full = TrainingSetup(**{**common, "method": "full", "framework": framework})
+        assert estimate(spec, lora).device_peak_bytes <= estimate(spec, full).device_peak_bytes
+
+
+def test_peft_dropout_copies_can_make_lora_activations_exceed_full() -> None:
+    """Why the invariant above is restricted: PEFT gives every adapted Linear its own dropout,
+    and each keeps a dropped fp32 copy of its input plus a mask. On all seven Linears of a
+    Llama layer that is more than full fine-tuning keeps (four 16-bit Linear inputs).
+    (peft/tuners/lora/layer.py Linear.forward: lora_B(lora_A(dropout(x))) per adapter.)"""
+    spec = load_model("llama-3.2-1b")
+    common = {
+        "precision": "bf16-true",
+        "micro_batch": 4,
+        "seq_len": 8192,
+        "lora_targets": "all-linear",
+        "lora_dropout": 0.1,
+        "framework": "hf-trainer",
+    }
+    lora = estimate(spec, TrainingSetup(method="lora", **common))
+    full = estimate(spec, TrainingSetup(method="full", **common))
+    lora_branches = sum(i.bytes for i in lora.bucket("activations").items if "lora" in i.key)
+    # 7 adapters x (4 B dropped copy + 1 B mask) x d_in, summed: 5 x (6h + I) per token-layer
+    h, inter, layers, tokens = 2048, 8192, 16, 4 * 8192
+    assert lora_branches >= 5 * (6 * h + inter) * layers * tokens
+    assert lora.bucket("activations").bytes > full.bucket("activations").bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups, gpus=st.sampled_from([2, 4, 8, 64]))
+def test_more_sharding_never_needs_more_per_gpu(model: str, fields: dict, gpus: int) -> None:
+    """ZeRO-3 <= ZeRO-2 <= ZeRO-1 <= DDP per GPU (Rajbhandari et al. 2020, Figure 1), for
+    stacks that reshard frozen weights (see the LitGPT test below for one that did not)."""
+    spec = _model(model)
+    if fields["framework"] == "litgpt" and fields["method"] != "full":
+        fields = {**fields, "framework": "hf-trainer"}
+    peaks = [
+        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding}))
+        .device_peak_bytes
+        for sharding in ("ddp", "zero1", "zero2", "zero3")
+    ]
+    assert peaks[3] <= peaks[2] <= peaks[1] <= peaks[0]
+
+
+def test_litgpt_fsdp_lora_keeps_frozen_weights_unsharded() -> None:
+    """LitGPT's published FSDP LoRA peaks (tutorials/resource-tables.md, PyTorch 2.1) are at
+    or above the single-GPU peak: FSDP1 did not reshard frozen parameters in backward
+    (pytorch/pytorch#95805). The estimate keeps the full frozen weights plus the shard."""
+    spec = load_model("llama-2-7b")
+    setup = TrainingSetup(method="lora", lora_rank=8, lora_targets="q_proj,v_proj",
+                          precision="bf16-true", micro_batch=1, seq_len=1304, grad_ckpt=True,
+                          n_gpus=2, sharding="fsdp-full", framework="litgpt")
+    weights = estimate(spec, setup).bucket("weights")
+    frozen_bf16 = 2 * 6_738_415_616
+    unsharded = next(i for i in weights.items if i.key == "weights.unsharded_frozen")
+    assert unsharded.bytes == frozen_bf16 - frozen_bf16 // 2
+    assert weights.bytes >= frozen_bf16
