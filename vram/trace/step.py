@@ -274,6 +274,17 @@ def _best(peaks: dict[tuple[str, ...], SegmentPeak]) -> SegmentPeak:
     return max(peaks.values(), key=lambda p: p.live)
 
 
+def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
+    """What of the setup the trace does not model (it is one micro-batch on one GPU)."""
+    notes = []
+    if setup.sharding.value != "none" or setup.n_gpus > 1:
+        notes.append(f"sharding {setup.sharding.value} over {setup.n_gpus} GPUs is not traced: "
+                     "figures are for one unsharded GPU")
+    if setup.offload.value != "none":
+        notes.append(f"offload {setup.offload.value} is not traced")
+    return tuple(notes)
+
+
 def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
                n_layers: int | None = None) -> TraceResult:
     """The exact allocated memory of one training step of `config` under `setup`.
@@ -284,6 +295,7 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     nothing is extrapolated (`k` = the config's depth gives the full trace).
     """
     full = depth(config)
+    notes = _setup_notes(setup)
     if n_layers is not None or full <= 2:
         target = n_layers if n_layers is not None else full
         raw = trace_depth(config, setup, target)
@@ -293,7 +305,7 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
             paged_bytes=raw.paged_bytes, timeline=_downsample(raw.timeline),
             timeline_n_layers=target, n_layers=target, n_layers_traced=(target,),
             extrapolated=False, params_total=raw.params_total,
-            params_trainable=raw.params_trainable, top_tensors=_top(peak),
+            params_trainable=raw.params_trainable, top_tensors=_top(peak), notes=notes,
         )
     one = trace_depth(config, setup, 1)
     two = trace_depth(config, setup, 2)
@@ -316,5 +328,5 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
         params_trainable=_line(one.params_trainable, two.params_trainable, full),
         top_tensors=_top(b),
         notes=(f"traced 1 and 2 blocks in {one.seconds + two.seconds:.1f} s; "
-               f"extended linearly to {full}",),
+               f"extended linearly to {full}", *notes),
     )
