@@ -51,7 +51,6 @@ class SegmentPeak:
 
     live: int
     phase: str
-    alive: dict[int, int] = field(default_factory=dict)  # storage key -> bytes
     buckets: dict[str, int] = field(default_factory=dict)
     top: list[tuple[str, int, str]] = field(default_factory=list)
 
@@ -110,7 +109,7 @@ class StorageTracker(TorchDispatchMode):
         self.excluded.add(key)
         self.excluded_bytes += storage.nbytes()
 
-        def _drop(k: int = key, n: int = storage.nbytes()) -> None:
+        def _drop(k: int = key) -> None:
             self.excluded.discard(k)
 
         weakref.finalize(storage, _drop)
