@@ -187,8 +187,10 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         ))
 
     # Optimizer -------------------------------------------------------------------------------
-    state = optimizer_state(groups, setup, fused=profile.fused_optimizer)
-    master = _master_bytes(groups, setup) // o_shards
+    master_full = _master_bytes(groups, setup)
+    state = optimizer_state(groups, setup, fused=profile.fused_optimizer,
+                            master_fp32=master_full > 0)
+    master = master_full // o_shards
     state_bytes = state.state_bytes // o_shards
     paged = state_bytes if state.paged else 0
     if offload_opt:

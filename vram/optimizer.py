@@ -26,13 +26,16 @@ class OptimizerState:
     paged: bool
 
 
-def _state_dtype_bytes(group: ParamGroup) -> int:
-    """torch optimizers create states with `zeros_like(param)`: the parameter's dtype."""
-    return int(STORAGE_BYTES[group.storage]) if group.storage in (Storage.FP32, Storage.BF16) else 4
+def _state_dtype_bytes(group: ParamGroup, master_fp32: bool) -> int:
+    """torch optimizers create states with `zeros_like(param)`: the parameter's dtype; with an
+    fp32 master copy (DeepSpeed's mixed-precision optimizer) the states are fp32 like it."""
+    if master_fp32 or group.storage not in (Storage.FP32, Storage.BF16):
+        return 4
+    return int(STORAGE_BYTES[group.storage])
 
 
 def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bool,
-                    ) -> OptimizerState:
+                    master_fp32: bool = False) -> OptimizerState:
     """State bytes for the trainable groups (before any sharding)."""
     trainable = [g for g in groups if g.trainable]
     opt = setup.optimizer
@@ -41,7 +44,7 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
     formula = ""
     for group in trainable:
         n = group.n_params
-        b = _state_dtype_bytes(group)
+        b = _state_dtype_bytes(group, master_fp32)
         if opt in (Optimizer.ADAMW, Optimizer.PAGED_ADAMW, Optimizer.ADAMW_IN_BACKWARD):
             total += 2 * b * n
             temp += b * n  # foreach AdamW: sqrt(exp_avg_sq) as a new list of tensors

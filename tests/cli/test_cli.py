@@ -1,0 +1,93 @@
+"""The command-line contract of design.md: flags, JSON keys, exit codes."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vram.cli import main
+
+ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--method", "qlora", "--optimizer", "adamw",
+            "--precision", "bf16-mixed", "--batch", "1", "--seq", "2048"]
+
+
+def test_estimate_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*ESTIMATE, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert set(payload["buckets"]) == {"weights", "gradients", "optimizer", "activations",
+                                       "overhead"}
+    assert all(isinstance(v, int) for v in payload["buckets"].values())
+    assert isinstance(payload["allocated_peak_bytes"], int)
+    assert isinstance(payload["device_peak_bytes"], int)
+    assert sum(payload["buckets"].values()) == payload["device_peak_bytes"]
+    assert isinstance(payload["inference"]["total_bytes"], int)
+    cheapest = payload["cheapest"]
+    assert cheapest and {"gpu", "count", "usd_per_hour"} <= set(cheapest[0])
+    priced = [c["usd_per_hour"] for c in cheapest if c["usd_per_hour"] is not None]
+    assert priced == sorted(priced)
+
+
+def test_every_documented_flag_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["estimate", "--model", "llama-3.1-70b", "--method", "lora", "--lora-rank", "8",
+            "--lora-targets", "q_proj,v_proj", "--quant", "none", "--optimizer",
+            "paged-adamw-8bit", "--precision", "bf16-true", "--batch", "2", "--seq", "4096",
+            "--grad-ckpt", "--attention", "flash", "--gpus", "8", "--sharding", "zero3",
+            "--offload", "optimizer", "--framework", "torchtune", "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["device_peak_bytes"] > 0
+
+
+def test_config_json_path_works(capsys: pytest.CaptureFixture[str]) -> None:
+    config = Path(__file__).resolve().parents[2] / "data" / "models" / "phi-2.json"
+    assert main(["estimate", "--model", str(config), "--method", "full", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"]["total"] == 2_779_683_840
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["estimate", "--model", "llama-3.1-8b", "--batch", "0"], "--batch"),
+    (["estimate", "--model", "llama-3.1-8b", "--batch", "many"], "--batch"),
+    (["estimate", "--model", "llama-3.1-8b", "--seq", "-5"], "--seq"),
+    (["estimate", "--model", "llama-3.1-8b", "--method", "dora"], "--method"),
+    (["estimate", "--model", "llama-3.1-8b", "--optimizer", "adam9"], "--optimizer"),
+    (["estimate", "--model", "llama-3.1-8b", "--method", "lora", "--quant", "nf4"], "--quant"),
+    (["estimate", "--model", "llama-3.1-8b", "--gpus", "4"], "--sharding"),
+    (["estimate", "--model", "llama-3.1-8b", "--lora-targets", "x_proj"], "--lora-targets"),
+    (["estimate", "--model", "no-such-model"], "model"),
+    (["estimate"], "--model"),
+])
+def test_bad_flags_exit_2_with_one_line_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        code = main(argv)
+        raise SystemExit(code)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert flag in err
+
+
+def test_gpus_lists_the_catalog(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpus", "--json"]) == 0
+    gpus = json.loads(capsys.readouterr().out)
+    assert len(gpus) >= 20 and all(isinstance(g["memory_bytes"], int) for g in gpus)
+
+
+def test_validate_last_line_is_the_contract(cases_csv: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "vram", "validate", str(cases_csv)],
+                         capture_output=True, text=True, check=True).stdout
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"cases=\d+ median_abs_pct=\d+\.\d p90_abs_pct=\d+\.\d max_abs_pct=\d+\.\d", last)
+    assert "unsupported" not in out
+
+
+def test_text_output_labels_units(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(ESTIMATE) == 0
+    out = capsys.readouterr().out
+    assert "GiB" in out and "GB" in out and "device peak" in out

@@ -1,0 +1,35 @@
+"""The package's shape: a curated public API, no Streamlit, typed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import vram
+
+EXPECTED_API = {
+    "Attention", "Bucket", "BucketName", "CatalogEntry", "CatalogError", "ConfigError",
+    "Estimate", "FitOption", "FitReport", "Framework", "Gpu", "InferenceEstimate", "LineItem",
+    "Loss", "Method", "ModelSpec", "Offload", "Optimizer", "ParamCounts", "Phase", "Precision",
+    "Quant", "Sharding", "TrainingSetup", "VramError", "estimate", "fit", "load_gpus",
+    "load_model", "model_catalog", "model_from_config", "model_from_param_count",
+    "teaching_models",
+}
+
+
+def test_public_api_is_pinned() -> None:
+    assert set(vram.__all__) == EXPECTED_API
+    assert all(hasattr(vram, name) for name in vram.__all__)
+
+
+def test_vram_never_imports_streamlit() -> None:
+    code = ("import sys, vram, vram.cli, vram.charts, vram.validate, vram.trace; "
+            "print('streamlit' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "False"
+
+
+def test_package_is_typed() -> None:
+    assert (Path(vram.__file__).parent / "py.typed").exists()
