@@ -22,7 +22,7 @@ def test_catalog_has_what_the_issue_asks_for() -> None:
 
 
 @pytest.mark.parametrize("entry", CATALOG, ids=lambda e: e.slug)
-def test_catalog_model_matches_its_published_count(entry) -> None:  # noqa: ANN001
+def test_catalog_model_matches_its_published_count(entry) -> None:
     assert load_model(entry.slug).n_params == entry.params
 
 

@@ -84,7 +84,7 @@ class Built:
     """The model ready to train, and what the step driver needs to know about it."""
 
     model: nn.Module
-    hf: nn.Module  # the underlying transformers model (below any PEFT wrapper)
+    hf: Any  # the underlying transformers model (below any PEFT wrapper)
     kind: str  # "causal", "seq2seq" or "classifier"
     autocast: torch.dtype | None
     vocab: int
@@ -279,7 +279,8 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     if setup.grad_ckpt:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise TraceUnsupported(f"model_type {model_type!r}: no gradient checkpointing")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable: Any = model.gradient_checkpointing_enable
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     hf = model
     if setup.method is Method.FULL:
         for param in model.parameters():

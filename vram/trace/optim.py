@@ -139,7 +139,7 @@ def make_optimizer(setup: TrainingSetup, params: list[nn.Parameter],
 
 def in_backward(params: list[nn.Parameter]) -> list[torch.optim.Optimizer]:
     """torchtune's optimizer-in-backward: step and free each gradient as soon as it is ready."""
-    optimizers = []
+    optimizers: list[torch.optim.Optimizer] = []
     for p in params:
         optim = torch.optim.AdamW([p], lr=LR, foreach=True)
 

@@ -136,7 +136,8 @@ class QuantLinear(nn.Linear):
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The temporary full weight bitsandbytes materialises for one matmul."""
         if self.quant == "nf4-dq":
-            absmax = torch.empty(self.absmax.shape, dtype=torch.float32)  # dequantized absmax
+            stored: torch.Tensor = self.get_buffer("absmax")
+            absmax = torch.empty_like(stored, dtype=torch.float32)  # dequantized absmax
             weight = torch.empty(self.out_features, self.in_features, dtype=dtype)
             del absmax
             return weight
