@@ -15,6 +15,7 @@ import streamlit as st
 import vram
 from ui import params
 from vram.architecture import read_config_text
+from vram.catalog import load_config
 from vram.errors import VramError
 
 #: GPUs whose capacity is drawn as a line on the charts, when the catalog has them.
@@ -129,3 +130,17 @@ def resolve_model(state: Mapping[str, Any]) -> tuple[Any | None, str | None]:
 
 def custom_gpu_list() -> bool:
     return bool(os.environ.get("VRAM_GPUS_CSV"))
+
+
+def model_config(state: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config.json dict behind the chosen model (for the exact trace), or None."""
+    choice = state["model"]
+    try:
+        if choice == params.UPLOAD:
+            text = state.get("config") or ""
+            return read_config_text(text) if text else None
+        if choice == params.BY_SIZE:
+            return load_config(round(float(state["size"]) * 1e9))
+        return load_config(str(choice))
+    except (VramError, ValueError):
+        return None

@@ -273,7 +273,7 @@ def registry(model_slugs: tuple[str, ...], default_model: str) -> Registry:
             Param("rank", 16, _int_in(RANK_OPTIONS), title="LoRA rank"),
             Param("targets", [ALL_LINEAR], _targets, _dump_targets, title="LoRA targets"),
             Param("quant", Quant.NF4.value, _choice(QUANT_OPTIONS), title="Quantization"),
-            Param("ckpt", False, _bool, _dump_bool, title="Gradient checkpointing"),
+            Param("ckpt", True, _bool, _dump_bool, title="Gradient checkpointing"),
             Param(
                 "attn",
                 Attention.SDPA.value,

@@ -432,3 +432,59 @@ def compare_figure(
             shapes=shapes,
         ),
     )
+
+
+#: Background colours of the step's phases on the trace timeline (Okabe-Ito, light).
+PHASE_COLORS: dict[str, str] = {
+    "forward": "rgba(86,180,233,0.15)",
+    "backward": "rgba(230,159,0,0.15)",
+    "optimizer step": "rgba(0,158,115,0.15)",
+}
+
+
+def timeline_figure(
+    points: Sequence[tuple[int, int, str]], *, peak_bytes: int, peak_phase: str,
+    unit: Unit = "GB", height: int = 420,
+) -> go.Figure:
+    """Live bytes over a traced step, phases shaded, the peak marked.
+
+    `points` are (event index, live bytes, phase) as the trace reports them.
+    """
+    xs = [p[0] for p in points]
+    ys = [to_unit(p[1], unit) for p in points]
+    shapes: list[dict[str, Any]] = []
+    start = 0
+    for i in range(1, len(points) + 1):
+        if i == len(points) or points[i][2] != points[start][2]:
+            shapes.append({
+                "type": "rect", "xref": "x", "yref": "paper", "x0": points[start][0],
+                "x1": points[i - 1][0], "y0": 0, "y1": 1, "line": {"width": 0},
+                "fillcolor": PHASE_COLORS.get(points[start][2], "rgba(0,0,0,0.05)"),
+                "layer": "below",
+            })
+            start = i
+    peak_index = max(range(len(points)), key=lambda i: points[i][1]) if points else 0
+    traces: list[dict[str, Any]] = [
+        {"type": "scatter", "mode": "lines", "x": xs, "y": ys, "name": "live bytes",
+         "line": {"color": BUCKET_COLORS[BucketName.WEIGHTS], "width": 3},
+         "hovertemplate": f"%{{y:.2f}} {unit}<extra></extra>"},
+    ]
+    annotations: list[dict[str, Any]] = []
+    if points:
+        traces.append({
+            "type": "scatter", "mode": "markers", "x": [xs[peak_index]], "y": [ys[peak_index]],
+            "name": "peak", "marker": {"size": 16, "color": "#D55E00", "symbol": "star"},
+        })
+        annotations.append({
+            "x": xs[peak_index], "y": ys[peak_index], "xref": "x", "yref": "y", "yshift": 18,
+            "showarrow": False, "font": {"size": SMALL_FONT_SIZE},
+            "text": f"<b>peak {format_bytes(peak_bytes, unit)}</b> ({peak_phase})",
+        })
+    return _figure(traces, _layout(
+        height=height, showlegend=False, shapes=shapes, annotations=annotations,
+        xaxis={"title": {"text": "operation in the traced step"}, "showgrid": False},
+        yaxis={"title": {"text": f"live memory ({unit})"}, "rangemode": "tozero",
+               "gridcolor": "#eee"},
+        title={"text": "Exact trace: live memory over one step (shaded: forward, backward, "
+                       "optimizer)", "font": {"size": FONT_SIZE}},
+    ))

@@ -1,0 +1,49 @@
+"""'Verify with an exact trace' in the calculator, and its timeline chart."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from vram import charts
+
+
+def test_timeline_marks_the_peak_and_shades_phases() -> None:
+    points = [(0, 10, "forward"), (1, 30, "forward"), (2, 50, "backward"), (3, 20, "backward"),
+              (4, 40, "optimizer step")]
+    fig = charts.timeline_figure(points, peak_bytes=50, peak_phase="backward", unit="GB")
+    go.Figure(fig.to_dict())  # valid plotly
+    line, peak = fig.data
+    assert list(line.y) == [p[1] / 1e9 for p in points]
+    assert list(peak.x) == [2]
+    assert [s.fillcolor for s in fig.layout.shapes] == [
+        charts.PHASE_COLORS["forward"], charts.PHASE_COLORS["backward"],
+        charts.PHASE_COLORS["optimizer step"]]
+    assert "backward" in fig.layout.annotations[0].text
+
+
+def test_without_the_extra_the_panel_says_how_to_install(
+    app: AppTest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ui.verify
+
+    monkeypatch.setattr(ui.verify, "trace_available", lambda: False)
+    app.run()
+    assert not app.exception
+    assert any("vram[trace]" in info.value for info in app.info)
+
+
+@pytest.mark.trace
+def test_running_the_trace_shows_both_sides(app: AppTest) -> None:
+    pytest.importorskip("torch")
+    app.query_params.update({"model": "llama-3.2-1b", "method": "full", "seq": "512",
+                             "prec": "bf16-true"})
+    app.run()
+    app.button(key="trace").click().run(timeout=180)
+    assert not app.exception, [e.value for e in app.exception]
+    table = app.dataframe[-1].value
+    assert list(table[""]) == ["weights", "gradients", "optimizer", "activations",
+                               "allocated peak"]
+    assert any(chart.proto.spec and "Exact trace" in chart.proto.spec
+               for chart in app.get("plotly_chart"))
