@@ -338,6 +338,7 @@ class ActivationPlan:
     checkpointed_bytes: int  # saved layer inputs under checkpointing
     stored_layers_bytes: int  # all layers' saved tensors (0 under checkpointing)
     recompute_bytes: int  # one layer recomputed in backward (checkpointing)
+    layer_bytes_max: int  # the largest layer's saved tensors
     backward_transient_bytes: int
     head_saved_bytes: int
     head_peak_bytes: int
@@ -370,7 +371,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
             stored = per_layer_max
     return ActivationPlan(
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
-        stored_layers_bytes=stored, recompute_bytes=recompute,
+        stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved * tokens,
         head_peak_bytes=head.loss_peak * tokens, offloaded_bytes=offloaded,
     )
