@@ -165,10 +165,15 @@ def layer_activations(
     attn = e * (q_out + 2 * kv_width) + e * q_out  # q, k, v and the attention output
     eager = setup.attention is Attention.EAGER or (stack.attn_softcap and profile.expands_kv)
     if eager:
-        # s×s per head: the softmax output in fp32 (HF upcasts) and its 16-bit cast.
-        per_score = FP32 + (e if e != FP32 else 0)
+        # s×s per head. HF computes the softmax in fp32 (upcast, or autocast's fp32 list) and
+        # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
+        # dropped probabilities (in the matmul's dtype); without, the cast back to e.
+        softmax_bytes = FP32
+        per_score = softmax_bytes
         if stack.attn_dropout > 0:
-            per_score += 1 + (e if n.autocast else 0)  # dropout mask (+ 16-bit cast of it)
+            per_score += 1 + (e if n.autocast else softmax_bytes)
+        elif e != softmax_bytes:
+            per_score += e
         if stack.attn_softcap:
             per_score += e  # tanh output of Gemma 2's soft-cap
         attn += stack.n_heads * s * per_score
@@ -187,13 +192,15 @@ def layer_activations(
     # --- MLP ---------------------------------------------------------------------------------
     inter = stack.intermediate_size
     experts = stack.experts_per_token or 1
+    act_kept = 1 if profile.fused_activations or profile.compiled else stack.act_saved
     if stack.mlp_kind is MlpKind.GATED:
-        # gate output, act(gate), up output; the product too when down_proj keeps its input.
-        mlp = 3 * e * inter + (e * inter if keeps_inputs else 0)
-        formula = "e·I·(3 [+1 when down_proj keeps its input])"
+        # What the activation keeps, act(gate) and up (kept by their product), and the
+        # product when down_proj keeps its input.
+        mlp = (act_kept + 2) * e * inter + (e * inter if keeps_inputs else 0)
+        formula = f"e·I·({act_kept} (activation) + 2 [+1 when down_proj keeps its input])"
     else:
-        mlp = e * inter + (e * inter if keeps_inputs else 0)
-        formula = "e·I·(1 [+1 when fc2 keeps its input])"
+        mlp = act_kept * e * inter + (e * inter if keeps_inputs else 0)
+        formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
     if stack.hidden_dropout > 0:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
     mlp *= experts

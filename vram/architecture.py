@@ -140,6 +140,10 @@ class Stack(BaseModel):
     #: Dropout in training: on attention probabilities and on the residual branches.
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    #: I-wide tensors the MLP activation keeps for backward in Transformers' implementation:
+    #: 1 for fused kernels (SiLU, F.gelu), 4 for the Python tanh formula of `gelu_new` /
+    #: `gelu_fast` (its input, tanh output, 0.5·x and 1 + tanh), 2 for `quick_gelu`.
+    act_saved: int = 1
 
     @property
     def params_per_layer(self) -> int:
@@ -277,6 +281,14 @@ class _Reader:
         if not isinstance(value, str):
             raise ConfigError(key, f"must be text, got {value!r:.40}")
         return value
+
+
+#: transformers.activations: which activations are Python formulas and what they keep.
+_ACT_SAVED: dict[str, int] = {"gelu_new": 4, "gelu_fast": 4, "quick_gelu": 2}
+
+
+def _act_saved(r: _Reader, key: str = "hidden_act", default: str = "silu") -> int:
+    return _ACT_SAVED.get(r.str(key, default), 1)
 
 
 def _attention_linears(
@@ -450,7 +462,7 @@ def _phi(name: str, r: _Reader) -> ModelSpec:
         name="decoder", count=r.int("num_hidden_layers"), linears=linears, other_params=2 * h,
         n_norms=1, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,
-        parallel_residual=True,
+        parallel_residual=True, act_saved=_act_saved(r, default="gelu_new"),
     )
     vocab = r.int("vocab_size")
     return ModelSpec(
@@ -580,17 +592,19 @@ def _t5(name: str, family: str, r: _Reader) -> ModelSpec:
     mlp_kind = MlpKind.GATED if gated else MlpKind.PLAIN
     rel_bias = buckets * n_heads  # in the first layer of each stack
     dropout = r.float("dropout_rate", 0.1)  # T5Config default
+    act_saved = _act_saved(r, "dense_act_fn", "gelu_new" if gated else "relu")
     encoder = Stack(
         name="encoder", count=n_enc, linears=(*attention(""), *ff), other_params=2 * d,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_kv,
         mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False, attn_dropout=dropout,
-        hidden_dropout=dropout,
+        hidden_dropout=dropout, act_saved=act_saved,
     )
     decoder = Stack(
         name="decoder", count=n_dec, linears=(*attention(""), *attention("cross_"), *ff),
         other_params=3 * d, n_norms=3, norm_kind=NormKind.RMS, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=d_kv, mlp_kind=mlp_kind, intermediate_size=d_ff,
         cross_attention=True, attn_dropout=dropout, hidden_dropout=dropout,
+        act_saved=act_saved,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(

@@ -52,6 +52,9 @@ class StackProfile:
     #: FSDP1 in PyTorch <= 2.1 kept frozen parameters unsharded through the whole backward
     #: (pytorch/pytorch#95805; fixed by #101982): LitGPT's published FSDP LoRA peaks show it.
     fsdp_keeps_frozen_unsharded: bool
+    #: The stack's MLP activation is a fused kernel whatever the config says (LitGPT calls
+    #: F.gelu(approximate=...) and F.silu), rather than Transformers' Python formulas.
+    fused_activations: bool
     #: torch.compile fuses pointwise ops and recomputes them in backward (min-cut partitioner).
     compiled: bool
     #: The output logits stay referenced by the training loop through backward (LitGPT keeps
@@ -89,5 +92,6 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         norm_keeps_fp32_normalized=litgpt,
         fsdp_keeps_frozen_unsharded=litgpt,
         compiled=setup.effective_compile,
+        fused_activations=litgpt or torchtune,
         quantized_linear_keeps_input=qlora and not torchtune,
     )
