@@ -167,11 +167,12 @@ def layer_activations(
     if eager:
         # s×s per head. HF computes the softmax in fp32 (upcast, or autocast's fp32 list) and
         # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
-        # dropped probabilities (in the matmul's dtype); without, the cast back to e.
+        # dropped probabilities in the compute dtype (the matmul's input); without, the cast
+        # back to e (none in fp32).
         softmax_bytes = FP32
         per_score = softmax_bytes
         if stack.attn_dropout > 0:
-            per_score += 1 + (e if n.autocast else softmax_bytes)
+            per_score += 1 + e
         elif e != softmax_bytes:
             per_score += e
         if stack.attn_softcap:

@@ -33,7 +33,11 @@ class StackProfile:
     #: The loss is computed in chunks (LitGPT fine-tuning: lm_head_chunk_size=128 +
     #: chunked_cross_entropy; torchtune CEWithChunkedOutputLoss).
     chunked_loss: bool
-    #: Fused optimizer kernels allocate no step temporaries (torch.optim.AdamW(fused=True)).
+    #: The optimizer step allocates no full-size temporaries: fused kernels
+    #: (torch.optim.AdamW(fused=True): torchtune's recipes, HF Trainer's default
+    #: `adamw_torch_fused` on recent PyTorch) or a per-parameter loop (HF's old `adamw_hf`).
+    #: Plain torch.optim.AdamW on CUDA takes the foreach path, whose sqrt(v) is a full copy
+    #: (LitGPT's fine-tuning scripts, hand-written loops).
     fused_optimizer: bool
     #: The key/value heads are expanded to all query heads before attention (a copy).
     expands_kv: bool
@@ -84,7 +88,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         adapter_bytes=adapter_bytes,
         upcasts_logits=not litgpt,
         chunked_loss=setup.effective_loss.value == "chunked",
-        fused_optimizer=torchtune,
+        fused_optimizer=torchtune or framework is Framework.HF_TRAINER,
         expands_kv=litgpt,
         norm_keeps_fp32_input=True,
         adapts_fused_slices=litgpt,

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from vram.setup import Loss, Optimizer, TrainingSetup
+from vram.trace.attention import cuda_attention
 from vram.trace.build import Built, TraceUnsupported, build, depth, with_depth
 from vram.trace.optim import in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
@@ -159,7 +160,7 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
         tracker.classifier = classify
         _install_labels(built, tracker)
         vocab = max(built.vocab, 2)
-        with tracker:
+        with tracker, cuda_attention(setup.attention.value):
             batch, seq = setup.micro_batch, setup.seq_len
             ids = torch.randint(0, vocab, (batch, seq))
             classes = built.kind == "classifier"
