@@ -112,10 +112,12 @@ def _weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
     if (profile.fsdp_keeps_frozen_unsharded and setup.sharding is Sharding.ZERO3
             and setup.n_gpus > 1 and setup.trains_adapters and not offload_params):
         frozen = sum(g.bytes for g in groups if not g.trainable)
+        # The unsharded flat parameter is its own buffer (FSDP's _full_param_padded), beside
+        # the shard that stays allocated: a GPU holds the frozen weights 1 + 1/N times.
         items.append(LineItem(
             key="weights.unsharded_frozen", label="frozen weights left unsharded in backward",
-            formula="frozen bytes × (1 − 1/GPUs)", inputs={"gpus": setup.n_gpus},
-            bytes=frozen - frozen // setup.n_gpus,
+            formula="frozen bytes (the unsharded copy, beside the shard)",
+            inputs={"gpus": setup.n_gpus}, bytes=frozen,
             source="FSDP1 before PyTorch 2.2 did not reshard frozen parameters in backward "
                    "(pytorch/pytorch#95805)",
         ))
