@@ -136,17 +136,17 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
 
 
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-                   groups: list[ParamGroup], shards: Shards) -> list[LineItem]:
+                   groups: list[ParamGroup], shards: Shards, *, forward: bool) -> list[LineItem]:
     """Temporary copies of weights that are not parameters: autocast's 16-bit casts and the
-    weight bitsandbytes dequantizes for each matmul. They are activations-side memory."""
+    weight bitsandbytes dequantizes for each matmul. They are activation-side memory."""
     items: list[LineItem] = []
-    casts = _autocast_copies(model, setup, groups)
+    casts = _autocast_copies(model, setup, groups, forward=forward)
     if casts:
+        when = "cached for the forward" if forward else "kept for backward"
         items.append(LineItem(
             key="activations.autocast_weights",
-            label="16-bit working copies of Linear weights (autocast)",
-            formula="2 B × Linear params" + (" (one layer with checkpointing)"
-                                             if setup.grad_ckpt else ""),
+            label=f"16-bit working copies of Linear weights (autocast, {when})",
+            formula="2 B × Linear params (one layer's frozen ones with checkpointing)",
             inputs={"bytes_per_param": 2}, bytes=casts // shards.weights,
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
@@ -160,22 +160,33 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     return items
 
 
-def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]) -> int:
-    """Under autocast with fp32 weights, every Linear's 16-bit copy is kept for backward.
+def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup], *,
+                     forward: bool) -> int:
+    """16-bit casts of fp32 Linear weights under autocast.
 
-    Autocast caches casts of trainable leaf weights for the whole forward; a frozen Linear keeps
-    the cast weight it multiplied by, to compute the input gradient. With checkpointing only
-    the layer being recomputed holds its copies.
+    Autocast caches the casts of trainable leaf weights until the autocast region ends (the
+    forward and loss), whatever checkpointing does; a Linear also keeps the cast it multiplied
+    by for its input gradient, so without checkpointing every cast lives into backward, and
+    with it only the recomputed layer's. Frozen weights are not cached.
     """
     if setup.precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
         return 0
     if act.zero_half_model(setup):
         return 0
     dense = [g for g in groups if g.key in ("linears", "head") and g.storage is Storage.FP32]
-    total = sum(2 * g.n_params for g in dense)
-    layers = next((g for g in dense if g.key == "linears"), None)
-    if setup.grad_ckpt and layers is not None and model.n_layers:
-        total -= 2 * layers.n_params - 2 * layers.n_params // model.n_layers
+    layers = max(1, model.n_layers)
+
+    def kept(group: ParamGroup) -> int:
+        if not setup.grad_ckpt or group.key == "head":
+            return 2 * group.n_params
+        return 2 * group.n_params // layers
+
+    total = 0
+    for group in dense:
+        if forward and group.trainable:
+            total += 2 * group.n_params
+        else:
+            total += kept(group)
     return total
 
 
@@ -269,8 +280,11 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-             grads: GradientPart, working: list[LineItem], step_temp: int) -> list[Moment]:
-    """The candidate peaks of one step (see the module docstring)."""
+             grads: GradientPart, working: tuple[list[LineItem], list[LineItem]],
+             step_temp: int) -> list[Moment]:
+    """The candidate peaks of one step (see the module docstring). `working` holds the weight
+    copies alive in forward and in backward."""
+    forward_working, working_in_backward = working
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
     layers = _layer_items(model, setup, plan)
@@ -278,17 +292,17 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     head = {"tokens": tokens, "vocab": vocab}
     source = "see vram.activations.head_activations"
     forward = Moment(Phase.FORWARD, "end of forward", accumulated, [
-        *layers, *working,
+        *layers, *forward_working,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                  inputs=head, bytes=plan.head_saved_bytes, source=source)])
     loss = Moment(Phase.BACKWARD, "the loss", accumulated, [
-        *layers, *working,
+        *layers, *working_in_backward,
         LineItem(key="activations.loss", label="logits, loss and their gradients",
                  formula=plan.head.formula, inputs=head, bytes=plan.head_peak_bytes,
                  source=source)])
     top_grads = accumulated if in_backward else max(accumulated, grads.head + grads.per_layer)
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
-        *layers, *working,
+        *layers, *working_in_backward,
         LineItem(key="activations.head_left", label="logits kept into backward",
                  formula="half the head's saved tensors", inputs=head,
                  bytes=plan.head_saved_bytes // 2, source=source),
@@ -297,7 +311,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         accumulated, grads.total - grads.untied_embedding - grads.per_layer)
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
-        *working,
+        *working_in_backward,
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers",
                  inputs={"tokens": tokens}, bytes=first_layer + plan.backward_transient_bytes,
@@ -395,7 +409,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     optimizer = _optimizer_part(groups, setup, profile, shards)
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards)
-    working = _working_items(model, setup, profile, groups, shards)
+    working = (_working_items(model, setup, profile, groups, shards, forward=True),
+               _working_items(model, setup, profile, groups, shards, forward=False))
     moments = _moments(model, setup, plan, grads, working, optimizer.step_temp_bytes)
 
     static = weights + opt_bytes + grads.ddp_buckets

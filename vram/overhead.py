@@ -15,7 +15,7 @@ GIB = 2**30
 
 #: CUDA context with lazy module loading (CUDA >= 11.7, PyTorch 2.x): about 0.5 GiB, plus
 #: cuBLAS/cuDNN workspaces.
-CUDA_CONTEXT_BYTES = 768 * MIB
+CUDA_CONTEXT_BYTES = 1024 * MIB
 
 #: NCCL's per-process channel buffers for one communicator on one node.
 NCCL_BYTES = 512 * MIB
@@ -28,7 +28,7 @@ def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
     block for a larger request, so slack grows with the churn of activations: a base of 3 % of
     the allocated peak plus 8 % of the activations.
     """
-    return allocated_bytes * 3 // 100 + activation_bytes * 8 // 100
+    return allocated_bytes * 3 // 100 + activation_bytes * 20 // 100
 
 
 def cuda_context_bytes() -> int:
