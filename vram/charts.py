@@ -385,8 +385,11 @@ def compare_figure(
         for name, peak in zip(names, peaks, strict=True)
     ]
     lines = capacity_lines(capacities, max(peaks, default=0))
+    top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
+    # Keep neighbouring capacity labels apart (about one line of text on the axis).
+    label_ys = spread_labels([to_unit(size, unit) for _, size in lines], 0.06 * top * 1.15)
     shapes: list[dict[str, Any]] = []
-    for name, size in lines:
+    for (name, size), label_y in zip(lines, label_ys, strict=True):
         y = to_unit(size, unit)
         shapes.append(
             {
@@ -405,15 +408,15 @@ def compare_figure(
                 "xref": "paper",
                 "x": 1.0,
                 "xanchor": "right",
-                "y": y,
+                "y": label_y,
                 "yref": "y",
                 "yanchor": "bottom",
                 "showarrow": False,
                 "text": f"{name} · {format_bytes(size, unit)}",
                 "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
+                "bgcolor": "rgba(255,255,255,0.85)",
             }
         )
-    top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
     return _figure(
         traces,
         _layout(
