@@ -157,6 +157,7 @@ def test_qlora_weights_bucket_is_bnb_storage() -> None:
     {"method": "qlora", "quant": "nf4-dq", "optimizer": "lion", "precision": "bf16-true",
      "framework": "litgpt"},
     {"method": "full", "optimizer": "sgd", "precision": "fp32", "loss": "chunked"},
+    {"method": "lora", "optimizer": "adamw", "precision": "bf16-mixed", "attention": "flash"},
 ])
 def test_extrapolation_equals_full_depth(kw: dict[str, object]) -> None:
     config = dict(TINY, num_hidden_layers=5)

@@ -113,9 +113,9 @@ def fused_sdpa_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v:
                         kernel: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """dq, dk, dv of `fused_sdpa` (real kernel: autograd through the math reference)."""
     with torch.enable_grad():
-        leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
-        ref, _ = _math_reference(*leaves, bias, is_causal, scale)
-        dq, dk, dv = torch.autograd.grad(ref, leaves, grad.float())
+        lq, lk, lv = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+        ref, _ = _math_reference(lq, lk, lv, bias, is_causal, scale)
+        dq, dk, dv = torch.autograd.grad(ref, (lq, lk, lv), grad.float())
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
@@ -212,7 +212,8 @@ def cuda_attention(attention: str) -> Iterator[None]:
     """Inside: HF's packed-sequence check answers as on a GPU, and SDPA runs as CUDA runs it.
 
     `attention` is the setup's kernel: "eager" changes only the mask check (eager scores are
-    real), "sdpa" routes SDPA through `sdpa`, "flash" through `sdpa(..., flash_only=True)`.
+    real), "sdpa" routes SDPA through `sdpa`, "flash" through `sdpa(..., flash_only=True)`
+    and has HF build the masks of flash-attn 2 (none without padding) for SDPA-built models.
     """
     from transformers import masking_utils
 
@@ -225,11 +226,46 @@ def cuda_attention(attention: str) -> Iterator[None]:
     def routed(*args: Any, **kwargs: Any) -> torch.Tensor:
         return sdpa(*args, flash_only=attention == "flash", **kwargs)
 
+    masks = masking_utils.ALL_MASK_ATTENTION_FUNCTIONS._global_mapping
+    original_mask = masks["sdpa"]
     masking_utils.find_packed_sequence_indices = not_packed
     if attention != "eager":
         torch.nn.functional.scaled_dot_product_attention = routed
+    if attention == "flash":  # an SDPA-built model (Falcon) gets the masks flash-attn 2 gets
+        masks["sdpa"] = masking_utils.flash_attention_mask
     try:
         yield
     finally:
         masking_utils.find_packed_sequence_indices = original_find
         torch.nn.functional.scaled_dot_product_attention = _original_sdpa
+        masks["sdpa"] = original_mask
+
+
+#: The HF attention implementation `register_fused` adds (a name without "flash": transformers
+#: treats those as hub kernels to download).
+FUSED = "vram_fused"
+
+
+def fused_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor,
+                            value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
+                            scaling: float | None = None, is_causal: bool | None = None,
+                            **_kwargs: Any) -> tuple[torch.Tensor, None]:
+    """HF attention interface for `attention="flash"`: flash-attn 2 as HF calls it.
+
+    As `flash_attention_2`: no mask is built (transformers builds none for an implementation
+    without a mask function, as flash-attn 2 needs none without padding), kv heads stay
+    unexpanded, soft-capping and sliding windows are kernel arguments, and the output comes
+    back `[B, S, H, D]`. The kernel is `fused_sdpa` with the flash layout (out + logsumexp).
+    """
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    out, _lse = fused_sdpa(query, key, value, None, bool(causal and query.shape[-2] > 1),
+                           scaling, FLASH)
+    return out.transpose(1, 2), None
+
+
+def register_fused() -> str:
+    """Register `FUSED` with transformers' attention interface (idempotent); return its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(FUSED, fused_attention_forward)
+    return FUSED

@@ -14,9 +14,13 @@ Recipes (what each `TrainingSetup` field becomes):
   For the HF Trainer and PEFT+Accelerate stacks `peft.prepare_model_for_kbit_training` runs
   first, which upcasts every non-quantized 16-bit parameter (embeddings, norms, LM head) to fp32.
 * `grad_ckpt`: the model's own `gradient_checkpointing_enable(use_reentrant=False)`.
-* attention: `eager` or `sdpa`. `flash` is traced with SDPA: on these CPU fake tensors SDPA runs
-  PyTorch's flash-attention kernel, which saves the output and the fp32 logsumexp for backward
-  exactly as flash-attn does, and never materialises the s x s scores.
+* attention: `eager` builds HF's eager attention (s x s scores are real). `sdpa` builds HF's
+  SDPA attention, and the step runs every SDPA call with PyTorch's CUDA kernel choice and
+  memory (see `attention.py`); a family HF refuses SDPA for (Gemma 2: `_supports_sdpa = False`,
+  soft-capping) runs eager, as HF does. `flash` builds the `vram_fused` attention
+  implementation: flash-attn 2 as HF calls it (no mask, kv heads unexpanded, soft-capping
+  allowed; saves out + fp32 logsumexp); a family without HF's attention interface (Falcon)
+  builds SDPA and every call runs the flash kernel.
 """
 
 from __future__ import annotations
@@ -158,9 +162,17 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
     except (ValueError, KeyError) as exc:
         raise TraceUnsupported(
             f"model_type {model_type!r}: transformers cannot build it ({exc})") from exc
-    attn = "eager" if setup.attention.value == "eager" else "sdpa"
     auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM,
             "classifier": AutoModelForSequenceClassification}[kind]
+    if setup.attention.value == "flash":
+        from vram.trace.attention import register_fused
+
+        try:
+            return auto.from_config(copy.deepcopy(hf_config), dtype=weight_dtype(setup),
+                                    attn_implementation=register_fused())
+        except (ValueError, KeyError):  # no attention interface (Falcon): SDPA, flash-routed
+            pass
+    attn = "eager" if setup.attention.value == "eager" else "sdpa"
     try:
         model = auto.from_config(hf_config, dtype=weight_dtype(setup), attn_implementation=attn)
     except ValueError as exc:
