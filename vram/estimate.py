@@ -68,6 +68,12 @@ class Moment:
     label: str
     gradient_bytes: int
     activation_items: list[LineItem] = field(default_factory=list)
+    #: Gradients that exist only in this moment (a unit's whole gradients before reduction).
+    extra_gradient_items: list[LineItem] = field(default_factory=list)
+
+    @property
+    def gradients_total(self) -> int:
+        return self.gradient_bytes + sum(item.bytes for item in self.extra_gradient_items)
 
     @property
     def activation_bytes(self) -> int:
@@ -260,6 +266,9 @@ class GradientPart:
     per_layer: int
     ddp_buckets: int
     host: int
+    #: With sharded (ZeRO-2/3, FSDP) or offloaded gradients, a unit's gradients are first
+    #: computed whole on the GPU, then reduce-scattered (and copied out): the largest unit.
+    unsharded_unit: int = 0
 
 
 def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
@@ -273,10 +282,15 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     per_layer = layer_grads // max(1, model.n_layers)
     n = shards.gradients
     ddp = full if setup.sharding is Sharding.DDP else 0
-    if setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER):
+    offloaded = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
+    in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
+    # Stepping in backward frees each gradient as it is made: nothing waits for a reduction.
+    unit = per_layer if (n > 1 or offloaded) and not in_backward else 0
+    if offloaded:
         # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
-        return GradientPart(0, 0, 0, 0, ddp, full // n)
-    return GradientPart(full // n, head // n, untied_embedding // n, per_layer // n, ddp, 0)
+        return GradientPart(0, 0, 0, 0, ddp, full // n, unit)
+    return GradientPart(full // n, head // n, untied_embedding // n, per_layer // n, ddp, 0,
+                        unit)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -300,14 +314,23 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         LineItem(key="activations.loss", label="logits, loss and their gradients",
                  formula=plan.head.formula, inputs=head, bytes=plan.head_peak_bytes,
                  source=source)])
-    top_grads = accumulated if in_backward else max(accumulated, grads.head + grads.per_layer)
+    # The layer in backward holds its gradients whole (the reduce item) when they are sharded.
+    layer_grads = 0 if grads.unsharded_unit else grads.per_layer
+    # Optimizer-in-backward keeps one parameter's gradient at a time (the head's is largest).
+    top_grads = grads.head if in_backward else max(accumulated, grads.head + layer_grads)
+    reducing = [LineItem(
+        key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
+        formula="one layer's gradients before reduce-scatter",
+        inputs={"gpus": setup.n_gpus}, bytes=grads.unsharded_unit,
+        source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
+    )] if grads.unsharded_unit else []
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
         *layers, *working_in_backward,
         LineItem(key="activations.head_left", label="logits kept into backward",
                  formula="half the head's saved tensors", inputs=head,
                  bytes=plan.head_saved_bytes // 2, source=source),
-        _backward_item(setup, plan)])
-    late_grads = 0 if in_backward else max(
+        _backward_item(setup, plan)], reducing)
+    late_grads = grads.head if in_backward else max(
         accumulated, grads.total - grads.untied_embedding - grads.per_layer)
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
@@ -315,7 +338,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers",
                  inputs={"tokens": tokens}, bytes=first_layer + plan.backward_transient_bytes,
-                 source="per-layer backward")])
+                 source="per-layer backward")], reducing)
     step_items = []
     if step_temp:
         step_items.append(LineItem(
@@ -416,7 +439,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     static = weights + opt_bytes + grads.ddp_buckets
 
     def allocated_at(moment: Moment) -> int:
-        return static + moment.gradient_bytes + moment.activation_bytes
+        return static + moment.gradients_total + moment.activation_bytes
 
     peak = max(moments, key=allocated_at)
     allocated = allocated_at(peak)
@@ -439,6 +462,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
             formula="one more copy of the gradients (gradient_as_bucket_view=False)",
             inputs={}, bytes=grads.ddp_buckets,
             source="torch.nn.parallel.DistributedDataParallel"))
+    grad_items.extend(peak.extra_gradient_items)
 
     notes: list[str] = []
     if peak.gradient_bytes < grads.total:
