@@ -18,6 +18,7 @@ same bookkeeping for the implementations people actually run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from vram.architecture import MlpKind, ModelSpec, NormKind, Role, Stack
 from vram.params import head_targeted, is_targeted, targeted_roles
@@ -124,6 +125,41 @@ def _consumers_input_bytes(n: Numerics, n_linears: int) -> int:
     return n.compute if n.residual == n.compute else n.residual
 
 
+class Kernel(StrEnum):
+    """The attention kernel a step really runs (it decides whether s×s scores are kept)."""
+
+    FLASH = "flash"  # FlashAttention (flash-attn 2, or SDPA's flash kernel): O(s)
+    EFFICIENT = "memory-efficient"  # SDPA's efficient kernel: O(s), accepts a mask
+    MATH = "math"  # SDPA's fallback: s×s probabilities in fp32
+    EAGER = "eager"  # the model's own softmax(q·kᵀ)·v
+
+
+def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
+                     profile: StackProfile) -> Kernel:
+    """Which kernel runs, following PyTorch's CUDA dispatch and each stack's code.
+
+    - Gemma 2's soft-capping rules SDPA out: Transformers refuses `sdpa` for it
+      (Gemma2PreTrainedModel._supports_sdpa = False) and LitGPT computes scores itself; only
+      flash-attn 2 soft-caps in a fused kernel.
+    - HF's Falcon always passes a 4-D mask and k/v with fewer heads and no `enable_gqa`, so
+      CUDA's flash and efficient kernels refuse it and SDPA falls back to math.
+    - A sliding window shorter than the sequence needs a mask: SDPA's efficient kernel, with
+      k/v repeated to every head first (HF's repeat_kv).
+    """
+    if setup.attention is Attention.EAGER:
+        return Kernel.EAGER
+    if setup.attention is Attention.FLASH:
+        return Kernel.FLASH
+    if stack.attn_softcap:
+        return Kernel.EAGER
+    hf = not (profile.adapts_fused_slices or profile.fused_activations)
+    if hf and model.family == "falcon":
+        return Kernel.MATH
+    if hf and model.sliding_window and model.sliding_window < setup.seq_len:
+        return Kernel.EFFICIENT
+    return Kernel.FLASH
+
+
 def layer_activations(
     model: ModelSpec, stack: Stack, setup: TrainingSetup, profile: StackProfile,
 ) -> LayerActivations:
@@ -160,29 +196,33 @@ def layer_activations(
                               "e·h per norm output (one copy per call under autocast)", kept))
 
     # --- attention ---------------------------------------------------------------------------
-    expand = profile.expands_kv and setup.attention is not Attention.FLASH
+    kernel = attention_kernel(model, stack, setup, profile)
+    # LitGPT and torchtune expand k/v in their own code before SDPA; HF repeats them only on
+    # the masked (efficient-kernel) path.
+    expand = (profile.expands_kv and setup.attention is not Attention.FLASH) or (
+        kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads)
     kv_width = q_out if expand else kv_out
     attn = e * (q_out + 2 * kv_width) + e * q_out  # q, k, v and the attention output
-    eager = setup.attention is Attention.EAGER or (stack.attn_softcap and profile.expands_kv)
-    if eager:
-        # s×s per head. HF computes the softmax in fp32 (upcast, or autocast's fp32 list) and
+    if kernel in (Kernel.EAGER, Kernel.MATH):
+        # s×s per head. HF's eager softmax runs in fp32 (upcast, or autocast's fp32 list) and
         # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
         # dropped probabilities in the compute dtype (the matmul's input); without, the cast
-        # back to e (none in fp32).
+        # back to e (none in fp32). PyTorch's math SDPA upcasts 16-bit inputs to fp32 and keeps
+        # the fp32 probabilities for its matmul.
         softmax_bytes = FP32
         per_score = softmax_bytes
         if stack.attn_dropout > 0:
             per_score += 1 + e
-        elif e != softmax_bytes:
+        elif e != softmax_bytes and kernel is Kernel.EAGER:
             per_score += e
-        if stack.attn_softcap:
+        if stack.attn_softcap and kernel is Kernel.EAGER:
             per_score += e  # tanh output of Gemma 2's soft-cap
         attn += stack.n_heads * s * per_score
-        label = "eager attention: q, k, v, output, s×s probabilities"
-        formula = "e·(q + 2·kv + o) + a·s·(4 + e [+ dropout mask])"
+        label = f"{kernel.value} attention: q, k, v, output, s×s probabilities"
+        formula = "e·(q + 2·kv + o) + a·s·(4 [+ e] [+ dropout mask])"
     else:
         attn += FP32 * stack.n_heads  # logsumexp per head
-        label = "fused attention (SDPA/flash): q, k, v, output, logsumexp"
+        label = f"{kernel.value} attention kernel: q, k, v, output, logsumexp"
         formula = "e·(q + 2·kv + o) + 4·a"
     if keeps_inputs:
         attn += e * q_out  # the contiguous copy that feeds o_proj
@@ -252,7 +292,7 @@ def layer_activations(
 
     # --- backward transient of one layer -----------------------------------------------------
     out.backward_transient = 2 * e * inter * experts + 2 * e * (q_out + 2 * kv_width)
-    if eager:
+    if kernel in (Kernel.EAGER, Kernel.MATH):
         out.backward_transient += stack.n_heads * s * (FP32 + e)
     return out
 
