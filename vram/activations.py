@@ -145,6 +145,8 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
       CUDA's flash and efficient kernels refuse it and SDPA falls back to math.
     - A sliding window shorter than the sequence needs a mask: SDPA's efficient kernel, with
       k/v repeated to every head first (HF's repeat_kv).
+    - fp32 rules flash out; the efficient kernel then runs, except for grouped k/v passed
+      unexpanded (HF with enable_gqa), which only math accepts.
     """
     if setup.attention is Attention.EAGER:
         return Kernel.EAGER
@@ -155,6 +157,11 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
     hf = not (profile.adapts_fused_slices or profile.fused_activations)
     if hf and model.family == "falcon":
         return Kernel.MATH
+    grouped = stack.n_kv_heads < stack.n_heads
+    if numerics(setup, profile).compute == FP32:
+        # Flash needs 16-bit inputs; the efficient kernel takes fp32 but not grouped k/v, which
+        # HF passes unexpanded (enable_gqa) when no mask is needed.
+        return Kernel.MATH if hf and grouped else Kernel.EFFICIENT
     if hf and model.sliding_window and model.sliding_window < setup.seq_len:
         return Kernel.EFFICIENT
     return Kernel.FLASH
@@ -368,6 +375,8 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
         return HeadActivations(saved, saved + logits,
                                "16-bit logits + fp32 log-softmax per chunk",
                                "logits and chunked fp32 cross-entropy")
+    if model.final_softcap:
+        norm += logits  # tanh(logits / cap) is kept for its backward (Gemma 2)
     up = FP32 * vocab if profile.upcasts_logits else logits
     saved = norm + up + (logits if profile.keeps_logits else 0)
     loss_peak = norm + 3 * up + (logits if profile.keeps_logits else 0)
@@ -391,6 +400,8 @@ class ActivationPlan:
     head_saved_bytes: int
     head_peak_bytes: int
     offloaded_bytes: int
+    #: The 4-D causal masks HF builds once per forward for eager/math attention (b × s × s).
+    mask_bytes: int = 0
 
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
@@ -418,8 +429,25 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
             offloaded = stored - per_layer_max
             stored = per_layer_max
     return ActivationPlan(
+        mask_bytes=_mask_bytes(model, setup, profile, n),
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved * tokens,
         head_peak_bytes=head.loss_peak * tokens, offloaded_bytes=offloaded,
     )
+
+
+def _mask_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                n: Numerics) -> int:
+    """HF materializes a [batch, 1, s, s] additive causal mask in the compute dtype when the
+    kernel needs one (eager, math), and a second one for sliding-window layers (Gemma 2)."""
+    hf = not (profile.adapts_fused_slices or profile.fused_activations)
+    causal = [st for st in model.stacks if st.causal]
+    if not hf or not causal:
+        return 0
+    kernels = {attention_kernel(model, st, setup, profile) for st in causal}
+    if not kernels & {Kernel.EAGER, Kernel.MATH}:
+        return 0
+    s = setup.seq_len
+    masks = 2 if model.sliding_window and model.sliding_window < s else 1
+    return masks * setup.micro_batch * s * s * n.compute

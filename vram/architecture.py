@@ -181,6 +181,8 @@ class ModelSpec(BaseModel):
     n_labels: int = 2
     max_position_embeddings: int = 0
     sliding_window: int | None = None
+    #: Gemma 2 soft-caps the final logits (tanh), which keeps one more vocabulary-wide tensor.
+    final_softcap: bool = False
     approximate: bool = False
 
     @property
@@ -413,6 +415,7 @@ def _llama_like(name: str, family: str, r: _Reader) -> ModelSpec:
         embedding_params=vocab * h, extra_params=final_norm, tied_embeddings=tied,
         max_position_embeddings=r.int("max_position_embeddings", default=2048),
         sliding_window=sliding or None,
+        final_softcap=family == "gemma2" and r.float("final_logit_softcapping", 30.0) > 0,
     )
 
 

@@ -301,12 +301,12 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     forward_working, working_in_backward = working
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
-    layers = _layer_items(model, setup, plan)
+    layers = _layer_items(model, setup, plan, forward=False)
     tokens, vocab = plan.tokens, model.vocab_size
     head = {"tokens": tokens, "vocab": vocab}
     source = "see vram.activations.head_activations"
     forward = Moment(Phase.FORWARD, "end of forward", accumulated, [
-        *layers, *forward_working,
+        *_layer_items(model, setup, plan, forward=True), *forward_working,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                  inputs=head, bytes=plan.head_saved_bytes, source=source)])
     loss = Moment(Phase.BACKWARD, "the loss", accumulated, [
@@ -361,9 +361,19 @@ def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
     )
 
 
-def _layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-                 ) -> list[LineItem]:
-    """What the layers keep from forward for backward."""
+def _layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan, *,
+                 forward: bool) -> list[LineItem]:
+    """What the layers keep from forward for backward (and the causal mask they share)."""
+    mask = [LineItem(
+        key="activations.mask", label="causal attention mask (eager/math attention)",
+        formula="batch × s × s × e (one per window kind)", inputs={"seq": setup.seq_len},
+        bytes=plan.mask_bytes, source="transformers masking_utils: a 4-D additive mask",
+    )] if plan.mask_bytes and (forward or setup.grad_ckpt) else []
+    return mask + _saved_layer_items(model, setup, plan)
+
+
+def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
+                       ) -> list[LineItem]:
     tokens = plan.tokens
     if setup.grad_ckpt:
         if not plan.checkpointed_bytes:

@@ -50,8 +50,10 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
             temp += b * n  # foreach AdamW: sqrt(exp_avg_sq) as a new list of tensors
             formula = "2 states × dtype bytes × trainable params"
         elif opt in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
-            total += 2 * (n + 4 * -(-n // BNB_BLOCK))
-            formula = "2 states × (1 byte + 4 bytes per 256-value block) × trainable params"
+            big = n - group.small_numel
+            total += 2 * (big + 4 * -(-big // BNB_BLOCK)) + 2 * 4 * group.small_numel
+            formula = ("2 states × (1 byte + 4 bytes per 256-value block); 32-bit states for "
+                       "tensors under 4096 values")
         elif opt in (Optimizer.SGD_MOMENTUM, Optimizer.LION):
             total += b * n
             temp += b * n if opt is Optimizer.LION else 0

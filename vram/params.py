@@ -20,6 +20,9 @@ from vram.stack import StackProfile
 #: blocks of 256 with an fp32 scale per block).
 NF4_BLOCK = 64
 NF4_DQ_BLOCK = 256
+#: bitsandbytes' 8-bit optimizers keep 32-bit state for tensors under this many values
+#: (Optimizer8bit min_8bit_size=4096).
+SMALL_TENSOR = 4096
 
 
 class Storage(StrEnum):
@@ -69,6 +72,8 @@ class ParamGroup:
     n_matrices: int = 0
     #: Sum over matrices of (rows + columns), for Adafactor's factored second moment.
     factored_numel: int = 0
+    #: Parameters in tensors under 4096 values (8-bit optimizers keep 32-bit state for them).
+    small_numel: int = 0
 
 
 def adapter_params(linear: Linear, rank: int, roles: frozenset[Role] | None) -> int:
@@ -145,11 +150,13 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     groups: list[ParamGroup] = []
 
     def add(key: str, label: str, n: int, storage: Storage, trainable: bool, *,
-            n_bytes: int | None = None, matrices: int = 0, factored: int = 0) -> None:
+            n_bytes: int | None = None, matrices: int = 0, factored: int = 0,
+            small: int = 0) -> None:
         if n <= 0:
             return
         size = n_bytes if n_bytes is not None else int(n * STORAGE_BYTES[storage])
-        groups.append(ParamGroup(key, label, n, storage, trainable, size, matrices, factored))
+        groups.append(ParamGroup(key, label, n, storage, trainable, size, matrices, factored,
+                                 small))
 
     h, vocab = model.hidden_size, model.vocab_size
     add("embedding", "token embedding (vocab × hidden)", model.embedding_params, dense, full,
@@ -192,27 +199,38 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     norm_params += model.extra_params + bias_params
     n_norm_tensors = sum(stack.count * (stack.n_norms + 2) for stack in model.stacks)
     add("norms", "norms and biases", norm_params, dense, full, matrices=n_norm_tensors,
-        factored=norm_params)
+        factored=norm_params, small=norm_params if h < SMALL_TENSOR else 0)
 
     if setup.trains_adapters:
         roles = targeted_roles(setup)
         lora = 0
         lora_matrices = 0
+        lora_factored = 0
+        lora_small = 0
+        r = setup.lora_rank
         for stack in model.stacks:
             for linear in stack.linears:
                 if is_targeted(linear, roles):
-                    lora += stack.count * adapter_params(
-                        linear, setup.lora_rank, _fused_roles(linear, roles, profile))
+                    n_lora = adapter_params(linear, r, _fused_roles(linear, roles, profile))
+                    lora += stack.count * n_lora
                     lora_matrices += 2 * stack.count * linear.copies
+                    # A is r × d_in, B is (adapted width) × r.
+                    a_numel = r * linear.d_in
+                    b_numel = n_lora // linear.copies - a_numel
+                    lora_factored += stack.count * linear.copies * (
+                        r + linear.d_in + b_numel // r + r)
+                    lora_small += stack.count * linear.copies * sum(
+                        x for x in (a_numel, b_numel) if x < SMALL_TENSOR)
         if head_targeted(setup) and model.head_kind.value == "lm":
-            lora += setup.lora_rank * (h + vocab)
+            lora += r * (h + vocab)
             lora_matrices += 2
+            lora_factored += 2 * r + h + vocab
         adapter_storage = Storage.FP32 if profile.adapter_bytes == 4 else Storage.BF16
         if dense is Storage.BF16 and setup.precision in (Precision.BF16_MIXED,
                                                           Precision.FP16_MIXED):
             adapter_storage = Storage.BF16  # ZeRO casts the model; fp32 master with optimizer
         add("lora", f"LoRA adapters (rank {setup.lora_rank})", lora, adapter_storage, True,
-            matrices=lora_matrices, factored=lora_matrices * setup.lora_rank * 2)
+            matrices=lora_matrices, factored=lora_factored, small=lora_small)
     return groups
 
 
