@@ -263,6 +263,7 @@ class GradientPart:
     total: int  # every gradient on this GPU
     head: int  # the first to exist in backward: the head's (or the tied embedding's)
     untied_embedding: int  # the last to exist: an untied embedding's
+    embedding: int  # the embedding's gradient, tied or not (built last, by embedding_backward)
     per_layer: int
     ddp_buckets: int
     host: int
@@ -286,11 +287,12 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     # Stepping in backward frees each gradient as it is made: nothing waits for a reduction.
     unit = per_layer if (n > 1 or offloaded) and not in_backward else 0
+    embedding = by_key.get("embedding", 0)
     if offloaded:
         # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
-        return GradientPart(0, 0, 0, 0, ddp, full // n, unit)
-    return GradientPart(full // n, head // n, untied_embedding // n, per_layer // n, ddp, 0,
-                        unit)
+        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, unit)
+    return GradientPart(full // n, head // n, untied_embedding // n, embedding // n,
+                        per_layer // n, ddp, 0, unit)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -339,6 +341,14 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                  formula="one layer's saved tensors + its backward buffers",
                  inputs={"tokens": tokens}, bytes=first_layer + plan.backward_transient_bytes,
                  source="per-layer backward")], reducing)
+    # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
+    # becomes an untied embedding's .grad or is added into a tied one's.
+    embedding_grads = grads.total - grads.untied_embedding
+    embed = Moment(Phase.BACKWARD, "the embedding's backward", 0 if in_backward else max(
+        accumulated, embedding_grads), [
+        LineItem(key="activations.embedding_grad", label="embedding gradient being built",
+                 formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
+                 bytes=grads.embedding, source="aten embedding_dense_backward")])
     step_items = []
     if step_temp:
         step_items.append(LineItem(
@@ -347,7 +357,8 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
             bytes=step_temp, source="torch/optim/adamw.py _multi_tensor_adamw"))
     step = Moment(Phase.OPTIMIZER_STEP, "the optimizer step",
                   0 if in_backward else grads.total, step_items)
-    return [forward, loss, top, late, step]
+    # Order matters for ties: the allocator reaches a peak at its first moment.
+    return [forward, loss, top, late, embed, step]
 
 
 def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
