@@ -196,6 +196,23 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     return total
 
 
+def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
+                       groups: list[ParamGroup]) -> int:
+    """Values in the largest trainable tensor (per-parameter optimizer loops size their
+    temporaries to it)."""
+    trainable = {g.key for g in groups if g.trainable}
+    sizes = [0]
+    if trainable & {"embedding", "head"}:
+        sizes.append(model.vocab_size * model.hidden_size)
+    if "linears" in trainable:
+        sizes.append(max(ln.d_in * ln.d_out for st in model.stacks for ln in st.linears))
+    if "lora" in trainable:
+        widest = max(max(ln.d_in, ln.d_out) for st in model.stacks for ln in st.linears)
+        sizes.append(setup.lora_rank * max(widest, model.vocab_size if "lm_head" in str(
+            setup.lora_targets) else 0))
+    return max(sizes)
+
+
 def _largest_matrix(model: ModelSpec, profile: StackProfile) -> int:
     biggest = max(
         (ln.d_in * ln.d_out for stack in model.stacks for ln in stack.linears), default=0)
@@ -226,10 +243,10 @@ class OptimizerPart:
 
 
 def _optimizer_part(groups: list[ParamGroup], setup: TrainingSetup, profile: StackProfile,
-                    shards: Shards) -> OptimizerPart:
+                    shards: Shards, largest_trainable: int) -> OptimizerPart:
     master_full = _master_bytes(groups, setup)
     state = optimizer_state(groups, setup, fused=profile.fused_optimizer,
-                            master_fp32=master_full > 0)
+                            master_fp32=master_full > 0, largest_param=largest_trainable)
     master = master_full // shards.optimizer
     state_bytes = state.state_bytes // shards.optimizer
     paged = state_bytes if state.paged else 0
@@ -450,7 +467,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
 
     weight_items, host = _weight_items(model, setup, profile, groups, shards)
     weights = sum(item.bytes for item in weight_items)
-    optimizer = _optimizer_part(groups, setup, profile, shards)
+    optimizer = _optimizer_part(groups, setup, profile, shards,
+                                _largest_trainable(model, setup, groups))
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards)
     working = (_working_items(model, setup, profile, groups, shards, forward=True),

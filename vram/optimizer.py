@@ -35,7 +35,7 @@ def _state_dtype_bytes(group: ParamGroup, master_fp32: bool) -> int:
 
 
 def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bool,
-                    master_fp32: bool = False) -> OptimizerState:
+                    master_fp32: bool = False, largest_param: int = 0) -> OptimizerState:
     """State bytes for the trainable groups (before any sharding)."""
     trainable = [g for g in groups if g.trainable]
     opt = setup.optimizer
@@ -61,6 +61,10 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
         elif opt is Optimizer.ADAFACTOR:
             total += 4 * group.factored_numel if group.factored_numel else 4 * n
             formula = "4 bytes × (rows + columns) per matrix (factored second moment)"
+            # transformers' Adafactor steps one parameter at a time in fp32: the gradient and
+            # the parameter upcast (16-bit models), grad² and the update, for the largest one.
+            copies = 4 if b == 2 else 2
+            temp = max(temp, copies * 4 * largest_param)
         else:
             formula = "plain SGD keeps no state"
     paged = opt in (Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT)

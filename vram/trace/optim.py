@@ -1,8 +1,10 @@
 """The optimizers of `TrainingSetup.optimizer`, as they allocate on a GPU.
 
-* `adamw`: `torch.optim.AdamW(foreach=True)`. On CUDA `foreach` is the default; on CPU tensors it
-  is not, so it is forced: the traced step is the multi-tensor path with its temporaries (one
-  `_foreach_sqrt` copy of the second moments per dtype group).
+* `adamw`: `torch.optim.AdamW(fused=True)` where the stack uses it (HF Trainer's default
+  `adamw_torch_fused`, torchtune): no temporaries. Otherwise `torch.optim.AdamW(foreach=True)`:
+  on CUDA `foreach` is the default; on CPU tensors it is not, so it is forced: the traced step
+  is the multi-tensor path with its temporaries (one `_foreach_sqrt` copy of the second
+  moments per dtype group).
 * `sgd` / `sgd-momentum`: `torch.optim.SGD(foreach=True)` with momentum 0 / 0.9.
 * `adafactor`: `transformers.optimization.Adafactor` as the HF Trainer builds it
   (`scale_parameter=False, relative_step=False`).
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from vram.setup import Optimizer, TrainingSetup
+from vram.stack import profile_for
 
 LR = 1e-5
 BNB_BLOCK = 256
@@ -109,10 +112,32 @@ class Bnb8bitAdamW(torch.optim.Optimizer):
                 self.state[p]["step"] += 1  # the fused kernel updates in place: no temporaries
 
 
+class FusedAdamW(torch.optim.Optimizer):
+    """Storage of `torch.optim.AdamW(fused=True)` (HF Trainer's default `adamw_torch_fused`,
+    torchtune's recipes): two states like each parameter, updated in one kernel with no
+    full-size temporaries."""
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        super().__init__(params, {"lr": LR})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
+                    self.state[p] = {"step": 0, "exp_avg": torch.zeros_like(p),
+                                     "exp_avg_sq": torch.zeros_like(p)}
+                self.state[p]["step"] += 1
+
+
 def make_optimizer(setup: TrainingSetup, params: list[nn.Parameter],
                    on_paged: Callable[[torch.Tensor], None]) -> torch.optim.Optimizer | None:
     """The optimizer of `setup` over `params`; None for adamw-in-backward (see `in_backward`)."""
     opt = setup.optimizer
+    if opt is Optimizer.ADAMW and profile_for(setup).fused_optimizer:
+        return FusedAdamW(params)
     if opt is Optimizer.ADAMW:
         return torch.optim.AdamW(params, lr=LR, foreach=True)
     if opt is Optimizer.SGD:
