@@ -59,6 +59,11 @@ class Numerics:
     compute: int  # bytes of a 16-bit or fp32 activation
     residual: int  # bytes of the residual stream (fp32 when the weights are fp32)
     autocast: bool
+    #: bytes of q, k, v and the attention output as the attention kernel sees them
+    attention: int = 2
+    #: every Linear casts its input itself and keeps that copy (bitsandbytes' Linear4bit
+    #: `x.to(compute_dtype)` on an upcast model)
+    input_copy_per_linear: bool = False
 
 
 def numerics(setup: TrainingSetup, profile: StackProfile | None = None) -> Numerics:
@@ -68,10 +73,15 @@ def numerics(setup: TrainingSetup, profile: StackProfile | None = None) -> Numer
     upcast the embedding and norms) the residual stream is fp32.
     """
     if profile is not None and profile.upcasts_frozen_to_fp32:
-        fp32 = setup.precision is Precision.FP32
-        return Numerics(compute=4 if fp32 else 2, residual=4, autocast=not fp32)
+        # HF QLoRA after prepare_model_for_kbit_training: fp32 embeddings and norms, and
+        # Linear4bit returns `out.to(input dtype)`, so activations stay fp32; each 4-bit Linear
+        # casts its input to bf16 and MatMul4Bit keeps that copy. Only autocast brings the
+        # attention back to 16 bits.
+        mixed = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+        return Numerics(compute=4, residual=4, autocast=mixed, attention=2 if mixed else 4,
+                        input_copy_per_linear=True)
     if setup.precision is Precision.FP32:
-        return Numerics(compute=4, residual=4, autocast=False)
+        return Numerics(compute=4, residual=4, autocast=False, attention=4)
     if setup.precision is Precision.BF16_TRUE or zero_half_model(setup):
         return Numerics(compute=2, residual=2, autocast=False)
     return Numerics(compute=2, residual=4, autocast=True)
@@ -117,9 +127,12 @@ def _hidden(stack: Stack) -> int:
 def _consumers_input_bytes(n: Numerics, n_linears: int) -> int:
     """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
 
-    Without autocast the Linears share one input tensor; under autocast each call casts the
-    fp32 input to 16 bits anew, and each cast copy is kept (autocast caches only leaf casts).
+    Without autocast the Linears share one input tensor; under autocast (or with bnb's own
+    cast on an upcast model) each call casts the fp32 input to 16 bits anew, and each cast
+    copy is kept (autocast caches only leaf casts).
     """
+    if n.input_copy_per_linear:
+        return 2 * n_linears
     if n.autocast:
         return n.compute * n_linears
     return n.compute if n.residual == n.compute else n.residual
@@ -158,12 +171,12 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
     if hf and model.family == "falcon":
         return Kernel.MATH
     grouped = stack.n_kv_heads < stack.n_heads
-    if numerics(setup, profile).compute == FP32:
+    if hf and model.sliding_window and model.sliding_window < setup.seq_len:
+        return Kernel.EFFICIENT  # masked, k/v repeated: any dtype
+    if numerics(setup, profile).attention == FP32:
         # Flash needs 16-bit inputs; the efficient kernel takes fp32 but not grouped k/v, which
         # HF passes unexpanded (enable_gqa) when no mask is needed.
         return Kernel.MATH if hf and grouped else Kernel.EFFICIENT
-    if hf and model.sliding_window and model.sliding_window < setup.seq_len:
-        return Kernel.EFFICIENT
     return Kernel.FLASH
 
 
@@ -185,7 +198,7 @@ def layer_activations(
     # PEFT casts the input to the adapter's dtype before dropout; autocast then casts the
     # dropped copy to 16 bits for lora_A's matmul, and that cast is kept too.
     lora_bytes = profile.adapter_bytes
-    autocast_copy = e if n.autocast and lora_bytes != e else 0
+    autocast_copy = 2 if n.autocast and lora_bytes == FP32 else 0
 
     # --- norms and the inputs of the Linears that read them ---------------------------------
     attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
@@ -209,19 +222,26 @@ def layer_activations(
     expand = (profile.expands_kv and setup.attention is not Attention.FLASH) or (
         kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads)
     kv_width = q_out if expand else kv_out
-    attn = e * (q_out + 2 * kv_width) + e * q_out  # q, k, v and the attention output
+    a_b = n.attention if n.input_copy_per_linear else e
+    attn = a_b * (q_out + 2 * kv_width) + a_b * q_out  # q, k, v and the attention output
+    if n.input_copy_per_linear and n.autocast:
+        attn += e * (q_out + 2 * kv_out)  # the fp32 projections autocast copied from
     if kernel in (Kernel.EAGER, Kernel.MATH):
         # s×s per head. HF's eager softmax runs in fp32 (upcast, or autocast's fp32 list) and
         # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
         # dropped probabilities in the compute dtype (the matmul's input); without, the cast
         # back to e (none in fp32). PyTorch's math SDPA upcasts 16-bit inputs to fp32 and keeps
         # the fp32 probabilities for its matmul.
-        softmax_bytes = FP32
-        per_score = softmax_bytes
-        if stack.attn_dropout > 0:
-            per_score += 1 + e
-        elif e != softmax_bytes and kernel is Kernel.EAGER:
-            per_score += e
+        q_bytes = a_b  # the dtype q·kᵀ is computed in before the fp32 softmax
+        per_score = FP32
+        dropout = stack.attn_dropout > 0
+        if dropout:
+            per_score += 1  # the mask
+        if kernel is Kernel.EAGER:
+            if n.autocast:
+                per_score += 2  # the matmul with v casts the probabilities to 16 bits, kept
+            elif dropout or q_bytes != FP32:
+                per_score += q_bytes  # the probabilities cast back to q's dtype, kept
         if stack.attn_softcap and kernel is Kernel.EAGER:
             per_score += e  # tanh output of Gemma 2's soft-cap
         attn += stack.n_heads * s * per_score
