@@ -304,7 +304,7 @@ def layer_activations(
             # No dropout, same dtype: A keeps the Linear's own input, once per input tensor
             # (and not at all when the base Linear keeps it already).
             group = _INPUT_GROUP.get(linear.role, linear.name)
-            if linear.copies > 1 and linear.role in (Role.GATE, Role.UP):
+            if linear.copies > 1 and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
                 group = "attn_in"  # experts read their gathered copy, counted with the MLP
                 shared_inputs.add(group)
             if linear.role in (Role.CROSS_K, Role.CROSS_V):

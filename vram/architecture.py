@@ -386,11 +386,14 @@ def _llama_like(name: str, family: str, r: _Reader) -> ModelSpec:
         expert_inter = (
             r.int("intermediate_size") if family == "mixtral" else r.int("moe_intermediate_size")
         )
-        names = ("w1", "w3", "w2") if family == "mixtral" else ("gate_proj", "up_proj",
-                                                                 "down_proj")
         linears.append(Linear(name="gate", role=Role.ROUTER, d_in=h, d_out=n_experts))
-        linears.extend(_gated_mlp(h, expert_inter, names=names, copies=n_experts,
-                                  token_fraction=top_k / n_experts))
+        # Transformers 5 stores each expert bank as 3-D tensors: gate and up fused.
+        fraction = top_k / n_experts
+        linears.append(Linear(name="experts.gate_up_proj", role=Role.GATE_UP, d_in=h,
+                              d_out=2 * expert_inter, parts=(expert_inter, expert_inter),
+                              copies=n_experts, token_fraction=fraction))
+        linears.append(Linear(name="experts.down_proj", role=Role.DOWN, d_in=expert_inter,
+                              d_out=h, copies=n_experts, token_fraction=fraction))
         if family == "qwen2_moe":
             shared = r.int("shared_expert_intermediate_size")
             linears.extend(_gated_mlp(h, shared))

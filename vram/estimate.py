@@ -179,11 +179,15 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
         return 0
     if act.zero_half_model(setup):
         return 0
-    dense = [g for g in groups if g.key in ("linears", "head") and g.storage is Storage.FP32]
+    # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
+    head_keys = ("head",) if any(g.key == "head" for g in groups) else (
+        ("embedding",) if model.tied_embeddings and model.head_kind.value == "lm" else ())
+    dense = [g for g in groups if g.key in ("linears", *head_keys)
+             and g.storage is Storage.FP32]
     layers = max(1, model.n_layers)
 
     def kept(group: ParamGroup) -> int:
-        if not setup.grad_ckpt or group.key == "head":
+        if not setup.grad_ckpt or group.key in head_keys:
             return 2 * group.n_params
         return 2 * group.n_params // layers
 
@@ -284,6 +288,8 @@ class GradientPart:
     per_layer: int
     ddp_buckets: int
     host: int
+    #: The largest single gradient of a layer (a whole expert bank for MoE), being written.
+    largest_in_layer: int
     #: With sharded (ZeRO-2/3, FSDP) or offloaded gradients, a unit's gradients are first
     #: computed whole on the GPU, then reduce-scattered (and copied out): the largest unit.
     unsharded_unit: int = 0
@@ -298,6 +304,11 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     untied_embedding = by_key.get("embedding", 0) if not model.tied_embeddings else 0
     layer_grads = by_key.get("linears", 0) + by_key.get("norms", 0) + by_key.get("lora", 0)
     per_layer = layer_grads // max(1, model.n_layers)
+    linears = next((g for g in trainable if g.key == "linears"), None)
+    largest = 0
+    if linears is not None:
+        grad_bytes = _grad_bytes(linears) // max(1, linears.n_params)
+        largest = grad_bytes * max(ln.weight_params for st in model.stacks for ln in st.linears)
     n = shards.gradients
     ddp = full if setup.sharding is Sharding.DDP else 0
     offloaded = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
@@ -307,9 +318,9 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     embedding = by_key.get("embedding", 0)
     if offloaded:
         # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
-        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, unit)
+        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit)
     return GradientPart(full // n, head // n, untied_embedding // n, embedding // n,
-                        per_layer // n, ddp, 0, unit)
+                        per_layer // n, ddp, 0, largest, unit)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -349,14 +360,19 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                  formula="half the head's saved tensors", inputs=head,
                  bytes=plan.head_saved_bytes // 2, source=source),
         _backward_item(setup, plan)], reducing)
+    # In the first layer's backward every gradient exists but the embedding's and the one
+    # being written (the layer's largest, whole until it becomes .grad).
+    building = 0 if grads.unsharded_unit or in_backward else grads.largest_in_layer
     late_grads = grads.head if in_backward else max(
-        accumulated, grads.total - grads.untied_embedding - grads.per_layer)
+        accumulated, grads.total - grads.untied_embedding - building
+        - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
         *working_in_backward,
         LineItem(key="activations.backward", label="first layer's activations and gradients",
-                 formula="one layer's saved tensors + its backward buffers",
-                 inputs={"tokens": tokens}, bytes=first_layer + plan.backward_transient_bytes,
+                 formula="one layer's saved tensors + its backward buffers + the gradient "
+                         "being written", inputs={"tokens": tokens},
+                 bytes=first_layer + plan.backward_transient_bytes + building,
                  source="per-layer backward")], reducing)
     # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     # becomes an untied embedding's .grad or is added into a tied one's.

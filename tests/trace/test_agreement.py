@@ -1,0 +1,53 @@
+"""The closed-form estimate held to the exact trace, on a sample of the grid (issue 4).
+
+The whole grid (320 setups) runs in `benchmarks/trace_grid.py`; its output is committed as
+`benchmarks/trace_grid.txt`. This sample covers every family and method within CI's time.
+Tolerances: weights, gradients and optimizer state within 1 %, activations and the allocated
+peak within 5 %.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from benchmarks.trace_grid import TOLERANCE, compare
+
+SAMPLE: list[object] = [
+    ("llama3", {"method": "full", "optimizer": "adamw", "precision": "bf16-true",
+                "micro_batch": 2, "seq_len": 2048, "grad_ckpt": False, "attention": "sdpa"}),
+    ("llama3", {"method": "lora", "optimizer": "adamw", "precision": "bf16-mixed",
+                "micro_batch": 1, "seq_len": 8192, "grad_ckpt": True, "attention": "sdpa"}),
+    ("llama3", {"method": "qlora", "optimizer": "adamw-8bit", "precision": "bf16-mixed",
+                "micro_batch": 1, "seq_len": 2048, "grad_ckpt": True, "attention": "sdpa"}),
+    ("qwen2-gqa", {"method": "lora", "optimizer": "adafactor", "precision": "bf16-mixed",
+                   "micro_batch": 2, "seq_len": 2048, "grad_ckpt": False, "attention": "eager"}),
+    ("mistral-gqa", {"method": "full", "optimizer": "adamw", "precision": "bf16-mixed",
+                     "micro_batch": 1, "seq_len": 8192, "grad_ckpt": False, "attention": "sdpa"}),
+    ("gemma2", {"method": "full", "optimizer": "adamw-8bit", "precision": "fp32",
+                "micro_batch": 1, "seq_len": 8192, "grad_ckpt": False, "attention": "sdpa"}),
+    ("phi", {"method": "lora", "optimizer": "adamw-8bit", "precision": "bf16-true",
+             "micro_batch": 2, "seq_len": 2048, "grad_ckpt": True, "attention": "sdpa"}),
+    ("falcon", {"method": "qlora", "optimizer": "adamw", "precision": "bf16-true",
+                "micro_batch": 2, "seq_len": 32768, "grad_ckpt": False, "attention": "sdpa"}),
+    pytest.param(
+        "mixtral-moe", {"method": "full", "optimizer": "adamw", "precision": "bf16-true",
+                        "micro_batch": 2, "seq_len": 2048, "grad_ckpt": True,
+                        "attention": "sdpa"},
+        marks=pytest.mark.xfail(reason=(
+            "known disagreement: the peak agrees within 0.3 % but the recomputed MoE layer "
+            "keeps about half of what the closed form counts (Transformers 5 runs experts "
+            "with grouped_mm, not a per-expert loop); see benchmarks/TRACE_GRID_NOTES.md"),
+            strict=True)),
+]
+
+
+@pytest.mark.trace
+@pytest.mark.parametrize(("family", "fields"), SAMPLE)
+def test_closed_form_agrees_with_the_trace(family: str, fields: dict[str, object]) -> None:
+    row = compare(family, fields)
+    failures = {k: f"{100 * v:+.1f}%" for k, v in row.errors.items()
+                if abs(v) > TOLERANCE[k]}
+    assert not failures, failures
