@@ -48,6 +48,9 @@ class LayerActivations:
     count: int
     terms: list[Term] = field(default_factory=list)
     backward_transient: int = 0
+    #: Bytes held by bitsandbytes' MatMul4Bit as ctx attributes (its inputs): checkpointing's
+    #: saved-tensor hooks never see them, so non-reentrant checkpointing keeps them too.
+    ctx_kept: int = 0
 
     @property
     def bytes(self) -> int:
@@ -207,6 +210,7 @@ def layer_activations(
     norms = _norm_bytes(stack, n, profile, weight_trains=full) * stack.n_norms
     out.terms.append(Term("norms", f"{stack.n_norms} norms", "n_norms × (4·h [+ normalized])",
                           norms))
+    bnb_kept = not full and profile.quantized_linear_keeps_input
     if keeps_inputs:
         kept = _consumers_input_bytes(n, len(attn_in)) * h
         kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
@@ -214,6 +218,8 @@ def layer_activations(
             kept += _consumers_input_bytes(n, 1) * h  # the cross-attention query's input
         out.terms.append(Term("linear_inputs", "Linear inputs (attention in, MLP in)",
                               "e·h per norm output (one copy per call under autocast)", kept))
+        if bnb_kept:
+            out.ctx_kept += kept
 
     # --- attention ---------------------------------------------------------------------------
     kernel = attention_kernel(model, stack, setup, profile)
@@ -224,8 +230,6 @@ def layer_activations(
     kv_width = q_out if expand else kv_out
     a_b = n.attention if n.input_copy_per_linear else e
     attn = a_b * (q_out + 2 * kv_width) + a_b * q_out  # q, k, v and the attention output
-    if n.input_copy_per_linear and n.autocast:
-        attn += e * (q_out + 2 * kv_out)  # the fp32 projections autocast copied from
     if kernel in (Kernel.EAGER, Kernel.MATH):
         # s×s per head. HF's eager softmax runs in fp32 (upcast, or autocast's fp32 list) and
         # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
@@ -251,8 +255,14 @@ def layer_activations(
         attn += FP32 * stack.n_heads  # logsumexp per head
         label = f"{kernel.value} attention kernel: q, k, v, output, logsumexp"
         formula = "e·(q + 2·kv + o) + 4·a"
-    if keeps_inputs:
-        attn += e * q_out  # the contiguous copy that feeds o_proj
+    # o_proj's input: the attention output itself after a fused kernel in HF (it is laid out
+    # [b, s, heads, d] already); a contiguous copy after eager/math attention, and in LitGPT
+    # and torchtune, which reshape the transposed output.
+    hf = not (profile.adapts_fused_slices or profile.fused_activations)
+    if keeps_inputs and (kernel in (Kernel.EAGER, Kernel.MATH) or not hf):
+        attn += a_b * q_out
+    if bnb_kept:
+        out.ctx_kept += a_b * q_out  # the attention output, kept by o_proj's MatMul4Bit
     if stack.cross_attention:
         attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
     out.terms.append(Term("attention", label, formula, attn))
@@ -264,10 +274,16 @@ def layer_activations(
     if stack.mlp_kind is MlpKind.GATED:
         # What the activation keeps, act(gate) and up (kept by their product), and the
         # product when down_proj keeps its input.
-        mlp = (act_kept + 2) * e * inter + (e * inter if keeps_inputs else 0)
+        down_in = 2 if n.input_copy_per_linear else e  # bnb's own bf16 copy on upcast models
+        mlp = (act_kept + 2) * e * inter + (down_in * inter if keeps_inputs else 0)
+        if bnb_kept:
+            out.ctx_kept += down_in * inter * experts
         formula = f"e·I·({act_kept} (activation) + 2 [+1 when down_proj keeps its input])"
     else:
-        mlp = act_kept * e * inter + (e * inter if keeps_inputs else 0)
+        down_in = 2 if n.input_copy_per_linear else e
+        mlp = act_kept * e * inter + (down_in * inter if keeps_inputs else 0)
+        if bnb_kept:
+            out.ctx_kept += down_in * inter * experts
         formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
     if stack.hidden_dropout > 0:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
@@ -435,6 +451,8 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     offloaded = 0
     if setup.grad_ckpt:
         checkpointed = sum(layer.count for layer in layers) * n.residual * model.hidden_size
+        if profile.checkpoint_keeps_ctx_attributes:
+            checkpointed += sum(layer.count * layer.ctx_kept for layer in layers)
         checkpointed *= tokens
         stored = 0
         recompute = per_layer_max

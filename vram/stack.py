@@ -61,6 +61,12 @@ class StackProfile:
     fused_activations: bool
     #: torch.compile fuses pointwise ops and recomputes them in backward (min-cut partitioner).
     compiled: bool
+    #: Checkpointing is non-reentrant (Transformers 5 passes use_reentrant=False; LitGPT and
+    #: torchtune use non-reentrant wrappers): tensors an autograd Function keeps as ctx
+    #: attributes (bitsandbytes' inputs) stay alive for every layer. PEFT's recipes for sharded
+    #: QLoRA (DeepSpeed ZeRO-3, FSDP: docs/source/accelerate/{deepspeed,fsdp}.md) pass
+    #: use_reentrant=True, whose checkpointed forward keeps no graph at all.
+    checkpoint_keeps_ctx_attributes: bool
     #: The output logits stay referenced by the training loop through backward (LitGPT keeps
     #: `logits`; HF Trainer and torchtune drop them before backward).
     keeps_logits: bool
@@ -93,6 +99,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         norm_keeps_fp32_input=True,
         adapts_fused_slices=litgpt,
         keeps_logits=litgpt,
+        checkpoint_keeps_ctx_attributes=not (hf_like and sharded_qlora),
         norm_keeps_fp32_normalized=litgpt,
         fsdp_keeps_frozen_unsharded=litgpt,
         compiled=setup.effective_compile,

@@ -14,9 +14,10 @@ exactly the buffers bitsandbytes keeps on the GPU:
 
 Forward, as `bnb.matmul_4bit` / `MatMul4Bit`: the input is cast to the compute dtype, the weight
 is dequantized into a temporary `(out, in)` tensor of the compute dtype (for nf4-dq the absmax
-is dequantized first into a temporary fp32 vector), used by one matmul and freed. Nothing but the
-quantized weight is kept for backward (bitsandbytes saves no activation for a frozen base); the
-backward pass dequantizes again to compute the input gradient. The output is cast back to the
+is dequantized first into a temporary fp32 vector), used by one matmul and freed. MatMul4Bit
+keeps its input for backward (`ctx.tensors = (A, B)` in bitsandbytes/autograd/_functions.py)
+although only the weight is needed there; the backward pass dequantizes again to compute the
+input gradient. The output is cast back to the
 input dtype, as `Linear4bit.forward` does. For int8, the forward quantizes the input row-wise to
 int8 (+ fp32 row scales), multiplies into an int32 result and dequantizes it to fp16, as
 `MatMul8bitLt` does (the outlier decomposition, threshold 6.0, is not modelled: it depends on
@@ -53,11 +54,12 @@ def storage_bytes(numel: int, quant: str) -> int:
 
 
 class _Dequant4bitMatmul(torch.autograd.Function):
-    """`MatMul4Bit`: a temporary dequantized weight per matmul; nothing extra saved."""
+    """`MatMul4Bit`: a temporary dequantized weight per matmul; the input is kept."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, module: QuantLinear) -> torch.Tensor:  # type: ignore[override]
         ctx.module = module
+        ctx.tensors = (x,)  # as bitsandbytes does: a reference that keeps the input alive
         weight = module.dequantize(x.dtype)
         out = nn.functional.linear(x, weight, None)
         del weight

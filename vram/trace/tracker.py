@@ -29,6 +29,9 @@ from torch.utils._pytree import tree_flatten
 #: CUDA caching allocator block granularity (bytes).
 BLOCK = 512
 
+#: How many of the largest live storages a peak lists (`TraceResult.top_tensors`).
+TOP_TENSORS = 12
+
 
 def rounded(nbytes: int) -> int:
     """Bytes a CUDA caching allocator charges for a request of `nbytes`."""
@@ -142,7 +145,7 @@ class StorageTracker(TorchDispatchMode):
         buckets = {"weights": 0, "gradients": 0, "optimizer": 0, "activations": 0}
         for key, info in self.live.items():
             buckets[classes.get(key, "activations")] += info.nbytes
-        biggest = sorted(self.live.items(), key=lambda kv: -kv[1].nbytes)[:12]
+        biggest = sorted(self.live.items(), key=lambda kv: -kv[1].nbytes)[:TOP_TENSORS]
         top = [
             (f"{info.origin} {info.dtype}{list(info.shape)}", info.nbytes,
              classes.get(key, "activations"))
