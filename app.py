@@ -16,16 +16,7 @@ st.set_page_config(page_title="vram Â· training memory calculator", page_icon="ğ
 
 
 def main() -> None:
-    inputs.init_state()
-    render.page_style()
-    state = inputs.sidebar()
-
-    head, units = st.columns([4, 1])
-    head.title("How much GPU memory does this training run need?")
-    with units:
-        unit = inputs.unit_switch()
-    inputs.show_url_errors()
-    inputs.write_url()
+    state, unit = inputs.page_start("How much GPU memory does this training run need?")
 
     model, model_error = data.resolve_model(state)
     setup, setup_errors = params.build_setup(state)

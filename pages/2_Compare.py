@@ -12,14 +12,7 @@ st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide"
 
 
 def main() -> None:
-    inputs.init_state()
-    render.page_style()
-    inputs.sidebar()
-    head, units = st.columns([4, 1])
-    head.title("Compare setups")
-    with units:
-        unit = inputs.unit_switch()
-    inputs.show_url_errors()
+    _, unit = inputs.page_start("Compare setups", sync_url=False)
     st.markdown(
         f"Pin up to {inputs.MAX_PINS} setups from the sidebar, or pin a ready-made comparison "
         "of the current model."

@@ -11,15 +11,7 @@ st.set_page_config(page_title="vram · GPUs", page_icon="🧮", layout="wide")
 
 
 def main() -> None:
-    inputs.init_state()
-    render.page_style()
-    state = inputs.sidebar()
-    head, units = st.columns([4, 1])
-    head.title("GPUs: memory, speed, price, and what this run needs")
-    with units:
-        unit = inputs.unit_switch()
-    inputs.show_url_errors()
-    inputs.write_url()
+    state, unit = inputs.page_start("GPUs: memory, speed, price, and what this run needs")
 
     gpus = data.gpus()
     model, model_error = data.resolve_model(state)

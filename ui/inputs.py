@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, params
+from ui import data, params, render
 from vram.architecture import read_config_text
 from vram.charts import Unit
 from vram.errors import VramError
@@ -205,3 +205,20 @@ def unit_switch() -> Unit:
         help="GB = 10⁹ bytes (vendors), GiB = 2³⁰ bytes (nvidia-smi).",
     )
     return "GiB" if st.session_state["unit"] == "GiB" else "GB"
+
+
+
+def page_start(title: str, *, sync_url: bool = True) -> tuple[dict[str, Any], Unit]:
+    """What every calculator page does first: state, style, sidebar, the title with the unit
+    switch beside it, URL problems, and (unless the page writes it later) the URL."""
+    init_state()
+    render.page_style()
+    state = sidebar()
+    head, units = st.columns([4, 1])
+    head.title(title)
+    with units:
+        unit = unit_switch()
+    show_url_errors()
+    if sync_url:
+        write_url()
+    return state, unit

@@ -133,6 +133,26 @@ def capacity_lines(
     return [(" / ".join(by_size[s][:2]), s) for s in shown]
 
 
+def capacity_marks(lines: Sequence[tuple[str, int]], unit: Unit, axis_top: float,
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Dashed lines at GPU capacities and their labels, kept about one text line apart."""
+    label_ys = spread_labels([to_unit(size, unit) for _, size in lines], 0.06 * axis_top)
+    shapes: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    for (name, size), label_y in zip(lines, label_ys, strict=True):
+        y = to_unit(size, unit)
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+                       "y0": y, "y1": y, "line": {"color": "#333", "width": 2, "dash": "dash"}})
+        annotations.append({
+            "xref": "paper", "x": 1.0, "xanchor": "right", "y": label_y, "yref": "y",
+            "yanchor": "bottom", "showarrow": False,
+            "text": f"{name} · {format_bytes(size, unit)}",
+            "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
+            "bgcolor": "rgba(255,255,255,0.85)",
+        })
+    return shapes, annotations
+
+
 def breakdown_figure(
     estimate: Estimate,
     *,
@@ -209,34 +229,8 @@ def breakdown_figure(
             "bgcolor": "rgba(255,255,255,0.85)",
         }
     )
-    shapes: list[dict[str, Any]] = []
-    for gpu_name, size in lines:
-        y = to_unit(size, unit)
-        shapes.append(
-            {
-                "type": "line",
-                "xref": "paper",
-                "x0": 0,
-                "x1": 1,
-                "yref": "y",
-                "y0": y,
-                "y1": y,
-                "line": {"color": "#333", "width": 2, "dash": "dash"},
-            }
-        )
-        annotations.append(
-            {
-                "xref": "paper",
-                "x": 1.0,
-                "y": y,
-                "yref": "y",
-                "yanchor": "bottom",
-                "xanchor": "right",
-                "showarrow": False,
-                "text": f"{gpu_name} · {format_bytes(size, unit)}",
-                "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
-            }
-        )
+    shapes, marks = capacity_marks(lines, unit, top)
+    annotations.extend(marks)
     return _figure(
         traces,
         _layout(
@@ -386,37 +380,8 @@ def compare_figure(
     ]
     lines = capacity_lines(capacities, max(peaks, default=0))
     top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
-    # Keep neighbouring capacity labels apart (about one line of text on the axis).
-    label_ys = spread_labels([to_unit(size, unit) for _, size in lines], 0.06 * top * 1.15)
-    shapes: list[dict[str, Any]] = []
-    for (name, size), label_y in zip(lines, label_ys, strict=True):
-        y = to_unit(size, unit)
-        shapes.append(
-            {
-                "type": "line",
-                "xref": "paper",
-                "x0": 0,
-                "x1": 1,
-                "yref": "y",
-                "y0": y,
-                "y1": y,
-                "line": {"color": "#333", "width": 2, "dash": "dash"},
-            }
-        )
-        annotations.append(
-            {
-                "xref": "paper",
-                "x": 1.0,
-                "xanchor": "right",
-                "y": label_y,
-                "yref": "y",
-                "yanchor": "bottom",
-                "showarrow": False,
-                "text": f"{name} · {format_bytes(size, unit)}",
-                "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
-                "bgcolor": "rgba(255,255,255,0.85)",
-            }
-        )
+    shapes, marks = capacity_marks(lines, unit, top * 1.15)
+    annotations.extend(marks)
     return _figure(
         traces,
         _layout(
