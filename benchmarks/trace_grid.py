@@ -83,7 +83,7 @@ def compare(family: str, fields: dict[str, object]) -> Row:
     from vram.trace import trace_step
 
     slug = FAMILIES[family]
-    setup = TrainingSetup(framework="other", lora_targets="q_proj,v_proj", lora_rank=16,
+    setup = TrainingSetup(framework="hf-trainer", lora_targets="q_proj,v_proj", lora_rank=16,
                           **fields)  # type: ignore[arg-type]
     start = time.perf_counter()
     traced = trace_step(load_config(slug), setup)
