@@ -65,7 +65,28 @@ class Lion(torch.optim.Optimizer):
                 exp_avg.mul_(beta2).add_(p.grad, alpha=1 - beta2)
 
 
-class Bnb8bitAdamW(torch.optim.Optimizer):
+class _FusedUpdate(torch.optim.Optimizer):
+    """An optimizer whose update is one fused kernel: it allocates its state on the first step
+    (`_init_state`) and nothing else, so only the state's storage is modelled."""
+
+    def __init__(self, params: Iterable[nn.Parameter]) -> None:
+        super().__init__(params, {"lr": LR})
+
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
+                    self.state[p] = self._init_state(p)
+                self.state[p]["step"] += 1  # the fused kernel updates in place: no temporaries
+
+
+class Bnb8bitAdamW(_FusedUpdate):
     """Storage of bitsandbytes' AdamW8bit / PagedAdamW / PagedAdamW8bit (see module docstring).
 
     `on_paged` is called with every state tensor that lives in paged (unified) memory.
@@ -73,7 +94,7 @@ class Bnb8bitAdamW(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[nn.Parameter], *, bits: int, paged: bool,
                  on_paged: Callable[[torch.Tensor], None] | None = None) -> None:
-        super().__init__(params, {"lr": LR})
+        super().__init__(params)
         self.bits = bits
         self.paged = paged
         self.on_paged = on_paged
@@ -101,35 +122,13 @@ class Bnb8bitAdamW(torch.optim.Optimizer):
             state["state2"] = self._buffer(p, torch.float32)
         return state
 
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if not self.state[p]:
-                    self.state[p] = self._init_state(p)
-                self.state[p]["step"] += 1  # the fused kernel updates in place: no temporaries
 
-
-class FusedAdamW(torch.optim.Optimizer):
+class FusedAdamW(_FusedUpdate):
     """Storage of `torch.optim.AdamW(fused=True)` (HF Trainer's default `adamw_torch_fused`,
-    torchtune's recipes): two states like each parameter, updated in one kernel with no
-    full-size temporaries."""
+    torchtune's recipes): two states like each parameter, no full-size temporaries."""
 
-    def __init__(self, params: Iterable[nn.Parameter]) -> None:
-        super().__init__(params, {"lr": LR})
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if not self.state[p]:
-                    self.state[p] = {"step": 0, "exp_avg": torch.zeros_like(p),
-                                     "exp_avg_sq": torch.zeros_like(p)}
-                self.state[p]["step"] += 1
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
+        return {"step": 0, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
 
 
 def make_optimizer(setup: TrainingSetup, params: list[nn.Parameter],
