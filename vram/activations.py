@@ -23,7 +23,7 @@ from enum import StrEnum
 from vram.architecture import MlpKind, ModelSpec, NormKind, Role, Stack
 from vram.params import head_targeted, is_targeted, targeted_roles
 from vram.setup import Attention, Method, Offload, Precision, Sharding, TrainingSetup
-from vram.stack import StackProfile
+from vram.stack import StackProfile, runs_transformers_code
 
 FP32 = 4
 #: torchtune's CEWithChunkedOutputLoss splits the output projection and loss in 8 chunks.
@@ -170,7 +170,7 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
         return Kernel.FLASH
     if stack.attn_softcap:
         return Kernel.EAGER
-    hf = not (profile.adapts_fused_slices or profile.fused_activations)
+    hf = runs_transformers_code(profile)
     if hf and model.family == "falcon":
         return Kernel.MATH
     grouped = stack.n_kv_heads < stack.n_heads
@@ -258,7 +258,7 @@ def layer_activations(
     # o_proj's input: the attention output itself after a fused kernel in HF (it is laid out
     # [b, s, heads, d] already); a contiguous copy after eager/math attention, and in LitGPT
     # and torchtune, which reshape the transposed output.
-    hf = not (profile.adapts_fused_slices or profile.fused_activations)
+    hf = runs_transformers_code(profile)
     if keeps_inputs and (kernel in (Kernel.EAGER, Kernel.MATH) or not hf):
         attn += a_b * q_out
     if bnb_kept:
@@ -479,7 +479,7 @@ def _mask_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                 n: Numerics) -> int:
     """HF materializes a [batch, 1, s, s] additive causal mask in the compute dtype when the
     kernel needs one (eager, math), and a second one for sliding-window layers (Gemma 2)."""
-    hf = not (profile.adapts_fused_slices or profile.fused_activations)
+    hf = runs_transformers_code(profile)
     causal = [st for st in model.stacks if st.causal]
     if not hf or not causal:
         return 0

@@ -72,6 +72,12 @@ class StackProfile:
     keeps_logits: bool
 
 
+def runs_transformers_code(profile: StackProfile) -> bool:
+    """Whether the model code is Transformers' own (HF Trainer, PEFT, accelerate) rather than
+    LitGPT's or torchtune's reimplementation: attention dispatch and masks follow it."""
+    return not (profile.adapts_fused_slices or profile.fused_activations)
+
+
 def profile_for(setup: TrainingSetup) -> StackProfile:
     """The stack profile of a setup."""
     framework = setup.framework
