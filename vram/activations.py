@@ -174,13 +174,19 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
     if hf and model.family == "falcon":
         return Kernel.MATH
     grouped = stack.n_kv_heads < stack.n_heads
-    if hf and model.sliding_window and model.sliding_window < setup.seq_len:
+    if _needs_mask(model, setup, profile):
         return Kernel.EFFICIENT  # masked, k/v repeated: any dtype
     if numerics(setup, profile).attention == FP32:
         # Flash needs 16-bit inputs; the efficient kernel takes fp32 but not grouped k/v, which
         # HF passes unexpanded (enable_gqa) when no mask is needed.
         return Kernel.MATH if hf and grouped else Kernel.EFFICIENT
     return Kernel.FLASH
+
+
+def _needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> bool:
+    """HF passes an explicit mask when a sliding window is shorter than the sequence."""
+    return runs_transformers_code(profile) and bool(
+        model.sliding_window and model.sliding_window < setup.seq_len)
 
 
 def layer_activations(
@@ -255,6 +261,12 @@ def layer_activations(
         attn += FP32 * stack.n_heads  # logsumexp per head
         label = f"{kernel.value} attention kernel: q, k, v, output, logsumexp"
         formula = "e·(q + 2·kv + o) + 4·a"
+        if kernel is Kernel.EFFICIENT and _needs_mask(model, setup, profile):
+            # SDPA turns the boolean sliding-window mask into an additive bias in q's dtype on
+            # every call, and the efficient kernel keeps that bias for its backward: one
+            # [b, 1, s, s] tensor per layer.
+            attn += s * a_b
+            formula += " + s·e (the layer's attention bias)"
     # o_proj's input: the attention output itself after a fused kernel in HF (it is laid out
     # [b, s, heads, d] already); a contiguous copy after eager/math attention, and in LitGPT
     # and torchtune, which reshape the transposed output.
