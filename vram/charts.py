@@ -47,6 +47,8 @@ WORKING_COLOR = "#D55E00"  # vermillion
 FONT_SIZE = 18
 SMALL_FONT_SIZE = 16
 FONT_FAMILY = "Source Sans Pro, Arial, sans-serif"
+#: Right margin (px) for capacity labels placed beside the plot.
+CAPACITY_MARGIN = 275
 
 
 def to_unit(n_bytes: int, unit: Unit) -> float:
@@ -133,9 +135,15 @@ def capacity_lines(
     return [(" / ".join(by_size[s][:2]), s) for s in shown]
 
 
-def capacity_marks(lines: Sequence[tuple[str, int]], unit: Unit, axis_top: float,
+def capacity_marks(lines: Sequence[tuple[str, int]], unit: Unit, axis_top: float, *,
+                   in_margin: bool = False,
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Dashed lines at GPU capacities and their labels, kept about one text line apart."""
+    """Dashed lines at GPU capacities and their labels, kept about one text line apart.
+
+    Labels sit at the plot's right edge on a white box (Compare), or in the right margin when
+    the plot has its own labels there (the breakdown's segment labels), so neither hides the
+    other; the figure then needs a right margin of CAPACITY_MARGIN.
+    """
     label_ys = spread_labels([to_unit(size, unit) for _, size in lines], 0.06 * axis_top)
     shapes: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
@@ -143,12 +151,13 @@ def capacity_marks(lines: Sequence[tuple[str, int]], unit: Unit, axis_top: float
         y = to_unit(size, unit)
         shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
                        "y0": y, "y1": y, "line": {"color": "#333", "width": 2, "dash": "dash"}})
+        place = ({"xanchor": "left", "yanchor": "middle", "y": label_y} if in_margin else
+                 {"xanchor": "right", "yanchor": "bottom", "y": label_y,
+                  "bgcolor": "rgba(255,255,255,0.85)"})
         annotations.append({
-            "xref": "paper", "x": 1.0, "xanchor": "right", "y": label_y, "yref": "y",
-            "yanchor": "bottom", "showarrow": False,
+            "xref": "paper", "x": 1.0, "yref": "y", "showarrow": False,
             "text": f"{name} · {format_bytes(size, unit)}",
-            "font": {"size": SMALL_FONT_SIZE, "color": "#333"},
-            "bgcolor": "rgba(255,255,255,0.85)",
+            "font": {"size": SMALL_FONT_SIZE, "color": "#333"}, **place,
         })
     return shapes, annotations
 
@@ -229,7 +238,7 @@ def breakdown_figure(
             "bgcolor": "rgba(255,255,255,0.85)",
         }
     )
-    shapes, marks = capacity_marks(lines, unit, top)
+    shapes, marks = capacity_marks(lines, unit, top, in_margin=True)
     annotations.extend(marks)
     return _figure(
         traces,
@@ -237,6 +246,7 @@ def breakdown_figure(
             barmode="stack",
             height=height,
             showlegend=False,
+            margin={"l": 80, "r": CAPACITY_MARGIN if lines else 20, "t": 60, "b": 50},
             xaxis={"range": [-0.35, 2.0], "showticklabels": False, "fixedrange": True},
             yaxis={
                 "title": {"text": f"memory per GPU ({unit})"},
