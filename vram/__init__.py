@@ -18,6 +18,7 @@ from vram.result import (
     Estimate,
     InferenceEstimate,
     LineItem,
+    MomentBytes,
     ParamCounts,
     Phase,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "Loss",
     "Method",
     "ModelSpec",
+    "MomentBytes",
     "Offload",
     "Optimizer",
     "ParamCounts",

@@ -341,6 +341,7 @@ def layer_activations(
                 extra += e * linear.d_in * tokens_share
             shared_inputs.add(group)
             extra += lora_bytes * setup.lora_rank * tokens_share
+        extra += _zero_pad_bytes(stack, roles, profile, lora_bytes)
         if extra:
             out.terms.append(Term("lora", "LoRA branches (dropout output, mask, x·A)",
                                   "Σ targeted (b·d_in + d_in + b·r)", extra))
@@ -360,6 +361,23 @@ _INPUT_GROUP: dict[Role, str] = {
 }
 
 
+def _zero_pad_bytes(stack: Stack, roles: frozenset[Role] | None, profile: StackProfile,
+                    lora_bytes: int) -> int:
+    """LitGPT's LoRAQKVLinear adapting some but not all of q, k, v scatters B's output into
+    the fused width with `index_copy_`, whose backward keeps that output (its `source`):
+    `e × (selected slice widths)` per token (litgpt/lora.py LoRAQKVLinear.zero_pad; with all
+    three selected it returns early). Learned from tracing LitGPT's own model code."""
+    if not profile.adapts_fused_slices or roles is None:  # None: every Linear is adapted
+        return 0
+    q_out = stack.n_heads * stack.head_dim
+    kv_out = stack.n_kv_heads * stack.head_dim
+    widths = {Role.Q: q_out, Role.K: kv_out, Role.V: kv_out}
+    selected = [role for role in widths if role in roles]
+    if not selected or len(selected) == len(widths):
+        return 0
+    return lora_bytes * sum(widths[role] for role in selected)
+
+
 def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int) -> int:
     """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`.
 
@@ -377,10 +395,18 @@ def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int) -> int:
 class HeadActivations:
     """The final norm, the logits and the loss, per token."""
 
-    saved: int  # kept from forward into backward
+    saved: int  # alive at the end of the forward (the head's output and what it keeps)
     loss_peak: int  # the most alive while the loss runs forward and backward
     formula: str
     label: str
+    #: Alive while the layers run their backward (default: half of `saved`).
+    kept: int | None = None
+    #: Alive right after the training stack casts the model's output (0: no cast).
+    cast: int = 0
+
+    @property
+    def kept_in_backward(self) -> int:
+        return self.saved // 2 if self.kept is None else self.kept
 
 
 def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -405,6 +431,8 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     elif head_targeted(setup):
         norm += (profile.adapter_bytes + 1) * model.hidden_size
     logits = n.compute * vocab
+    if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled:
+        return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
     if profile.compiled:
         # A compiled cross-entropy keeps the 16-bit logits and a logsumexp per token. Its
         # backward frees each chunk's logits as it writes that chunk's gradient, so chunked
@@ -433,6 +461,34 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
                            "logits and cross-entropy (fp32)")
 
 
+#: LitGPT's fine-tuning scripts run the lm_head on 128-token chunks (lm_head_chunk_size=128).
+LITGPT_HEAD_CHUNK = 128
+
+
+def _fabric_head(norm: int, vocab: int, e: int, setup: TrainingSetup,
+                 chunked: bool) -> HeadActivations:
+    """LitGPT under Lightning Fabric: `_FabricModule.forward` passes the model's output through
+    the precision plugin's `convert_output`, which casts floating tensors to the default dtype
+    (fp32) (lightning/fabric/wrappers.py; plugins/precision/half.py, bitsandbytes.py). The
+    logits the loss sees are fp32 copies of the e-byte chunks, and the loss runs in fp32.
+
+    Per token: at the head, the previous step's fp32 logits (the loop still holds them) and the
+    new e-byte chunks; right after the cast, the new fp32 copies too; in the loss, the fp32
+    logits and their fp32 log-softmax, plus one chunk's nll gradient and log-softmax gradient;
+    in the layers' backward, the fp32 logits the loop keeps.
+    """
+    new, f32 = e * vocab, FP32 * vocab
+    s = setup.seq_len
+    share = min(LITGPT_HEAD_CHUNK, s) / s if chunked else 1.0
+    at_head = norm + f32 + new
+    loss = norm + 2 * f32 + int(2 * f32 * share)
+    return HeadActivations(
+        saved=at_head, loss_peak=loss, kept=norm + f32, cast=at_head + f32,
+        formula="e·V (new logits) + 4·V (previous step's) → 4·V cast; loss 2 × 4·V + a chunk",
+        label="logits cast to fp32 by Fabric, chunked fp32 cross-entropy" if chunked
+        else "logits cast to fp32 by Fabric, fp32 cross-entropy")
+
+
 @dataclass(frozen=True, slots=True)
 class ActivationPlan:
     """Activation bytes for the whole micro-batch at the moments that can be the peak."""
@@ -447,9 +503,13 @@ class ActivationPlan:
     backward_transient_bytes: int
     head_saved_bytes: int
     head_peak_bytes: int
+    head_kept_bytes: int
+    head_cast_bytes: int
     offloaded_bytes: int
     #: The 4-D causal masks HF builds once per forward for eager/math attention (b × s × s).
     mask_bytes: int = 0
+    #: What the previous step's graph still holds during this forward (LitGPT's loop).
+    previous_step_bytes: int = 0
 
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
@@ -480,11 +540,29 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
             stored = per_layer_max
     return ActivationPlan(
         mask_bytes=_mask_bytes(model, setup, profile, n),
+        previous_step_bytes=_previous_step_bytes(model, setup, profile, layers) * tokens,
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved * tokens,
+        head_kept_bytes=head.kept_in_backward * tokens, head_cast_bytes=head.cast * tokens,
         head_peak_bytes=head.loss_peak * tokens, offloaded_bytes=offloaded,
     )
+
+
+def _previous_step_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                         layers: list[LayerActivations]) -> int:
+    """Per token: the bitsandbytes inputs the previous step's graph still holds while the next
+    forward runs (LitGPT keeps `loss` bound until it is reassigned; backward releases saved
+    tensors, not ctx attributes): every layer's MatMul4Bit inputs and the lm_head chunks'
+    input. Reentrant checkpointing builds no forward graph, so it holds nothing."""
+    if not profile.keeps_previous_graph or not profile.quantized_linear_keeps_input:
+        return 0
+    if setup.grad_ckpt and not profile.checkpoint_keeps_ctx_attributes:
+        return 0
+    kept = sum(layer.count * layer.ctx_kept for layer in layers)
+    if profile.quantizes_head:
+        kept += numerics(setup, profile).compute * model.hidden_size
+    return kept
 
 
 def _mask_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,

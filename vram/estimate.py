@@ -25,7 +25,15 @@ from vram.inference import inference_estimate
 from vram.optimizer import OptimizerState, optimizer_state
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import STORAGE_BYTES, ParamGroup, Storage, param_groups, trainable_params
-from vram.result import Bucket, BucketName, Estimate, LineItem, ParamCounts, Phase
+from vram.result import (
+    Bucket,
+    BucketName,
+    Estimate,
+    LineItem,
+    MomentBytes,
+    ParamCounts,
+    Phase,
+)
 from vram.setup import Offload, Optimizer, Precision, Sharding, TrainingSetup
 from vram.stack import StackProfile, profile_for
 
@@ -158,10 +166,14 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
         ))
     if any(g.storage in QUANTIZED for g in groups):
         biggest = _largest_matrix(model, profile)
+        # Lightning quantized from fp16: the fp16 dequantization and its cast coexist.
+        per_param = 4 if profile.dequantizes_via_fp16 else 2
         items.append(LineItem(
             key="activations.dequant", label="dequantized weight of the Linear being computed",
-            formula="2 B × largest quantized matrix", inputs={"params": biggest},
-            bytes=2 * biggest, source="bitsandbytes MatMul4Bit dequantizes per call",
+            formula=f"{per_param} B × largest quantized matrix", inputs={"params": biggest},
+            bytes=per_param * biggest, source="bitsandbytes MatMul4Bit dequantizes per call"
+            + (" (fp16, then cast: Lightning's BitsandbytesPrecision)" if per_param == 4
+               else ""),
         ))
     return items
 
@@ -335,10 +347,22 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     tokens, vocab = plan.tokens, model.vocab_size
     head = {"tokens": tokens, "vocab": vocab}
     source = "see vram.activations.head_activations"
+    previous = [LineItem(
+        key="activations.previous_step", label="previous step's bitsandbytes inputs",
+        formula="tokens × Σ layers × MatMul4Bit inputs (ctx attributes outlive backward)",
+        inputs={"tokens": tokens}, bytes=plan.previous_step_bytes,
+        source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
+    )] if plan.previous_step_bytes else []
     forward = Moment(Phase.FORWARD, "end of forward", accumulated, [
         *_layer_items(model, setup, plan, forward=True), *forward_working,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
-                 inputs=head, bytes=plan.head_saved_bytes, source=source)])
+                 inputs=head, bytes=plan.head_saved_bytes, source=source), *previous])
+    cast = [Moment(Phase.FORWARD, "the output cast to fp32", accumulated, [
+        *_layer_items(model, setup, plan, forward=True),
+        LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
+                 inputs=head, bytes=plan.head_cast_bytes,
+                 source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
+        *previous])] if plan.head_cast_bytes else []
     loss = Moment(Phase.BACKWARD, "the loss", accumulated, [
         *layers, *working_in_backward,
         LineItem(key="activations.loss", label="logits, loss and their gradients",
@@ -357,8 +381,8 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
         *layers, *working_in_backward,
         LineItem(key="activations.head_left", label="logits kept into backward",
-                 formula="half the head's saved tensors", inputs=head,
-                 bytes=plan.head_saved_bytes // 2, source=source),
+                 formula="what the loss leaves for the layers' backward", inputs=head,
+                 bytes=plan.head_kept_bytes, source=source),
         _backward_item(setup, plan)], reducing)
     # In the first layer's backward every gradient exists but the embedding's and the one
     # being written (the layer's largest, whole until it becomes .grad).
@@ -391,7 +415,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     step = Moment(Phase.OPTIMIZER_STEP, "the optimizer step",
                   0 if in_backward else grads.total, step_items)
     # Order matters for ties: the allocator reaches a peak at its first moment.
-    return [forward, loss, top, late, embed, step]
+    return [forward, *cast, loss, top, late, embed, step]
 
 
 def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
@@ -551,4 +575,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         paged_bytes=optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
         approximate=model.approximate, notes=tuple(notes),
+        moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=allocated_at(m),
+                                  gradient_bytes=m.gradients_total,
+                                  activation_bytes=m.activation_bytes) for m in moments),
     )

@@ -85,6 +85,18 @@ class InferenceEstimate(BaseModel):
         return sum(item.bytes for item in self.items)
 
 
+class MomentBytes(BaseModel):
+    """One candidate peak of the step: what the allocator holds at that moment."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    phase: Phase
+    label: str
+    allocated_bytes: NonNegativeInt
+    gradient_bytes: NonNegativeInt
+    activation_bytes: NonNegativeInt
+
+
 class Estimate(BaseModel):
     """Per-GPU memory of one training step, by bucket, with the peaks tools would report."""
 
@@ -106,6 +118,8 @@ class Estimate(BaseModel):
     inference: InferenceEstimate
     approximate: bool = False
     notes: tuple[str, ...] = ()
+    #: Every candidate peak the estimate compared, in step order (the peak is the largest).
+    moments: tuple[MomentBytes, ...] = ()
 
     def bucket(self, name: BucketName | str) -> Bucket:
         wanted = BucketName(name)
@@ -117,6 +131,16 @@ class Estimate(BaseModel):
     @property
     def bucket_bytes(self) -> dict[str, int]:
         return {bucket.name.value: bucket.bytes for bucket in self.buckets}
+
+    @property
+    def gradient_bytes_total(self) -> int:
+        """Every gradient at once (they all exist at the optimizer step), per GPU."""
+        return max((m.gradient_bytes for m in self.moments), default=0)
+
+    @property
+    def activation_bytes_max(self) -> int:
+        """The most the activation side holds at any moment of the step."""
+        return max((m.activation_bytes for m in self.moments), default=0)
 
     @property
     def training_to_inference(self) -> float:

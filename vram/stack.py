@@ -70,6 +70,18 @@ class StackProfile:
     #: The output logits stay referenced by the training loop through backward (LitGPT keeps
     #: `logits`; HF Trainer and torchtune drop them before backward).
     keeps_logits: bool
+    #: LitGPT's fine-tuning loop keeps `logits` and `loss` bound from one iteration to the next
+    #: (litgpt/finetune/lora.py fit()), so the previous step's autograd graph lives through the
+    #: next forward and loss. Backward frees its saved tensors but not what an autograd
+    #: Function holds as ctx attributes: bitsandbytes' MatMul4Bit inputs survive a step.
+    keeps_previous_graph: bool
+    #: Lightning's BitsandbytesPrecision quantizes from an fp16 copy
+    #: (`weight.to(dtype=torch.half)`), so bitsandbytes dequantizes to fp16 and casts to the
+    #: compute dtype: two full copies of the weight while a matmul starts.
+    dequantizes_via_fp16: bool
+    #: Lightning Fabric casts a module's floating outputs to the default dtype (fp32) in
+    #: `_FabricModule.forward` (precision plugin `convert_output`): LitGPT's logits are fp32.
+    casts_output_to_fp32: bool
 
 
 def runs_transformers_code(profile: StackProfile) -> bool:
@@ -105,6 +117,9 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         norm_keeps_fp32_input=True,
         adapts_fused_slices=litgpt,
         keeps_logits=litgpt,
+        keeps_previous_graph=litgpt,
+        casts_output_to_fp32=litgpt,
+        dequantizes_via_fp16=litgpt and qlora and setup.precision is not Precision.FP16_MIXED,
         checkpoint_keeps_ctx_attributes=not (hf_like and sharded_qlora),
         norm_keeps_fp32_normalized=litgpt,
         fsdp_keeps_frozen_unsharded=litgpt,

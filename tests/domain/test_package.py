@@ -11,6 +11,7 @@ import vram
 EXPECTED_API = {
     "Attention", "Bucket", "BucketName", "CatalogEntry", "CatalogError", "ConfigError",
     "Estimate", "FitOption", "FitReport", "Framework", "Gpu", "InferenceEstimate", "LineItem",
+    "MomentBytes",
     "Loss", "Method", "ModelSpec", "Offload", "Optimizer", "ParamCounts", "Phase", "Precision",
     "Quant", "Sharding", "TrainingSetup", "VramError", "estimate", "fit", "load_gpus",
     "load_model", "model_catalog", "model_from_config", "model_from_param_count",
