@@ -472,15 +472,17 @@ def _fabric_head(norm: int, vocab: int, e: int, setup: TrainingSetup,
     (fp32) (lightning/fabric/wrappers.py; plugins/precision/half.py, bitsandbytes.py). The
     logits the loss sees are fp32 copies of the e-byte chunks, and the loss runs in fp32.
 
-    Per token: at the head, the previous step's fp32 logits (the loop still holds them) and the
-    new e-byte chunks; right after the cast, the new fp32 copies too; in the loss, the fp32
-    logits and their fp32 log-softmax, plus one chunk's nll gradient and log-softmax gradient;
-    in the layers' backward, the fp32 logits the loop keeps.
+    Per token: at the head, the previous step's fp32 logits (the loop still holds them, unless
+    that step was shorter: `longest_batch_repeats`) and the new e-byte chunks; right after
+    the cast, the new fp32 copies too; in the loss, the fp32 logits and their fp32
+    log-softmax, plus one chunk's nll gradient and log-softmax gradient; in the layers'
+    backward, the fp32 logits the loop keeps.
     """
     new, f32 = e * vocab, FP32 * vocab
     s = setup.seq_len
     share = min(LITGPT_HEAD_CHUNK, s) / s if chunked else 1.0
-    at_head = norm + f32 + new
+    previous = f32 if setup.longest_batch_repeats else 0  # the loop still holds them
+    at_head = norm + previous + new
     loss = norm + 2 * f32 + int(2 * f32 * share)
     return HeadActivations(
         saved=at_head, loss_peak=loss, kept=norm + f32, cast=at_head + f32,
@@ -556,6 +558,8 @@ def _previous_step_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackP
     tensors, not ctx attributes): every layer's MatMul4Bit inputs and the lm_head chunks'
     input. Reentrant checkpointing builds no forward graph, so it holds nothing."""
     if not profile.keeps_previous_graph or not profile.quantized_linear_keeps_input:
+        return 0
+    if not setup.longest_batch_repeats:
         return 0
     if setup.grad_ckpt and not profile.checkpoint_keeps_ctx_attributes:
         return 0

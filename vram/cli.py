@@ -47,6 +47,7 @@ FLAG_FOR_FIELD: dict[str, str] = {
     "grad_accum": "--grad-accum", "grad_ckpt": "--grad-ckpt", "attention": "--attention",
     "loss": "--loss", "n_gpus": "--gpus", "sharding": "--sharding", "offload": "--offload",
     "framework": "--framework", "compile": "--compile",
+    "longest_batch_repeats": "--single-longest-batch",
 }
 
 
@@ -76,6 +77,9 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing")
+    parser.add_argument("--single-longest-batch", action="store_true",
+                        help="only one step is as long as --seq (default: long steps can "
+                             "follow each other)")
     parser.add_argument("--attention", choices=_values(Attention), default="sdpa")
     parser.add_argument("--loss", choices=_values(Loss),
                         help="standard or chunked cross-entropy (default: the stack's)")
@@ -114,6 +118,7 @@ def setup_from_args(args: argparse.Namespace) -> TrainingSetup:
         "lora_dropout": args.lora_dropout, "optimizer": args.optimizer,
         "precision": args.precision, "micro_batch": args.batch, "seq_len": args.seq,
         "grad_accum": args.grad_accum, "grad_ckpt": args.grad_ckpt,
+        "longest_batch_repeats": not args.single_longest_batch,
         "attention": args.attention, "n_gpus": args.gpus, "sharding": args.sharding,
         "offload": args.offload, "framework": args.framework,
     }

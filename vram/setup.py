@@ -120,6 +120,11 @@ class TrainingSetup(BaseModel):
     seq_len: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_LEN)] = 2048
     grad_accum: Annotated[int, Field(strict=True, ge=1, le=1_000_000)] = 1
     grad_ckpt: Annotated[bool, Field(strict=True)] = False
+    #: Whether a step as long as the longest can follow another (packed or fixed-length data,
+    #: any long run: yes). A stack that keeps the previous step's graph into the next forward
+    #: (LitGPT) then holds two long steps at once; with a single longest batch (LitGPT's 2023
+    #: scripts put it in the first step only) it does not.
+    longest_batch_repeats: Annotated[bool, Field(strict=True)] = True
     #: torch.compile of model and loss; None = the stack's published default.
     compile: Annotated[bool, Field(strict=True)] | None = None
     attention: Attention = Attention.SDPA

@@ -41,6 +41,11 @@ class CaseResult:
         return 100.0 * (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
 
 
+#: How case notes record a run whose longest batch is its first step only (lit-gpt's 2023
+#: fine-tuning scripts: `get_batch(..., longest_seq_ix if iter_num == 1 else None)`).
+SINGLE_LONGEST_BATCH = ("forces the longest", "first batch forced to contain the longest")
+
+
 def setup_from_row(row: dict[str, str]) -> TrainingSetup:
     """A TrainingSetup from one case-file row."""
     targets = row.get("lora_targets", "").strip()
@@ -64,6 +69,8 @@ def setup_from_row(row: dict[str, str]) -> TrainingSetup:
     quant = row.get("quant", "").strip()
     if quant:
         fields["quant"] = quant
+    if any(phrase in row.get("notes", "") for phrase in SINGLE_LONGEST_BATCH):
+        fields["longest_batch_repeats"] = False
     return TrainingSetup.model_validate(fields)
 
 

@@ -80,3 +80,27 @@ def test_zero_pad_keeps_lora_b_output_for_a_subset_of_qkv() -> None:
     qv, qkv = lora_term("q_proj,v_proj"), lora_term("q_proj,k_proj,v_proj")
     # Same dropout, mask and x·A for both (one fused LoRA); k adds r more values of A's output.
     assert qv - qkv == 2 * (4096 + 1024) - 2 * 32
+
+
+def test_a_single_longest_batch_has_no_previous_step_to_keep() -> None:
+    """lit-gpt's 2023 scripts put the longest sample in the first step only: nothing of an
+    equally long previous step is alive then (no MatMul4Bit inputs, no fp32 logits)."""
+    spec = load_model(LLAMA3_8B)
+    repeats, single = _litgpt(), _litgpt(longest_batch_repeats=False)
+    assert plan(spec, single, profile_for(single)).previous_step_bytes == 0
+    tokens, vocab = 2 * 512, 128256
+    head_repeats = plan(spec, repeats, profile_for(repeats)).head_saved_bytes
+    head_single = plan(spec, single, profile_for(single)).head_saved_bytes
+    assert head_repeats - head_single == 4 * vocab * tokens  # the previous fp32 logits
+
+
+def test_fabric_casts_the_logits_to_fp32() -> None:
+    """`_FabricModule.forward` runs `convert_output` (default dtype, fp32): the loss holds the
+    fp32 logits, their fp32 log-softmax and one 128-token chunk's two fp32 gradients."""
+    spec = load_model(LLAMA3_8B)
+    setup = _litgpt(method="lora", quant="none", optimizer="adamw", micro_batch=1)
+    head = plan(spec, setup, profile_for(setup)).head
+    vocab = 128256
+    norm = 4 * 4096  # RMSNorm's fp32 input
+    assert head.loss_peak == norm + 2 * 4 * vocab + int(2 * 4 * vocab * 128 / 512)
+    assert head.cast == norm + 4 * vocab + 2 * vocab + 4 * vocab
