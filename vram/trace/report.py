@@ -45,6 +45,12 @@ class TraceResult(BaseModel):
 
     buckets: dict[str, int]
     allocated_peak_bytes: int
+    #: The most each bucket holds at any moment of the step (gradients: all of them, at the
+    #: optimizer step), from every segment's peak.
+    bucket_max: dict[str, int] = {}
+    #: Where the peak falls: the phase and, inside the repeated blocks, which block runs
+    #: ("backward / model.layers / first": the first block's backward, or what follows it).
+    peak_at: str = ""
     phase: str
     paged_bytes: int = 0
     timeline: list[TimelinePoint]
@@ -61,8 +67,10 @@ class TraceResult(BaseModel):
         """A JSON-ready dict with the same keys as `python -m vram estimate --json` where shared."""
         return {
             "buckets": dict(self.buckets),
+            "bucket_max": dict(self.bucket_max),
             "allocated_peak_bytes": self.allocated_peak_bytes,
             "phase": self.phase,
+            "peak_at": self.peak_at,
             "paged_bytes": self.paged_bytes,
             "params": {"total": self.params_total, "trainable": self.params_trainable},
             "n_layers": self.n_layers,

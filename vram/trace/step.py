@@ -28,6 +28,7 @@ from torch import nn
 from vram.setup import Loss, Optimizer, TrainingSetup
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built, TraceUnsupported, build, depth, with_depth
+from vram.trace.dropout import cuda_dropout
 from vram.trace.optim import in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
 from vram.trace.tracker import SegmentPeak, StorageTracker
@@ -96,6 +97,26 @@ def _install_labels(built: Built, tracker: StorageTracker) -> None:
 
             block.register_forward_pre_hook(pre)
             block.register_forward_hook(post)
+    _label_embedding_backward(built, tracker)
+
+
+def _label_embedding_backward(built: Built, tracker: StorageTracker) -> None:
+    """A segment of its own for the input embedding's backward (its gradient is built after
+    the first block's backward, and with tied weights summed with the head's)."""
+    get = getattr(built.hf, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    if not isinstance(embedding, nn.Module):
+        return
+
+    def post(_m: nn.Module, _a: Any, out: Any) -> None:
+        if tracker.phase == FORWARD and isinstance(out, torch.Tensor) and out.requires_grad:
+
+            def on_grad(_g: torch.Tensor) -> None:
+                tracker.set_segment("embed")
+
+            out.register_hook(on_grad)
+
+    embedding.register_forward_hook(post)
 
 
 def _loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
@@ -160,7 +181,7 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
         tracker.classifier = classify
         _install_labels(built, tracker)
         vocab = max(built.vocab, 2)
-        with tracker, cuda_attention(setup.attention.value):
+        with tracker, cuda_attention(setup.attention.value), cuda_dropout():
             batch, seq = setup.micro_batch, setup.seq_len
             ids = torch.randint(0, vocab, (batch, seq))
             classes = built.kind == "classifier"
@@ -271,10 +292,6 @@ def _top(peak: SegmentPeak) -> list[LiveTensor]:
     return [LiveTensor(what=w, bytes=b, bucket=k) for w, b, k in peak.top]
 
 
-def _best(peaks: dict[tuple[str, ...], SegmentPeak]) -> SegmentPeak:
-    return max(peaks.values(), key=lambda p: p.live)
-
-
 def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
     """What of the setup the trace does not model (it is one micro-batch on one GPU)."""
     notes = []
@@ -284,6 +301,12 @@ def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
     if setup.offload.value != "none":
         notes.append(f"offload {setup.offload.value} is not traced")
     return tuple(notes)
+
+
+def _bucket_max(snapshots: list[dict[str, int]]) -> dict[str, int]:
+    """The most each bucket held at any segment's peak (all gradients exist at the step)."""
+    names = {name for snap in snapshots for name in snap}
+    return {name: max(snap.get(name, 0) for snap in snapshots) for name in sorted(names)}
 
 
 def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
@@ -300,9 +323,12 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     if n_layers is not None or full <= 2:
         target = n_layers if n_layers is not None else full
         raw = trace_depth(config, setup, target)
-        peak = _best(raw.peaks)
+        peak_key = max(raw.peaks, key=lambda k: raw.peaks[k].live)
+        peak = raw.peaks[peak_key]
         return TraceResult(
+            peak_at=" / ".join(peak_key),
             buckets=dict(peak.buckets), allocated_peak_bytes=peak.live, phase=peak.phase,
+            bucket_max=_bucket_max([dict(p.buckets) for p in raw.peaks.values()]),
             paged_bytes=raw.paged_bytes, timeline=_downsample(raw.timeline),
             timeline_n_layers=target, n_layers=target, n_layers_traced=(target,),
             extrapolated=False, params_total=raw.params_total,
@@ -320,8 +346,12 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     assert best_key is not None
     a, b = p1[best_key], p2[best_key]
     buckets = {k: _line(a.buckets[k], b.buckets[k], full) for k in a.buckets}
+    extended = [{k: _line(p1[key].buckets[k], p2[key].buckets[k], full) for k in p1[key].buckets}
+                for key in p1.keys() & p2.keys()]
     return TraceResult(
+        peak_at=" / ".join(best_key),
         buckets=buckets, allocated_peak_bytes=best_live, phase=b.phase,
+        bucket_max=_bucket_max(extended),
         paged_bytes=_line(one.paged_bytes, two.paged_bytes, full),
         timeline=_downsample(two.timeline), timeline_n_layers=2, n_layers=full,
         n_layers_traced=(1, 2), extrapolated=True,
