@@ -305,6 +305,10 @@ class GradientPart:
     #: With sharded (ZeRO-2/3, FSDP) or offloaded gradients, a unit's gradients are first
     #: computed whole on the GPU, then reduce-scattered (and copied out): the largest unit.
     unsharded_unit: int = 0
+    #: A tied embedding's gradient: the head's contribution waits in autograd's input buffer
+    #: from the top of backward (it is not a .grad yet), then the embedding's is built and the
+    #: two are summed into a third tensor that becomes .grad (found by the trace).
+    tied: int = 0
 
 
 def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
@@ -331,8 +335,10 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     if offloaded:
         # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
         return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit)
-    return GradientPart(full // n, head // n, untied_embedding // n, embedding // n,
-                        per_layer // n, ddp, 0, largest, unit)
+    tied = embedding if model.tied_embeddings and "head" not in by_key and not in_backward \
+        else 0
+    return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
+                        per_layer // n, ddp, 0, largest, unit, tied=tied // n)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -383,12 +389,12 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         LineItem(key="activations.head_left", label="logits kept into backward",
                  formula="what the loss leaves for the layers' backward", inputs=head,
                  bytes=plan.head_kept_bytes, source=source),
-        _backward_item(setup, plan)], reducing)
+        _backward_item(setup, plan), *_tied_pending(grads, vocab)], reducing)
     # In the first layer's backward every gradient exists but the embedding's and the one
     # being written (the layer's largest, whole until it becomes .grad).
     building = 0 if grads.unsharded_unit or in_backward else grads.largest_in_layer
     late_grads = grads.head if in_backward else max(
-        accumulated, grads.total - grads.untied_embedding - building
+        accumulated, grads.total - grads.untied_embedding - grads.tied - building
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
@@ -397,15 +403,22 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                  formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": tokens},
                  bytes=first_layer + plan.backward_transient_bytes + building,
-                 source="per-layer backward")], reducing)
+                 source="per-layer backward"), *_tied_pending(grads, vocab)], reducing)
     # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     # becomes an untied embedding's .grad or is added into a tied one's.
-    embedding_grads = grads.total - grads.untied_embedding
+    embedding_grads = grads.total - grads.untied_embedding - grads.tied
     embed = Moment(Phase.BACKWARD, "the embedding's backward", 0 if in_backward else max(
         accumulated, embedding_grads), [
         LineItem(key="activations.embedding_grad", label="embedding gradient being built",
                  formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
-                 bytes=grads.embedding, source="aten embedding_dense_backward")])
+                 bytes=grads.embedding, source="aten embedding_dense_backward"),
+        *_tied_pending(grads, vocab),
+        *([LineItem(key="activations.tied_grad_sum",
+                    label="sum of the tied weight's head and embedding gradients",
+                    formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
+                    bytes=grads.tied,
+                    source="autograd InputBuffer.add for a leaf used twice (found by the trace)",
+                    )] if grads.tied and not accumulated else [])])
     step_items = []
     if step_temp:
         step_items.append(LineItem(
@@ -416,6 +429,16 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                   0 if in_backward else grads.total, step_items)
     # Order matters for ties: the allocator reaches a peak at its first moment.
     return [forward, *cast, loss, top, late, embed, step]
+
+
+def _tied_pending(grads: GradientPart, vocab: int) -> list[LineItem]:
+    if not grads.tied:
+        return []
+    return [LineItem(
+        key="activations.tied_grad_pending", label="the head's gradient of the tied embedding",
+        formula="vocab × hidden × grad bytes (in autograd's input buffer, not yet a .grad)",
+        inputs={"vocab": vocab}, bytes=grads.tied,
+        source="autograd InputBuffer: a leaf used twice gets one .grad when both arrive")]
 
 
 def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
