@@ -17,7 +17,7 @@ same bookkeeping for the implementations people actually run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from vram.architecture import MlpKind, ModelSpec, NormKind, Role, Stack
@@ -204,10 +204,7 @@ def layer_activations(
     q_out = stack.n_heads * stack.head_dim
     kv_out = stack.n_kv_heads * stack.head_dim
     out = LayerActivations(stack=stack.name, count=stack.count)
-    # PEFT casts the input to the adapter's dtype before dropout; autocast then casts the
-    # dropped copy to 16 bits for lora_A's matmul, and that cast is kept too.
     lora_bytes = profile.adapter_bytes
-    autocast_copy = 2 if n.autocast and lora_bytes == FP32 else 0
 
     # --- norms and the inputs of the Linears that read them ---------------------------------
     attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
@@ -253,7 +250,9 @@ def layer_activations(
             elif dropout or q_bytes != FP32:
                 per_score += q_bytes  # the probabilities cast back to q's dtype, kept
         if stack.attn_softcap and kernel is Kernel.EAGER:
-            per_score += e  # tanh output of Gemma 2's soft-cap
+            # tanh output of Gemma 2's soft-cap, in the dtype of the scores (16 bits under
+            # autocast, even on an fp32 model)
+            per_score += 2 if n.autocast else q_bytes
         attn += stack.n_heads * s * per_score
         label = f"{kernel.value} attention: q, k, v, output, s×s probabilities"
         formula = "e·(q + 2·kv + o) + a·s·(4 [+ e] [+ dropout mask])"
@@ -270,11 +269,15 @@ def layer_activations(
     # o_proj's input: the attention output itself after a fused kernel in HF (it is laid out
     # [b, s, heads, d] already); a contiguous copy after eager/math attention, and in LitGPT
     # and torchtune, which reshape the transposed output.
+    # On an upcast QLoRA model o_proj's Linear4bit casts the fp32 output to 16 bits and keeps
+    # that cast instead (the trace: six 16-bit h-wide copies per layer, o's among them).
     hf = runs_transformers_code(profile)
-    if keeps_inputs and (kernel in (Kernel.EAGER, Kernel.MATH) or not hf):
-        attn += a_b * q_out
+    o_in = 2 if n.input_copy_per_linear else a_b
+    if keeps_inputs and (n.input_copy_per_linear or kernel in (Kernel.EAGER, Kernel.MATH)
+                         or not hf):
+        attn += o_in * q_out
     if bnb_kept:
-        out.ctx_kept += a_b * q_out  # the attention output, kept by o_proj's MatMul4Bit
+        out.ctx_kept += o_in * q_out  # o_proj's input, kept by its MatMul4Bit
     if stack.cross_attention:
         attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
     out.terms.append(Term("attention", label, formula, attn))
@@ -326,8 +329,8 @@ def layer_activations(
                     continue
                 fused_seen = True
             if copies_input:
-                branch = _lora_branch_bytes(setup, lora_bytes, linear.d_in)
-                extra += (branch + autocast_copy * linear.d_in) * tokens_share
+                branch = _lora_branch_bytes(setup, lora_bytes, linear.d_in, n)
+                extra += branch * tokens_share
                 continue
             # No dropout, same dtype: A keeps the Linear's own input, once per input tensor
             # (and not at all when the base Linear keeps it already).
@@ -347,9 +350,15 @@ def layer_activations(
                                   "Σ targeted (b·d_in + d_in + b·r)", extra))
 
     # --- backward transient of one layer -----------------------------------------------------
-    out.backward_transient = 2 * e * inter * experts + 2 * e * (q_out + 2 * kv_width)
+    # The MLP's backward runs first, with everything the layer saved still alive; by the
+    # attention's backward the MLP's saved tensors are gone (the trace: at an eager layer's
+    # softmax backward only the attention's tensors remain). The larger of the two is the
+    # layer's backward peak above what it saved.
+    mlp_transient = 2 * e * inter * experts
+    attention_transient = 2 * e * (q_out + 2 * kv_width)
     if kernel in (Kernel.EAGER, Kernel.MATH):
-        out.backward_transient += stack.n_heads * s * (FP32 + e)
+        attention_transient += stack.n_heads * s * (FP32 + e)
+    out.backward_transient = max(mlp_transient, attention_transient - mlp)
     return out
 
 
@@ -378,17 +387,19 @@ def _zero_pad_bytes(stack: Stack, roles: frozenset[Role] | None, profile: StackP
     return lora_bytes * sum(widths[role] for role in selected)
 
 
-def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int) -> int:
-    """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`.
+def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Numerics) -> int:
+    """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`, per token.
 
-    With dropout each adapter keeps its own dropped copy of the input (adapter dtype) and a
-    1-byte mask; PEFT also casts the input to the adapter's dtype first (a copy per adapter when
-    adapters are fp32 on a 16-bit model). A's output (rank r) feeds B.
+    Dropout keeps its 1-byte mask (CUDA's fused kernel). lora_A's matmul keeps its input for
+    A's gradient: under autocast, the 16-bit cast autocast makes of the dropped input (the
+    dropped tensor itself, fp32 on an fp32 model, is not kept); without autocast, the dropped
+    input in the adapter's dtype (PEFT casts the input to it first). A's output (rank r)
+    feeds B, which keeps it. The trace showed the autocast case keeps only the cast.
     """
     r = setup.lora_rank
-    if setup.lora_dropout > 0:
-        return lora_bytes * d_in + d_in + lora_bytes * r
-    return lora_bytes * d_in + lora_bytes * r
+    kept = n.compute if n.autocast else lora_bytes
+    mask = d_in if setup.lora_dropout > 0 else 0
+    return kept * d_in + mask + kept * r
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +422,23 @@ class HeadActivations:
 
 def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                      ) -> HeadActivations:
+    """Logits and loss per token, and what of them the layers' backward still sees.
+
+    Once the loss and the head have run their backward, their saved tensors are freed; what
+    remains is the gradient of the last hidden state, and the logits themselves where the
+    training loop still holds them (LitGPT). The trace showed HF's logits gone by then.
+    """
+    head = _head_activations(model, setup, profile)
+    if head.kept is not None:
+        return head
+    n = numerics(setup, profile)
+    grad_hidden = n.compute * model.hidden_size
+    logits = n.compute * model.vocab_size if profile.keeps_logits else 0
+    return replace(head, kept=grad_hidden + logits)
+
+
+def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                      ) -> HeadActivations:
     """Logits and loss per token.
 
     HF: logits (e·V) → `.float()` (4·V) → log_softmax kept (4·V); backward holds the kept
@@ -423,7 +451,7 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     vocab = model.vocab_size
     if model.head_kind.value == "classifier":
         return HeadActivations(saved=0, loss_peak=0, formula="a few values per sequence",
-                               label="classification head")
+                               label="classification head", kept=0)
     full = setup.method is Method.FULL
     norm = (FP32 + (n.compute if full else 0)) * model.hidden_size
     if full or (profile.quantizes_head and profile.quantized_linear_keeps_input):
