@@ -59,8 +59,9 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
             temp += b * n if opt is Optimizer.LION else 0
             formula = "1 state × dtype bytes × trainable params"
         elif opt is Optimizer.ADAFACTOR:
-            total += 4 * group.factored_numel if group.factored_numel else 4 * n
-            formula = "4 bytes × (rows + columns) per matrix (factored second moment)"
+            total += group.factored_bytes if group.factored_bytes else 4 * n
+            formula = ("4 bytes × (rows + columns) per matrix (factored second moment), "
+                       "each vector in 512-byte allocator blocks")
             # transformers' Adafactor steps one parameter at a time in fp32: the gradient and
             # the parameter upcast (16-bit models), grad² and the update, for the largest one.
             copies = 4 if b == 2 else 2

@@ -70,10 +70,26 @@ class ParamGroup:
     bytes: int
     #: Number of separate tensors (matters for 8-bit optimizers and Adafactor).
     n_matrices: int = 0
-    #: Sum over matrices of (rows + columns), for Adafactor's factored second moment.
-    factored_numel: int = 0
+    #: Bytes of Adafactor's factored second moment: an fp32 row and column vector per matrix,
+    #: each allocated on its own (rounded to the CUDA allocator's 512-byte blocks).
+    factored_bytes: int = 0
     #: Parameters in tensors under 4096 values (8-bit optimizers keep 32-bit state for them).
     small_numel: int = 0
+
+
+#: The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize);
+#: torch.cuda.memory_allocated() counts the rounded sizes.
+ALLOCATOR_BLOCK_BYTES = 512
+
+
+def allocated_bytes(nbytes: int) -> int:
+    """What the CUDA caching allocator charges for one tensor of `nbytes`."""
+    return -(-nbytes // ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
+
+
+def fp32_vectors_bytes(*lengths: int) -> int:
+    """Allocated bytes of one fp32 vector per length (Adafactor's row/column statistics)."""
+    return sum(allocated_bytes(4 * n) for n in lengths)
 
 
 def adapter_params(linear: Linear, rank: int, roles: frozenset[Role] | None) -> int:
@@ -160,7 +176,7 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
 
     h, vocab = model.hidden_size, model.vocab_size
     add("embedding", "token embedding (vocab × hidden)", model.embedding_params, dense, full,
-        matrices=1, factored=vocab + h)
+        matrices=1, factored=fp32_vectors_bytes(vocab, h))
     add("embedding_extra", "position/type embeddings and embedding norm",
         model.embedding_extra_params, dense, full, matrices=2)
 
@@ -172,8 +188,9 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
             add("head", f"output head, {q_storage.value}", head_weight, q_storage, False,
                 n_bytes=quantized_bytes(head_weight, vocab, q_storage), matrices=1)
         else:
+            head_bias = max(0, head_weight - vocab * h)  # a 1-D bias keeps a full statistic
             add("head", "output head (vocab × hidden)", head_weight, dense, full, matrices=1,
-                factored=vocab + h)
+                factored=fp32_vectors_bytes(vocab, h) + fp32_vectors_bytes(head_bias))
 
     weight_params = 0
     bias_params = 0
@@ -185,7 +202,8 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
             weight_params += stack.count * linear.weight_params
             bias_params += stack.count * (linear.params - linear.weight_params)
             matrices += stack.count * linear.copies
-            factored += stack.count * linear.copies * (linear.d_in + linear.d_out)
+            factored += stack.count * linear.copies * fp32_vectors_bytes(linear.d_in,
+                                                                         linear.d_out)
             if q_storage is not None:
                 one = quantized_bytes(linear.d_in * linear.d_out, linear.d_out, q_storage)
                 q_bytes += stack.count * linear.copies * one
@@ -199,7 +217,7 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     norm_params += model.extra_params + bias_params
     n_norm_tensors = sum(stack.count * (stack.n_norms + 2) for stack in model.stacks)
     add("norms", "norms and biases", norm_params, dense, full, matrices=n_norm_tensors,
-        factored=norm_params, small=norm_params if h < SMALL_TENSOR else 0)
+        factored=4 * norm_params, small=norm_params if h < SMALL_TENSOR else 0)
 
     if setup.trains_adapters:
         roles = targeted_roles(setup)
@@ -217,14 +235,14 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
                     # A is r × d_in, B is (adapted width) × r.
                     a_numel = r * linear.d_in
                     b_numel = n_lora // linear.copies - a_numel
-                    lora_factored += stack.count * linear.copies * (
-                        r + linear.d_in + b_numel // r + r)
+                    lora_factored += stack.count * linear.copies * fp32_vectors_bytes(
+                        r, linear.d_in, b_numel // r, r)
                     lora_small += stack.count * linear.copies * sum(
                         x for x in (a_numel, b_numel) if x < SMALL_TENSOR)
         if head_targeted(setup) and model.head_kind.value == "lm":
             lora += r * (h + vocab)
             lora_matrices += 2
-            lora_factored += 2 * r + h + vocab
+            lora_factored += fp32_vectors_bytes(r, h, vocab, r)
         adapter_storage = Storage.FP32 if profile.adapter_bytes == 4 else Storage.BF16
         if dense is Storage.BF16 and setup.precision in (Precision.BF16_MIXED,
                                                           Precision.FP16_MIXED):
