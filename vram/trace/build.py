@@ -103,6 +103,28 @@ def depth(config: dict[str, Any]) -> int:
     raise TraceUnsupported("config: no num_hidden_layers / num_layers / n_layer key")
 
 
+def layer_period(config: dict[str, Any]) -> int:
+    """After how many blocks the block kinds repeat (1: every block alike).
+
+    Read from the `layer_types` Transformers derives for the config (Gemma 2 alternates
+    sliding-window and global attention: period 2). The trace extrapolates whole periods.
+    """
+    from transformers import AutoConfig
+
+    try:
+        fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+        hf = AutoConfig.for_model(str(config.get("model_type", "")), **fields)
+    except (ValueError, TypeError, KeyError):
+        return 1
+    types = getattr(hf, "layer_types", None)
+    if not isinstance(types, list) or not types:
+        return 1
+    for period in range(1, len(types) + 1):
+        if all(types[i] == types[i % period] for i in range(len(types))):
+            return period
+    return 1
+
+
 def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
     """A copy of `config` with every layer-count key set to `n_layers`."""
     out = copy.deepcopy(config)

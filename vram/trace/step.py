@@ -27,7 +27,7 @@ from torch import nn
 
 from vram.setup import Loss, Optimizer, TrainingSetup
 from vram.trace.attention import cuda_attention
-from vram.trace.build import Built, TraceUnsupported, build, depth, with_depth
+from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
 from vram.trace.dropout import cuda_dropout
 from vram.trace.optim import in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
@@ -273,8 +273,9 @@ def _expand(peaks: dict[tuple[str, ...], SegmentPeak]) -> dict[tuple[str, ...], 
     return out
 
 
-def _line(v1: int, v2: int, n: int) -> int:
-    return v1 + (n - 1) * (v2 - v1)
+def _line(v1: int, v2: int, n: int, period: int = 1) -> int:
+    """Extend a value traced at `period` and `2 * period` blocks to `n` blocks."""
+    return v1 + (n - period) * (v2 - v1) // period
 
 
 def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
@@ -320,7 +321,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     """
     full = depth(config)
     notes = _setup_notes(setup)
-    if n_layers is not None or full <= 2:
+    period = layer_period(config)
+    if n_layers is not None or full <= 2 * period:
         target = n_layers if n_layers is not None else full
         raw = trace_depth(config, setup, target)
         peak_key = max(raw.peaks, key=lambda k: raw.peaks[k].live)
@@ -334,30 +336,36 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
             extrapolated=False, params_total=raw.params_total,
             params_trainable=raw.params_trainable, top_tensors=_top(peak), notes=notes,
         )
-    one = trace_depth(config, setup, 1)
-    two = trace_depth(config, setup, 2)
+    # Blocks of alternating kinds (Gemma 2: sliding, then global attention) repeat with a
+    # period; the trace extends whole periods (one and two of them), not single blocks.
+    one = trace_depth(config, setup, period)
+    two = trace_depth(config, setup, 2 * period)
     p1, p2 = _expand(one.peaks), _expand(two.peaks)
+
+    def line(v1: int, v2: int) -> int:
+        return _line(v1, v2, full, period)
+
     best_key: tuple[str, ...] | None = None
     best_live = -1
     for key in p1.keys() & p2.keys():
-        live = _line(p1[key].live, p2[key].live, full)
+        live = line(p1[key].live, p2[key].live)
         if live > best_live:
             best_key, best_live = key, live
     assert best_key is not None
     a, b = p1[best_key], p2[best_key]
-    buckets = {k: _line(a.buckets[k], b.buckets[k], full) for k in a.buckets}
-    extended = [{k: _line(p1[key].buckets[k], p2[key].buckets[k], full) for k in p1[key].buckets}
+    buckets = {k: line(a.buckets[k], b.buckets[k]) for k in a.buckets}
+    extended = [{k: line(p1[key].buckets[k], p2[key].buckets[k]) for k in p1[key].buckets}
                 for key in p1.keys() & p2.keys()]
     return TraceResult(
         peak_at=" / ".join(best_key),
         buckets=buckets, allocated_peak_bytes=best_live, phase=b.phase,
         bucket_max=_bucket_max(extended),
-        paged_bytes=_line(one.paged_bytes, two.paged_bytes, full),
-        timeline=_downsample(two.timeline), timeline_n_layers=2, n_layers=full,
-        n_layers_traced=(1, 2), extrapolated=True,
-        params_total=_line(one.params_total, two.params_total, full),
-        params_trainable=_line(one.params_trainable, two.params_trainable, full),
+        paged_bytes=line(one.paged_bytes, two.paged_bytes),
+        timeline=_downsample(two.timeline), timeline_n_layers=2 * period, n_layers=full,
+        n_layers_traced=(period, 2 * period), extrapolated=True,
+        params_total=line(one.params_total, two.params_total),
+        params_trainable=line(one.params_trainable, two.params_trainable),
         top_tensors=_top(b),
-        notes=(f"traced 1 and 2 blocks in {one.seconds + two.seconds:.1f} s; "
+        notes=(f"traced {period} and {2 * period} blocks in {one.seconds + two.seconds:.1f} s; "
                f"extended linearly to {full}", *notes),
     )
