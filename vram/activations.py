@@ -233,6 +233,7 @@ def layer_activations(
     kv_width = q_out if expand else kv_out
     a_b = n.attention if n.input_copy_per_linear else e
     attn = a_b * (q_out + 2 * kv_width) + a_b * q_out  # q, k, v and the attention output
+    probs_copy = 0  # bytes per score of the 16-bit probabilities eager attention keeps
     if kernel in (Kernel.EAGER, Kernel.MATH):
         # s×s per head. HF's eager softmax runs in fp32 (upcast, or autocast's fp32 list) and
         # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
@@ -246,9 +247,10 @@ def layer_activations(
             per_score += 1  # the mask
         if kernel is Kernel.EAGER:
             if n.autocast:
-                per_score += 2  # the matmul with v casts the probabilities to 16 bits, kept
+                probs_copy = 2  # the matmul with v casts the probabilities to 16 bits, kept
             elif dropout or q_bytes != FP32:
-                per_score += q_bytes  # the probabilities cast back to q's dtype, kept
+                probs_copy = q_bytes  # the probabilities cast back to q's dtype, kept
+            per_score += probs_copy
         if stack.attn_softcap and kernel is Kernel.EAGER:
             # tanh output of Gemma 2's soft-cap, in the dtype of the scores (16 bits under
             # autocast, even on an fp32 model)
@@ -357,7 +359,10 @@ def layer_activations(
     mlp_transient = 2 * e * inter * experts
     attention_transient = 2 * e * (q_out + 2 * kv_width)
     if kernel in (Kernel.EAGER, Kernel.MATH):
-        attention_transient += stack.n_heads * s * (FP32 + e)
+        # At the softmax's backward: the fp32 gradient of the probabilities and the softmax's
+        # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
+        # (the trace: softmax, its gradient and the softmax backward's output, all fp32).
+        attention_transient += stack.n_heads * s * (2 * FP32 - probs_copy)
     out.backward_transient = max(mlp_transient, attention_transient - mlp)
     return out
 
@@ -458,7 +463,7 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
         norm += n.compute * model.hidden_size  # the lm_head input
     elif head_targeted(setup):
         norm += (profile.adapter_bytes + 1) * model.hidden_size
-    logits = n.compute * vocab
+    logits = (2 if n.autocast else n.compute) * vocab  # autocast: the head matmul is 16-bit
     if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled:
         return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
     if profile.compiled:
