@@ -76,8 +76,8 @@ def panel(est: Estimate, config: dict[str, Any] | None, unit: Unit) -> None:
         layers = traced["n_layers_traced"]
         st.caption(f"Peak during: estimate {est.phase.value}, trace {traced['phase']}. Traced "
                    f"with {' and '.join(map(str, layers))} layers and extended exactly to "
-                   f"{traced['n_layers']} (layers are identical); the timeline shows the "
-                   f"{traced['timeline_n_layers']}-layer trace.")
+                   f"{traced['n_layers']} (past the first, layers are identical); the "
+                   f"timeline shows the {traced['timeline_n_layers']}-layer trace.")
         points = [(int(e), int(b), str(ph)) for e, b, ph in traced["timeline"]]
         render.plot(charts.timeline_figure(points, peak_bytes=int(
             traced["allocated_peak_bytes"]), peak_phase=str(traced["phase"]), unit=unit),

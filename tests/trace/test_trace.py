@@ -176,13 +176,13 @@ def test_extrapolation_follows_alternating_layer_kinds() -> None:
     64-token window a model with both kinds builds a second mask: extending one block at a
     time would count that mask once per block. The trace extends whole periods."""
     config = {"model_type": "gemma2", "vocab_size": V, "hidden_size": H, "intermediate_size": FF,
-              "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 10, "num_attention_heads": 4, "num_key_value_heads": 2,
               "head_dim": 16, "sliding_window": 64}
     setup = _setup(method="full", optimizer="adamw", precision="bf16-true", micro_batch=2,
                    seq_len=128, attention="eager")
     fast = trace_step(config, setup)
-    full = trace_step(config, setup, n_layers=6)
-    assert fast.n_layers_traced == (2, 4)
+    full = trace_step(config, setup, n_layers=10)
+    assert fast.n_layers_traced == (4, 6)  # two and three periods
     assert (fast.allocated_peak_bytes, fast.buckets) == (full.allocated_peak_bytes, full.buckets)
 
 

@@ -36,9 +36,9 @@ class TraceResult(BaseModel):
     `buckets` hold what is alive at the allocated peak (they sum to `allocated_peak_bytes`);
     `phase` is when that peak happens. Bytes are rounded per storage to the CUDA caching
     allocator's 512-byte blocks, as `torch.cuda.max_memory_allocated()` counts them.
-    With `extrapolated`, the figures come from 1- and 2-layer traces, extended linearly to
-    `n_layers`; the `timeline` and `top_tensors` are then those of the 2-layer trace
-    (`timeline_n_layers`).
+    With `extrapolated`, the figures come from traces of `n_layers_traced` layers (two and
+    three periods of the layer kinds), extended linearly to `n_layers`; the `timeline` and
+    `top_tensors` are then those of the deeper trace (`timeline_n_layers`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

@@ -6,12 +6,16 @@ cross-entropy: 8 chunks, each projected by the LM head and upcast to fp32 on its
 `optimizer.step()`, `zero_grad(set_to_none=True)`. Two steps run, so optimizer state created
 lazily in the first step is alive through the second.
 
-Extrapolation: a model's blocks are identical, so for every labelled segment of the step (a
-phase, and within it: before the blocks, inside the first block, inside the last block, after
-them) the peak live bytes and each bucket are exactly linear in the depth. `trace_step` traces
-1- and 2-block models and extends each segment linearly, `v(L) = v1 + (L-1)(v2-v1)`; the peak is
-the largest extended segment. Blocks between the first and the last cannot hold a larger peak
-(live bytes inside block k are linear in k), so they need no segment of their own.
+Extrapolation: past the first, a model's blocks are identical (or repeat with a period p, as
+Gemma 2's sliding/global pairs do), so for every labelled segment of the step (a phase, and
+within it: before the blocks, inside the first block, inside the last block, the embedding's
+backward, after them) the peak live bytes and each bucket are exactly linear in the depth.
+`trace_step` traces models of 2p and 3p blocks and extends each segment linearly,
+`v(L) = v(2p) + (L - 2p)(v(3p) - v(2p)) / p`; the peak is the largest extended segment. Starting
+from two periods keeps the first block, which can differ (a LoRA model with a parallel residual
+keeps nothing in its first MLP), out of the slope. Blocks between the first and the last cannot
+hold a larger peak (live bytes inside block k are linear in k), so they need no segment of
+their own.
 """
 
 from __future__ import annotations
@@ -273,11 +277,6 @@ def _expand(peaks: dict[tuple[str, ...], SegmentPeak]) -> dict[tuple[str, ...], 
     return out
 
 
-def _line(v1: int, v2: int, n: int, period: int = 1) -> int:
-    """Extend a value traced at `period` and `2 * period` blocks to `n` blocks."""
-    return v1 + (n - period) * (v2 - v1) // period
-
-
 def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
     """At most MAX_POINTS points; each kept point is the highest of its window (peak kept)."""
     if len(timeline) <= MAX_POINTS:
@@ -314,7 +313,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
                n_layers: int | None = None) -> TraceResult:
     """The exact allocated memory of one training step of `config` under `setup`.
 
-    With `n_layers=None`, models of 1 and 2 blocks are traced and every segment's peak and
+    With `n_layers=None`, models of two and three periods of blocks (2 and 3 blocks for most
+    models) are traced and every segment's peak and
     buckets are extended linearly to the config's depth (exact for identical blocks, and fast:
     a 70B model in seconds). With `n_layers=k`, a model of exactly `k` blocks is traced and
     nothing is extrapolated (`k` = the config's depth gives the full trace).
@@ -322,7 +322,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     full = depth(config)
     notes = _setup_notes(setup)
     period = layer_period(config)
-    if n_layers is not None or full <= 2 * period:
+    lo, hi = 2 * period, 3 * period
+    if n_layers is not None or full <= hi:
         target = n_layers if n_layers is not None else full
         raw = trace_depth(config, setup, target)
         peak_key = max(raw.peaks, key=lambda k: raw.peaks[k].live)
@@ -337,13 +338,17 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
             params_trainable=raw.params_trainable, top_tensors=_top(peak), notes=notes,
         )
     # Blocks of alternating kinds (Gemma 2: sliding, then global attention) repeat with a
-    # period; the trace extends whole periods (one and two of them), not single blocks.
-    one = trace_depth(config, setup, period)
-    two = trace_depth(config, setup, 2 * period)
+    # period; the trace extends whole periods, not single blocks. It starts from two periods:
+    # the first block can differ from the rest (with frozen embeddings and a parallel
+    # residual, a LoRA model's first MLP sees no tensor that needs a gradient and keeps
+    # nothing), and a one-block model puts its only block's backward in a segment it shares
+    # with the "first" role.
+    one = trace_depth(config, setup, lo)
+    two = trace_depth(config, setup, hi)
     p1, p2 = _expand(one.peaks), _expand(two.peaks)
 
     def line(v1: int, v2: int) -> int:
-        return _line(v1, v2, full, period)
+        return v1 + (full - lo) * (v2 - v1) // period
 
     best_key: tuple[str, ...] | None = None
     best_live = -1
@@ -361,11 +366,11 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
         buckets=buckets, allocated_peak_bytes=best_live, phase=b.phase,
         bucket_max=_bucket_max(extended),
         paged_bytes=line(one.paged_bytes, two.paged_bytes),
-        timeline=_downsample(two.timeline), timeline_n_layers=2 * period, n_layers=full,
-        n_layers_traced=(period, 2 * period), extrapolated=True,
+        timeline=_downsample(two.timeline), timeline_n_layers=hi, n_layers=full,
+        n_layers_traced=(lo, hi), extrapolated=True,
         params_total=line(one.params_total, two.params_total),
         params_trainable=line(one.params_trainable, two.params_trainable),
         top_tensors=_top(b),
-        notes=(f"traced {period} and {2 * period} blocks in {one.seconds + two.seconds:.1f} s; "
+        notes=(f"traced {lo} and {hi} blocks in {one.seconds + two.seconds:.1f} s; "
                f"extended linearly to {full}", *notes),
     )
