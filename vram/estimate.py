@@ -150,11 +150,13 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
 
 
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-                   groups: list[ParamGroup], shards: Shards, *, forward: bool) -> list[LineItem]:
+                   groups: list[ParamGroup], shards: Shards, *, forward: bool,
+                   after_head: bool = False) -> list[LineItem]:
     """Temporary copies of weights that are not parameters: autocast's 16-bit casts and the
-    weight bitsandbytes dequantizes for each matmul. They are activation-side memory."""
+    weight bitsandbytes dequantizes for each matmul. They are activation-side memory.
+    `after_head`: the layers' backward, once the head's backward has freed its cast."""
     items: list[LineItem] = []
-    casts = _autocast_copies(model, setup, groups, forward=forward)
+    casts = _autocast_copies(model, setup, groups, forward=forward, after_head=after_head)
     if casts:
         when = "cached for the forward" if forward else "kept for backward"
         items.append(LineItem(
@@ -165,7 +167,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
     if any(g.storage in QUANTIZED for g in groups):
-        biggest = _largest_matrix(model, profile)
+        biggest = _largest_matrix(model, profile, with_head=not after_head)
         # Lightning quantized from fp16: the fp16 dequantization and its cast coexist.
         per_param = 4 if profile.dequantizes_via_fp16 else 2
         items.append(LineItem(
@@ -179,7 +181,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
 
 
 def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup], *,
-                     forward: bool) -> int:
+                     forward: bool, after_head: bool = False) -> int:
     """16-bit casts of fp32 Linear weights under autocast.
 
     Autocast caches the casts of trainable leaf weights until the autocast region ends (the
@@ -194,6 +196,8 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
         ("embedding",) if model.tied_embeddings and model.head_kind.value == "lm" else ())
+    if after_head:
+        head_keys = ()  # the head's backward ran: its cast is gone
     dense = [g for g in groups if g.key in ("linears", *head_keys)
              and g.storage is Storage.FP32]
     layers = max(1, model.n_layers)
@@ -229,10 +233,10 @@ def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
     return max(sizes)
 
 
-def _largest_matrix(model: ModelSpec, profile: StackProfile) -> int:
+def _largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool = True) -> int:
     biggest = max(
         (ln.d_in * ln.d_out for stack in model.stacks for ln in stack.linears), default=0)
-    if profile.quantizes_head:
+    if profile.quantizes_head and with_head:
         biggest = max(biggest, model.vocab_size * model.hidden_size)
     return biggest
 
@@ -342,11 +346,12 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-             grads: GradientPart, working: tuple[list[LineItem], list[LineItem]],
+             grads: GradientPart,
+             working: tuple[list[LineItem], list[LineItem], list[LineItem]],
              step_temp: int) -> list[Moment]:
     """The candidate peaks of one step (see the module docstring). `working` holds the weight
-    copies alive in forward and in backward."""
-    forward_working, working_in_backward = working
+    copies alive in forward, in the loss's backward, and in the layers' backward."""
+    forward_working, working_in_backward, working_in_layers = working
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
     layers = _layer_items(model, setup, plan, forward=False)
@@ -385,7 +390,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
     )] if grads.unsharded_unit else []
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
-        *layers, *working_in_backward,
+        *layers, *working_in_layers,
         LineItem(key="activations.head_left", label="logits kept into backward",
                  formula="what the loss leaves for the layers' backward", inputs=head,
                  bytes=plan.head_kept_bytes, source=source),
@@ -398,7 +403,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
-        *working_in_backward,
+        *working_in_layers,
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": tokens},
@@ -535,7 +540,9 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards)
     working = (_working_items(model, setup, profile, groups, shards, forward=True),
-               _working_items(model, setup, profile, groups, shards, forward=False))
+               _working_items(model, setup, profile, groups, shards, forward=False),
+               _working_items(model, setup, profile, groups, shards, forward=False,
+                              after_head=True))
     moments = _moments(model, setup, plan, grads, working, optimizer.step_temp_bytes)
 
     static = weights + opt_bytes + grads.ddp_buckets
