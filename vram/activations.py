@@ -363,7 +363,10 @@ def layer_activations(
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
         # (the trace: softmax, its gradient and the softmax backward's output, all fp32).
         attention_transient += stack.n_heads * s * (2 * FP32 - probs_copy)
-    out.backward_transient = max(mlp_transient, attention_transient - mlp)
+    # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
+    # too; a parallel block's shared norm waits for both branches.
+    mlp_norm = norms // stack.n_norms if stack.n_norms >= 2 else 0
+    out.backward_transient = max(mlp_transient, attention_transient - mlp - mlp_norm)
     return out
 
 
