@@ -69,6 +69,7 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
         else:
             formula = "plain SGD keeps no state"
     paged = opt in (Optimizer.PAGED_ADAMW, Optimizer.PAGED_ADAMW_8BIT)
-    if fused or opt is Optimizer.ADAMW_IN_BACKWARD:
+    # `fused` is the stack's AdamW/Lion kernel choice; Adafactor always steps in Python.
+    if (fused and opt is not Optimizer.ADAFACTOR) or opt is Optimizer.ADAMW_IN_BACKWARD:
         temp = 0
     return OptimizerState(total, formula, temp, paged)
