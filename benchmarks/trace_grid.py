@@ -88,28 +88,34 @@ def _rel(ours: int, theirs: int) -> float:
     return (ours - theirs) / max(theirs, 1)
 
 
-#: Which of the estimate's moments stands for a trace segment.
-MOMENTS_OF_SEGMENT = {
-    "forward": ("end of forward", "the output cast to fp32"),
-    "backward / head": ("the loss",),
-    "last": ("the top layer's backward",),
-    "first": ("the first layer's backward",),
-    "backward / embed": ("the embedding's backward",),
-    "optimizer step": ("the optimizer step",),
-}
+def moments_for(peak_at: str) -> tuple[str, ...]:
+    """The estimate's moments that stand for the trace segment `peak_at`."""
+    phase, *where = peak_at.split(" / ")
+    role = where[-1] if where else ""
+    if phase == "forward":
+        if role.endswith(":after"):  # after the last block: the head and the loss's forward
+            return ("end of forward", "the output cast to fp32", "the loss")
+        return ("end of forward", "the output cast to fp32")
+    if phase == "backward":
+        if role == "head":
+            return ("the loss",)
+        if role == "embed":
+            return ("the embedding's backward",)
+        if role.startswith("last"):
+            return ("the top layer's backward",)
+        if role.startswith("first"):
+            return ("the first layer's backward",)
+    if phase == "optimizer step":
+        return ("the optimizer step",)
+    return ()
 
 
 def same_moment(ours: Estimate, peak_at: str) -> MomentBytes:
-    """The estimate's moment for the trace's peak segment (its own peak if none matches)."""
-    parts = peak_at.split(" / ")
-    keys = [peak_at, parts[0], parts[-1].split(":")[0]]
-    for key in keys:
-        labels = MOMENTS_OF_SEGMENT.get(key)
-        if labels:
-            matching = [m for m in ours.moments if m.label in labels]
-            if matching:
-                return max(matching, key=lambda m: m.allocated_bytes)
-    return max(ours.moments, key=lambda m: m.allocated_bytes)
+    """The estimate's moment for the trace's peak segment (the larger where a segment spans
+    two; the estimate's own peak if none matches)."""
+    labels = moments_for(peak_at)
+    matching = [m for m in ours.moments if m.label in labels]
+    return max(matching or ours.moments, key=lambda m: m.allocated_bytes)
 
 
 def compare(family: str, fields: dict[str, object]) -> Row:
