@@ -80,9 +80,10 @@ def numerics(setup: TrainingSetup, profile: StackProfile | None = None) -> Numer
         # Linear4bit returns `out.to(input dtype)`, so activations stay fp32; each 4-bit Linear
         # casts its input to bf16 and MatMul4Bit keeps that copy. Only autocast brings the
         # attention back to 16 bits.
+        # An fp32 recipe computes the 4-bit matmuls in fp32 too: no cast, shared inputs.
         mixed = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
         return Numerics(compute=4, residual=4, autocast=mixed, attention=2 if mixed else 4,
-                        input_copy_per_linear=True)
+                        input_copy_per_linear=setup.precision is not Precision.FP32)
     if setup.precision is Precision.FP32:
         return Numerics(compute=4, residual=4, autocast=False, attention=4)
     if setup.precision is Precision.BF16_TRUE or zero_half_model(setup):

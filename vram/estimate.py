@@ -168,8 +168,10 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
         ))
     if any(g.storage in QUANTIZED for g in groups):
         biggest = _largest_matrix(model, profile, with_head=not after_head)
-        # Lightning quantized from fp16: the fp16 dequantization and its cast coexist.
-        per_param = 4 if profile.dequantizes_via_fp16 else 2
+        # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
+        # quantized from fp16, so there an fp16 dequantization and its cast coexist.
+        compute = act.numerics(setup, profile).compute
+        per_param = 2 + compute if profile.dequantizes_via_fp16 else compute
         items.append(LineItem(
             key="activations.dequant", label="dequantized weight of the Linear being computed",
             formula=f"{per_param} B × largest quantized matrix", inputs={"params": biggest},
