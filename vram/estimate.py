@@ -170,7 +170,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
         biggest = _largest_matrix(model, profile, with_head=not after_head)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
-        compute = act.numerics(setup, profile).compute
+        compute = FP32 if setup.precision is Precision.FP32 else 2  # bnb's compute dtype
         per_param = 2 + compute if profile.dequantizes_via_fp16 else compute
         items.append(LineItem(
             key="activations.dequant", label="dequantized weight of the Linear being computed",
