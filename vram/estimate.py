@@ -189,7 +189,8 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     Autocast caches the casts of trainable leaf weights until the autocast region ends (the
     forward and loss), whatever checkpointing does; a Linear also keeps the cast it multiplied
     by for its input gradient, so without checkpointing every cast lives into backward, and
-    with it only the recomputed layer's. Frozen weights are not cached.
+    with it only the recomputed layer's (none while the loss runs its backward: the trace).
+    Frozen weights are not cached.
     """
     if setup.precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
         return 0
@@ -207,7 +208,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     def kept(group: ParamGroup) -> int:
         if not setup.grad_ckpt or group.key in head_keys:
             return 2 * group.n_params
-        return 2 * group.n_params // layers
+        return 2 * group.n_params // layers if after_head else 0
 
     total = 0
     for group in dense:
