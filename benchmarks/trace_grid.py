@@ -95,6 +95,8 @@ def moments_for(peak_at: str) -> tuple[str, ...]:
     if phase == "forward":
         if role.endswith(":after"):  # after the last block: the head and the loss's forward
             return ("end of forward", "the output cast to fp32", "the loss")
+        if role.startswith(("first", "last")):  # inside a block's forward
+            return ("the last layer's forward", "end of forward")
         return ("end of forward", "the output cast to fp32")
     if phase == "backward":
         if role == "head":

@@ -48,6 +48,9 @@ class LayerActivations:
     count: int
     terms: list[Term] = field(default_factory=list)
     backward_transient: int = 0
+    #: What a layer's forward holds beyond what it keeps: eager attention's scores and masked
+    #: scores (with checkpointing, its probabilities too, which it then drops).
+    forward_transient: int = 0
     #: Bytes held by bitsandbytes' MatMul4Bit as ctx attributes (its inputs): checkpointing's
     #: saved-tensor hooks never see them, so non-reentrant checkpointing keeps them too.
     ctx_kept: int = 0
@@ -235,22 +238,26 @@ def layer_activations(
     a_b = n.attention if n.input_copy_per_linear else e
     attn = a_b * (q_out + 2 * kv_width) + a_b * q_out  # q, k, v and the attention output
     probs_copy = 0  # bytes per score of the 16-bit probabilities eager attention keeps
+    softmax = FP32
     if kernel in (Kernel.EAGER, Kernel.MATH):
         # s×s per head. HF's eager softmax runs in fp32 (upcast, or autocast's fp32 list) and
         # keeps its output; with dropout on the probabilities it keeps the 1-byte mask and the
         # dropped probabilities in the compute dtype (the matmul's input); without, the cast
         # back to e (none in fp32). PyTorch's math SDPA upcasts 16-bit inputs to fp32 and keeps
         # the fp32 probabilities for its matmul.
-        q_bytes = a_b  # the dtype q·kᵀ is computed in before the fp32 softmax
-        per_score = FP32
+        q_bytes = a_b  # the dtype q·kᵀ is computed in
+        # the softmax's output: fp32 where the model upcasts (or autocast does), else q's dtype
+        softmax = FP32 if (stack.softmax_upcast or n.autocast or kernel is Kernel.MATH) \
+            else q_bytes
+        per_score = softmax
         dropout = stack.attn_dropout > 0
         if dropout:
             per_score += 1  # the mask
         if kernel is Kernel.EAGER:
             if n.autocast:
                 probs_copy = 2  # the matmul with v casts the probabilities to 16 bits, kept
-            elif dropout or q_bytes != FP32:
-                probs_copy = q_bytes  # the probabilities cast back to q's dtype, kept
+            elif dropout or q_bytes != softmax:
+                probs_copy = q_bytes  # cast back to q's dtype, or dropped: kept by the matmul
             per_score += probs_copy
         if stack.attn_softcap and kernel is Kernel.EAGER:
             # tanh output of Gemma 2's soft-cap, in the dtype of the scores (16 bits under
@@ -352,6 +359,14 @@ def layer_activations(
             out.terms.append(Term("lora", "LoRA branches (dropout output, mask, x·A)",
                                   "Σ targeted (b·d_in + d_in + b·r)", extra))
 
+    # --- forward working set of one layer ----------------------------------------------------
+    if kernel in (Kernel.EAGER, Kernel.MATH):
+        scores = stack.n_heads * s * 2 * (2 if n.autocast else q_bytes)  # q·kᵀ, + mask
+        kept_scores = stack.n_heads * s * (softmax + probs_copy)
+        out.forward_transient = scores + (kept_scores if setup.grad_ckpt else 0)
+        if stack.returns_attention_probs and kernel is Kernel.EAGER:
+            out.forward_transient += stack.n_heads * s * softmax  # the previous layer's
+
     # --- backward transient of one layer -----------------------------------------------------
     # The MLP's backward runs first, with everything the layer saved still alive; by the
     # attention's backward the MLP's saved tensors are gone (the trace: at an eager layer's
@@ -363,7 +378,7 @@ def layer_activations(
         # At the softmax's backward: the fp32 gradient of the probabilities and the softmax's
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
         # (the trace: softmax, its gradient and the softmax backward's output, all fp32).
-        attention_transient += stack.n_heads * s * (2 * FP32 - probs_copy)
+        attention_transient += stack.n_heads * s * (2 * softmax - probs_copy)
     # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
     # too; a parallel block's shared norm waits for both branches.
     mlp_norm = norms // stack.n_norms if stack.n_norms >= 2 else 0
@@ -540,6 +555,8 @@ class ActivationPlan:
     recompute_bytes: int  # one layer recomputed in backward (checkpointing)
     layer_bytes_max: int  # the largest layer's saved tensors
     backward_transient_bytes: int
+    #: The largest layer's forward working set beyond what it keeps (see LayerActivations).
+    forward_transient_bytes: int
     head_saved_bytes: int
     head_peak_bytes: int
     head_kept_bytes: int
@@ -583,6 +600,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved * tokens,
+        forward_transient_bytes=max(layer.forward_transient for layer in layers) * tokens,
         head_kept_bytes=head.kept_in_backward * tokens, head_cast_bytes=head.cast * tokens,
         head_peak_bytes=head.loss_peak * tokens, offloaded_bytes=offloaded,
     )

@@ -137,6 +137,13 @@ class Stack(BaseModel):
     attn_softcap: bool = False
     #: Query/key norms inside attention (Qwen3, OLMo 2).
     qk_norm: bool = False
+    #: Transformers' eager attention takes the softmax in fp32 and casts the probabilities
+    #: back (Llama family, Phi, Gemma 2, GPT-NeoX, BLOOM); Falcon, BERT and T5 take it in the
+    #: scores' own dtype.
+    softmax_upcast: bool = True
+    #: The layer returns its eager attention probabilities with its output, and the model's
+    #: loop holds that output until the next layer returns (Transformers' Falcon).
+    returns_attention_probs: bool = False
     #: Dropout in training: on attention probabilities and on the residual branches.
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -503,7 +510,8 @@ def _falcon(name: str, r: _Reader) -> ModelSpec:
         name="decoder", count=r.int("num_hidden_layers", "n_layer"), linears=linears,
         other_params=n_norms * 2 * h, n_norms=n_norms, norm_kind=NormKind.LAYER,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, mlp_kind=MlpKind.PLAIN,
-        intermediate_size=inter, parallel_residual=parallel,
+        intermediate_size=inter, parallel_residual=parallel, softmax_upcast=False,
+        returns_attention_probs=True,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(
@@ -603,14 +611,14 @@ def _t5(name: str, family: str, r: _Reader) -> ModelSpec:
         name="encoder", count=n_enc, linears=(*attention(""), *ff), other_params=2 * d,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_kv,
         mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False, attn_dropout=dropout,
-        hidden_dropout=dropout, act_saved=act_saved,
+        hidden_dropout=dropout, act_saved=act_saved, softmax_upcast=False,
     )
     decoder = Stack(
         name="decoder", count=n_dec, linears=(*attention(""), *attention("cross_"), *ff),
         other_params=3 * d, n_norms=3, norm_kind=NormKind.RMS, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=d_kv, mlp_kind=mlp_kind, intermediate_size=d_ff,
         cross_attention=True, attn_dropout=dropout, hidden_dropout=dropout,
-        act_saved=act_saved,
+        act_saved=act_saved, softmax_upcast=False,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(
@@ -637,7 +645,7 @@ def _bert(name: str, r: _Reader) -> ModelSpec:
         n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter, causal=False,
         attn_dropout=r.float("attention_probs_dropout_prob", 0.1),  # BertConfig defaults
-        hidden_dropout=r.float("hidden_dropout_prob", 0.1),
+        hidden_dropout=r.float("hidden_dropout_prob", 0.1), softmax_upcast=False,
     )
     vocab = r.int("vocab_size")
     max_pos = r.int("max_position_embeddings", default=512)

@@ -371,6 +371,13 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         *_layer_items(model, setup, plan, forward=True), *forward_working,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                  inputs=head, bytes=plan.head_saved_bytes, source=source), *previous])
+    inside = [Moment(Phase.FORWARD, "the last layer's forward", accumulated, [
+        *_layer_items(model, setup, plan, forward=True), *forward_working,
+        LineItem(key="activations.layer_forward", label="attention scores of the layer running",
+                 formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
+                 inputs={"tokens": tokens}, bytes=plan.forward_transient_bytes,
+                 source="eager/math attention materializes s × s scores"),
+        *previous])] if plan.forward_transient_bytes else []
     cast = [Moment(Phase.FORWARD, "the output cast to fp32", accumulated, [
         *_layer_items(model, setup, plan, forward=True),
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
@@ -436,7 +443,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     step = Moment(Phase.OPTIMIZER_STEP, "the optimizer step",
                   0 if in_backward else grads.total, step_items)
     # Order matters for ties: the allocator reaches a peak at its first moment.
-    return [forward, *cast, loss, top, late, embed, step]
+    return [*inside, forward, *cast, loss, top, late, embed, step]
 
 
 def _tied_pending(grads: GradientPart, vocab: int) -> list[LineItem]:
