@@ -151,12 +151,13 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
 
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                    groups: list[ParamGroup], shards: Shards, *, forward: bool,
-                   after_head: bool = False) -> list[LineItem]:
+                   after_head: bool = False, one_layer: bool = False) -> list[LineItem]:
     """Temporary copies of weights that are not parameters: autocast's 16-bit casts and the
     weight bitsandbytes dequantizes for each matmul. They are activation-side memory.
     `after_head`: the layers' backward, once the head's backward has freed its cast."""
     items: list[LineItem] = []
-    casts = _autocast_copies(model, setup, groups, forward=forward, after_head=after_head)
+    casts = _autocast_copies(model, setup, groups, forward=forward, after_head=after_head,
+                             one_layer=one_layer)
     if casts:
         when = "cached for the forward" if forward else "kept for backward"
         items.append(LineItem(
@@ -183,7 +184,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
 
 
 def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup], *,
-                     forward: bool, after_head: bool = False) -> int:
+                     forward: bool, after_head: bool = False, one_layer: bool = False) -> int:
     """16-bit casts of fp32 Linear weights under autocast.
 
     Autocast caches the casts of trainable leaf weights until the autocast region ends (the
@@ -206,7 +207,11 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     layers = max(1, model.n_layers)
 
     def kept(group: ParamGroup) -> int:
-        if not setup.grad_ckpt or group.key in head_keys:
+        if group.key in head_keys:
+            return 2 * group.n_params
+        if one_layer:  # the first layer's backward: the others' backward freed theirs
+            return 2 * group.n_params // layers
+        if not setup.grad_ckpt:
             return 2 * group.n_params
         return 2 * group.n_params // layers if after_head else 0
 
@@ -350,11 +355,12 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
              grads: GradientPart,
-             working: tuple[list[LineItem], list[LineItem], list[LineItem]],
+             working: tuple[list[LineItem], list[LineItem], list[LineItem], list[LineItem]],
              step_temp: int) -> list[Moment]:
     """The candidate peaks of one step (see the module docstring). `working` holds the weight
-    copies alive in forward, in the loss's backward, and in the layers' backward."""
-    forward_working, working_in_backward, working_in_layers = working
+    copies alive in forward, in the loss's backward, in the top layer's and in the first
+    layer's backward."""
+    forward_working, working_in_backward, working_in_layers, working_in_first = working
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
     layers = _layer_items(model, setup, plan, forward=False)
@@ -413,7 +419,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
-        *working_in_layers,
+        *working_in_first,
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": tokens},
@@ -552,7 +558,9 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     working = (_working_items(model, setup, profile, groups, shards, forward=True),
                _working_items(model, setup, profile, groups, shards, forward=False),
                _working_items(model, setup, profile, groups, shards, forward=False,
-                              after_head=True))
+                              after_head=True),
+               _working_items(model, setup, profile, groups, shards, forward=False,
+                              after_head=True, one_layer=True))
     moments = _moments(model, setup, plan, grads, working, optimizer.step_temp_bytes)
 
     static = weights + opt_bytes + grads.ddp_buckets
