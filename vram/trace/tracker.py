@@ -12,7 +12,8 @@ Each storage is therefore counted as `ceil(nbytes / 512) * 512` (0 stays 0).
 
 Segments: the step driver labels where the program is (phase, and which repeated layer runs),
 and the tracker keeps the peak within each label together with a snapshot of what was alive,
-so that traces of a 1-layer and a 2-layer model can be extrapolated segment by segment.
+so that traces of two depths (two and three periods of blocks) can be extrapolated segment by
+segment.
 """
 
 from __future__ import annotations
