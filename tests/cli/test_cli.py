@@ -91,3 +91,15 @@ def test_text_output_labels_units(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(ESTIMATE) == 0
     out = capsys.readouterr().out
     assert "GiB" in out and "GB" in out and "device peak" in out
+
+
+def test_single_longest_batch_drops_the_previous_step(capsys: pytest.CaptureFixture[str]) -> None:
+    """LitGPT keeps the previous step's graph into the next forward; with one longest batch
+    there is no equally long previous step, and the estimate says less."""
+    base = ["estimate", "--model", "llama-3.2-1b", "--method", "qlora", "--quant", "nf4",
+            "--framework", "litgpt", "--precision", "bf16-true", "--seq", "1024", "--json"]
+    assert main(base) == 0
+    repeats = json.loads(capsys.readouterr().out)["allocated_peak_bytes"]
+    assert main([*base, "--single-longest-batch"]) == 0
+    single = json.loads(capsys.readouterr().out)["allocated_peak_bytes"]
+    assert single < repeats
