@@ -283,8 +283,8 @@ def layer_activations(
     # that cast instead (the trace: six 16-bit h-wide copies per layer, o's among them).
     hf = runs_transformers_code(profile)
     o_in = 2 if n.input_copy_per_linear else a_b
-    if keeps_inputs and (n.input_copy_per_linear or kernel in (Kernel.EAGER, Kernel.MATH)
-                         or not hf):
+    o_cast = n.input_copy_per_linear and a_b != 2  # fp32 output: o_proj casts and keeps
+    if keeps_inputs and (o_cast or kernel in (Kernel.EAGER, Kernel.MATH) or not hf):
         attn += o_in * q_out
     if bnb_kept:
         out.ctx_kept += o_in * q_out  # o_proj's input, kept by its MatMul4Bit
@@ -421,7 +421,7 @@ def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Nume
     feeds B, which keeps it. The trace showed the autocast case keeps only the cast.
     """
     r = setup.lora_rank
-    kept = n.compute if n.autocast else lora_bytes
+    kept = 2 if n.autocast else lora_bytes  # autocast's casts are 16-bit
     mask = d_in if setup.lora_dropout > 0 else 0
     return kept * d_in + mask + kept * r
 
