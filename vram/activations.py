@@ -220,7 +220,11 @@ def layer_activations(
     bnb_kept = not full and profile.quantized_linear_keeps_input
     if keeps_inputs:
         kept = _consumers_input_bytes(n, len(attn_in)) * h
-        kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
+        # A parallel block with one shared norm (Phi, Falcon-7B) feeds attention and MLP the
+        # same tensor: kept once unless each Linear makes its own cast of it.
+        shared = stack.parallel_residual and stack.n_norms == 1
+        if not shared or n.input_copy_per_linear or n.autocast:
+            kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
         if stack.cross_attention:
             kept += _consumers_input_bytes(n, 1) * h  # the cross-attention query's input
         out.terms.append(Term("linear_inputs", "Linear inputs (attention in, MLP in)",
