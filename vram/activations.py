@@ -349,6 +349,8 @@ def layer_activations(
             # No dropout, same dtype: A keeps the Linear's own input, once per input tensor
             # (and not at all when the base Linear keeps it already).
             group = _INPUT_GROUP.get(linear.role, linear.name)
+            if group == "mlp_in" and stack.parallel_residual and stack.n_norms == 1:
+                group = "attn_in"  # one shared norm output feeds both
             if linear.copies > 1 and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
                 group = "attn_in"  # experts read their gathered copy, counted with the MLP
                 shared_inputs.add(group)
