@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.params import STORAGE_BYTES, ParamGroup, Storage
+from vram.params import STORAGE_BYTES, ParamGroup, Storage, allocated_bytes
 from vram.setup import Optimizer, TrainingSetup
 
 BNB_BLOCK = 256
+#: bitsandbytes keeps 32-bit state for tensors under this many values (min_8bit_size).
+SMALL_8BIT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,15 @@ def _state_dtype_bytes(group: ParamGroup, master_fp32: bool) -> int:
     return int(STORAGE_BYTES[group.storage])
 
 
+def _bnb_8bit_bytes(numel: int) -> int:
+    """bitsandbytes' 8-bit Adam state of one tensor, as the CUDA allocator charges it: two
+    uint8 states and two fp32 absmax vectors (one per 256 values); tensors under 4096 values
+    keep two fp32 states instead (bitsandbytes/optim/optimizer.py, min_8bit_size)."""
+    if numel < SMALL_8BIT:
+        return 2 * allocated_bytes(4 * numel)
+    return 2 * (allocated_bytes(numel) + allocated_bytes(4 * -(-numel // BNB_BLOCK)))
+
+
 def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bool,
                     master_fp32: bool = False, largest_param: int = 0) -> OptimizerState:
     """State bytes for the trainable groups (before any sharding)."""
@@ -50,8 +61,11 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
             temp += b * n  # foreach AdamW: sqrt(exp_avg_sq) as a new list of tensors
             formula = "2 states × dtype bytes × trainable params"
         elif opt in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT):
-            big = n - group.small_numel
-            total += 2 * (big + 4 * -(-big // BNB_BLOCK)) + 2 * 4 * group.small_numel
+            if group.tensors:
+                total += sum(k * _bnb_8bit_bytes(numel) for numel, k in group.tensors)
+            else:
+                big = n - group.small_numel
+                total += 2 * (big + 4 * -(-big // BNB_BLOCK)) + 2 * 4 * group.small_numel
             formula = ("2 states × (1 byte + 4 bytes per 256-value block); 32-bit states for "
                        "tensors under 4096 values")
         elif opt in (Optimizer.SGD_MOMENTUM, Optimizer.LION):

@@ -75,6 +75,9 @@ class ParamGroup:
     factored_bytes: int = 0
     #: Parameters in tensors under 4096 values (8-bit optimizers keep 32-bit state for them).
     small_numel: int = 0
+    #: The group's tensors as (values, how many): per-tensor state is allocated per tensor,
+    #: in the CUDA allocator's 512-byte blocks (8-bit optimizers).
+    tensors: tuple[tuple[int, int], ...] = ()
 
 
 #: The CUDA caching allocator hands out multiples of 512 bytes (kMinBlockSize);
@@ -167,12 +170,12 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
 
     def add(key: str, label: str, n: int, storage: Storage, trainable: bool, *,
             n_bytes: int | None = None, matrices: int = 0, factored: int = 0,
-            small: int = 0) -> None:
+            small: int = 0, tensors: tuple[tuple[int, int], ...] = ()) -> None:
         if n <= 0:
             return
         size = n_bytes if n_bytes is not None else int(n * STORAGE_BYTES[storage])
         groups.append(ParamGroup(key, label, n, storage, trainable, size, matrices, factored,
-                                 small))
+                                 small, tensors))
 
     h, vocab = model.hidden_size, model.vocab_size
     add("embedding", "token embedding (vocab × hidden)", model.embedding_params, dense, full,
@@ -216,8 +219,18 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     norm_params = sum(stack.count * stack.other_params for stack in model.stacks)
     norm_params += model.extra_params + bias_params
     n_norm_tensors = sum(stack.count * (stack.n_norms + 2) for stack in model.stacks)
+    # Norm weights (and LayerNorm biases) are h-wide vectors; Linear biases are d_out-wide.
+    vectors: dict[int, int] = {}
+    for stack in model.stacks:
+        vectors[h] = vectors.get(h, 0) + stack.count * (stack.other_params // max(1, h))
+        for linear in stack.linears:
+            if linear.params > linear.weight_params:
+                width = linear.d_out
+                vectors[width] = vectors.get(width, 0) + stack.count * linear.copies
+    vectors[h] = vectors.get(h, 0) + model.extra_params // max(1, h)
     add("norms", "norms and biases", norm_params, dense, full, matrices=n_norm_tensors,
-        factored=4 * norm_params, small=norm_params if h < SMALL_TENSOR else 0)
+        factored=4 * norm_params, small=norm_params if h < SMALL_TENSOR else 0,
+        tensors=tuple(sorted(vectors.items())))
 
     if setup.trains_adapters:
         roles = targeted_roles(setup)
@@ -225,6 +238,7 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
         lora_matrices = 0
         lora_factored = 0
         lora_small = 0
+        lora_tensors: list[tuple[int, int]] = []
         r = setup.lora_rank
         for stack in model.stacks:
             for linear in stack.linears:
@@ -239,16 +253,20 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
                         r, linear.d_in, b_numel // r, r)
                     lora_small += stack.count * linear.copies * sum(
                         x for x in (a_numel, b_numel) if x < SMALL_TENSOR)
+                    lora_tensors += [(a_numel, stack.count * linear.copies),
+                                     (b_numel, stack.count * linear.copies)]
         if head_targeted(setup) and model.head_kind.value == "lm":
             lora += r * (h + vocab)
             lora_matrices += 2
             lora_factored += fp32_vectors_bytes(r, h, vocab, r)
+            lora_tensors += [(r * h, 1), (r * vocab, 1)]
         adapter_storage = Storage.FP32 if profile.adapter_bytes == 4 else Storage.BF16
         if dense is Storage.BF16 and setup.precision in (Precision.BF16_MIXED,
                                                           Precision.FP16_MIXED):
             adapter_storage = Storage.BF16  # ZeRO casts the model; fp32 master with optimizer
         add("lora", f"LoRA adapters (rank {setup.lora_rank})", lora, adapter_storage, True,
-            matrices=lora_matrices, factored=lora_factored, small=lora_small)
+            matrices=lora_matrices, factored=lora_factored, small=lora_small,
+            tensors=tuple(lora_tensors))
     return groups
 
 
