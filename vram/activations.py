@@ -512,9 +512,11 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     if model.final_softcap:
         norm += logits  # tanh(logits / cap) is kept for its backward (Gemma 2)
     up = FP32 * vocab if profile.upcasts_logits else logits
-    saved = norm + up + (logits if profile.keeps_logits else 0)
+    # The loss's forward still runs inside autocast (its cached casts alive): the 16-bit
+    # logits, their fp32 copy and the log-softmax (the trace: 10 bytes per token and entry).
+    loss_forward = norm + (logits if up != logits else 0) + 2 * up
     loss_peak = norm + 3 * up + (logits if profile.keeps_logits else 0)
-    return HeadActivations(saved, max(loss_peak, norm + logits + 2 * up),
+    return HeadActivations(loss_forward, max(loss_peak, loss_forward),
                            "logits (e·V) → fp32 (4·V) → log-softmax (4·V); backward 3 × 4·V",
                            "logits and cross-entropy (fp32)")
 
