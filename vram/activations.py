@@ -641,8 +641,12 @@ def _mask_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
     if not hf or not causal:
         return 0
     kernels = {attention_kernel(model, st, setup, profile) for st in causal}
-    if not kernels & {Kernel.EAGER, Kernel.MATH}:
-        return 0
     s = setup.seq_len
+    if not kernels & {Kernel.EAGER, Kernel.MATH}:
+        # A fused kernel needs no mask, except a sliding window: HF then builds a boolean
+        # [batch, 1, s, s] mask (SDPA turns it into each layer's bias, counted per layer).
+        if Kernel.EFFICIENT in kernels and _needs_mask(model, setup, profile):
+            return setup.micro_batch * s * s
+        return 0
     masks = 2 if model.sliding_window and model.sliding_window < s else 1
     return masks * setup.micro_batch * s * s * n.compute
