@@ -233,7 +233,9 @@ def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
     if trainable & {"embedding", "head"}:
         sizes.append(model.vocab_size * model.hidden_size)
     if "linears" in trainable:
-        sizes.append(max(ln.d_in * ln.d_out for st in model.stacks for ln in st.linears))
+        # an MoE expert bank is one 3-D parameter: all its copies at once
+        sizes.append(max(ln.d_in * ln.d_out * ln.copies
+                         for st in model.stacks for ln in st.linears))
     if "lora" in trainable:
         widest = max(max(ln.d_in, ln.d_out) for st in model.stacks for ln in st.linears)
         sizes.append(setup.lora_rank * max(widest, model.vocab_size if "lm_head" in str(
