@@ -567,15 +567,17 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
 
     static = weights + opt_bytes + grads.ddp_buckets
 
-    def allocated_at(moment: Moment) -> int:
-        return static + moment.gradients_total + moment.activation_bytes
-
-    peak = max(moments, key=allocated_at)
-    allocated = allocated_at(peak)
+    activations = [m.activation_bytes for m in moments]
+    totals = [static + m.gradients_total + act_bytes
+              for m, act_bytes in zip(moments, activations, strict=True)]
+    # The first of equal moments wins: the allocator reaches a peak at its first moment.
+    peak_index = max(range(len(moments)), key=totals.__getitem__)
+    peak = moments[peak_index]
+    allocated = totals[peak_index]
     # The caching allocator keeps what it reserved in backward through the optimizer step, so
     # the reserved peak is the largest (allocated + slack) over the moments.
-    reserved = max(allocated_at(m) + allocator_slack_bytes(allocated_at(m), m.activation_bytes)
-                   for m in moments)
+    reserved = max(total + allocator_slack_bytes(total, act_bytes)
+                   for total, act_bytes in zip(totals, activations, strict=True))
 
     grad_items = [LineItem(
         key="gradients.params", label="gradients of trainable parameters",
@@ -625,7 +627,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         paged_bytes=optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
         approximate=model.approximate, notes=tuple(notes),
-        moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=allocated_at(m),
-                                  gradient_bytes=m.gradients_total,
-                                  activation_bytes=m.activation_bytes) for m in moments),
+        moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
+                                  gradient_bytes=m.gradients_total, activation_bytes=act_bytes)
+                      for m, total, act_bytes in zip(moments, totals, activations, strict=True)),
     )
