@@ -48,6 +48,9 @@ class LayerActivations:
     count: int
     terms: list[Term] = field(default_factory=list)
     backward_transient: int = 0
+    #: Whether the layer's backward peaks in its attention (after the MLP's tensors are
+    #: freed) rather than in its MLP.
+    backward_peak_in_attention: bool = False
     #: What a layer's forward holds beyond what it keeps: eager attention's scores and masked
     #: scores (with checkpointing, its probabilities too, which it then drops).
     forward_transient: int = 0
@@ -379,16 +382,21 @@ def layer_activations(
     # softmax backward only the attention's tensors remain). The larger of the two is the
     # layer's backward peak above what it saved.
     mlp_transient = 2 * e * inter * experts
+    # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
     attention_transient = 2 * e * (q_out + 2 * kv_width)
     if kernel in (Kernel.EAGER, Kernel.MATH):
         # At the softmax's backward: the fp32 gradient of the probabilities and the softmax's
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
-        # (the trace: softmax, its gradient and the softmax backward's output, all fp32).
-        attention_transient += stack.n_heads * s * (2 * softmax - probs_copy)
+        # (the trace: softmax, its gradient and the softmax backward's output, all fp32);
+        # of the per-token gradients only the output's and v's exist yet.
+        attention_transient = e * (q_out + kv_width) + stack.n_heads * s * (
+            2 * softmax - probs_copy)
     # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
     # too; a parallel block's shared norm waits for both branches.
     mlp_norm = norms // stack.n_norms if stack.n_norms >= 2 else 0
-    out.backward_transient = max(mlp_transient, attention_transient - mlp - mlp_norm)
+    after_mlp = attention_transient - mlp - mlp_norm
+    out.backward_transient = max(mlp_transient, after_mlp)
+    out.backward_peak_in_attention = after_mlp > mlp_transient
     return out
 
 
@@ -565,6 +573,8 @@ class ActivationPlan:
     backward_transient_bytes: int
     #: The largest layer's forward working set beyond what it keeps (see LayerActivations).
     forward_transient_bytes: int
+    #: The layer with the largest backward peaks in its attention, not its MLP.
+    backward_peak_in_attention: bool
     head_saved_bytes: int
     head_peak_bytes: int
     head_kept_bytes: int
@@ -609,6 +619,9 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved * tokens,
         forward_transient_bytes=max(layer.forward_transient for layer in layers) * tokens,
+        backward_peak_in_attention=max(
+            layers, key=lambda layer: layer.bytes + layer.backward_transient,
+        ).backward_peak_in_attention,
         head_kept_bytes=head.kept_in_backward * tokens, head_cast_bytes=head.cast * tokens,
         head_peak_bytes=head.loss_peak * tokens, offloaded_bytes=offloaded,
     )

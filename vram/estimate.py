@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vram import activations as act
-from vram.architecture import ModelSpec
+from vram.architecture import ModelSpec, Role
 from vram.inference import inference_estimate
 from vram.optimizer import OptimizerState, optimizer_state
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
@@ -323,6 +323,9 @@ class GradientPart:
     #: from the top of backward (it is not a .grad yet), then the embedding's is built and the
     #: two are summed into a third tensor that becomes .grad (found by the trace).
     tied: int = 0
+    #: The largest attention projection's gradient (being written when a layer's backward
+    #: peaks in its attention, after the MLP's gradients became .grad).
+    largest_in_attention: int = 0
 
 
 def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
@@ -336,9 +339,14 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     per_layer = layer_grads // max(1, model.n_layers)
     linears = next((g for g in trainable if g.key == "linears"), None)
     largest = 0
+    largest_attention = 0
     if linears is not None:
         grad_bytes = _grad_bytes(linears) // max(1, linears.n_params)
         largest = grad_bytes * max(ln.weight_params for st in model.stacks for ln in st.linears)
+        attention_roles = (Role.Q, Role.K, Role.V, Role.QKV, Role.O)
+        largest_attention = grad_bytes * max(
+            (ln.weight_params for st in model.stacks for ln in st.linears
+             if ln.role in attention_roles), default=0)
     n = shards.gradients
     ddp = full if setup.sharding is Sharding.DDP else 0
     offloaded = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
@@ -352,7 +360,8 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     tied = embedding if model.tied_embeddings and "head" not in by_key and not in_backward \
         else 0
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
-                        per_layer // n, ddp, 0, largest, unit, tied=tied // n)
+                        per_layer // n, ddp, 0, largest, unit, tied=tied // n,
+                        largest_in_attention=largest_attention)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -415,7 +424,9 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         _backward_item(setup, plan), *_tied_pending(grads, vocab)], reducing)
     # In the first layer's backward every gradient exists but the embedding's and the one
     # being written (the layer's largest, whole until it becomes .grad).
-    building = 0 if grads.unsharded_unit or in_backward else grads.largest_in_layer
+    building = 0 if grads.unsharded_unit or in_backward else (
+        grads.largest_in_attention if plan.backward_peak_in_attention
+        else grads.largest_in_layer)
     late_grads = grads.head if in_backward else max(
         accumulated, grads.total - grads.untied_embedding - grads.tied - building
         - (grads.per_layer if grads.unsharded_unit else 0))
