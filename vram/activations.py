@@ -373,8 +373,9 @@ def layer_activations(
         scores = stack.n_heads * s * 2 * (2 if n.autocast else q_bytes)  # q·kᵀ, + mask
         kept_scores = stack.n_heads * s * (softmax + probs_copy)
         out.forward_transient = scores + (kept_scores if setup.grad_ckpt else 0)
-        if stack.returns_attention_probs and kernel is Kernel.EAGER:
-            out.forward_transient += stack.n_heads * s * softmax  # the previous layer's
+        if stack.returns_attention_probs and kernel is Kernel.EAGER and setup.grad_ckpt:
+            # the previous layer's, which checkpointing would otherwise have dropped
+            out.forward_transient += stack.n_heads * s * softmax
 
     # --- backward transient of one layer -----------------------------------------------------
     # The MLP's backward runs first, with everything the layer saved still alive; by the
