@@ -217,16 +217,17 @@ def layer_activations(
     attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
     mlp_in = [ln for ln in stack.linears
               if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
+    # A parallel block with one shared norm (Phi, Falcon-7B) feeds attention and MLP the same
+    # tensor.
+    shared_norm = stack.parallel_residual and stack.n_norms == 1
     norms = _norm_bytes(stack, n, profile, weight_trains=full) * stack.n_norms
     out.terms.append(Term("norms", f"{stack.n_norms} norms", "n_norms × (4·h [+ normalized])",
                           norms))
     bnb_kept = not full and profile.quantized_linear_keeps_input
     if keeps_inputs:
         kept = _consumers_input_bytes(n, len(attn_in)) * h
-        # A parallel block with one shared norm (Phi, Falcon-7B) feeds attention and MLP the
-        # same tensor: kept once unless each Linear makes its own cast of it.
-        shared = stack.parallel_residual and stack.n_norms == 1
-        if not shared or n.input_copy_per_linear or n.autocast:
+        # a shared norm's output is kept once, unless each Linear makes its own cast of it
+        if not shared_norm or n.input_copy_per_linear or n.autocast:
             kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
         if stack.cross_attention:
             kept += _consumers_input_bytes(n, 1) * h  # the cross-attention query's input
@@ -352,7 +353,7 @@ def layer_activations(
             # No dropout, same dtype: A keeps the Linear's own input, once per input tensor
             # (and not at all when the base Linear keeps it already).
             group = _INPUT_GROUP.get(linear.role, linear.name)
-            if group == "mlp_in" and stack.parallel_residual and stack.n_norms == 1:
+            if group == "mlp_in" and shared_norm:
                 group = "attn_in"  # one shared norm output feeds both
             if linear.copies > 1 and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
                 group = "attn_in"  # experts read their gathered copy, counted with the MLP
@@ -363,7 +364,8 @@ def layer_activations(
                 extra += e * linear.d_in * tokens_share
             shared_inputs.add(group)
             extra += lora_bytes * setup.lora_rank * tokens_share
-        extra += _zero_pad_bytes(stack, roles, profile, lora_bytes)
+        if profile.adapts_fused_slices:
+            extra += lora_bytes * _zero_pad_width(roles, q_out, kv_out)
         if extra:
             out.terms.append(Term("lora", "LoRA branches (dropout output, mask, x·A)",
                                   "Σ targeted (b·d_in + d_in + b·r)", extra))
@@ -409,21 +411,18 @@ _INPUT_GROUP: dict[Role, str] = {
 }
 
 
-def _zero_pad_bytes(stack: Stack, roles: frozenset[Role] | None, profile: StackProfile,
-                    lora_bytes: int) -> int:
+def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> int:
     """LitGPT's LoRAQKVLinear adapting some but not all of q, k, v scatters B's output into
-    the fused width with `index_copy_`, whose backward keeps that output (its `source`):
-    `e × (selected slice widths)` per token (litgpt/lora.py LoRAQKVLinear.zero_pad; with all
-    three selected it returns early). Learned from tracing LitGPT's own model code."""
-    if not profile.adapts_fused_slices or roles is None:  # None: every Linear is adapted
+    the fused width with `index_copy_`, whose backward keeps that output (its `source`): the
+    selected slices' width per token (litgpt/lora.py LoRAQKVLinear.zero_pad; with all three
+    selected it returns early). Learned from tracing LitGPT's own model code."""
+    if roles is None:  # every Linear is adapted
         return 0
-    q_out = stack.n_heads * stack.head_dim
-    kv_out = stack.n_kv_heads * stack.head_dim
     widths = {Role.Q: q_out, Role.K: kv_out, Role.V: kv_out}
     selected = [role for role in widths if role in roles]
-    if not selected or len(selected) == len(widths):
+    if len(selected) == len(widths):
         return 0
-    return lora_bytes * sum(widths[role] for role in selected)
+    return sum(widths[role] for role in selected)
 
 
 def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Numerics) -> int:
@@ -449,14 +448,10 @@ class HeadActivations:
     loss_peak: int  # the most alive while the loss runs forward and backward
     formula: str
     label: str
-    #: Alive while the layers run their backward (default: half of `saved`).
+    #: Alive while the layers run their backward (None until `head_activations` sets it).
     kept: int | None = None
     #: Alive right after the training stack casts the model's output (0: no cast).
     cast: int = 0
-
-    @property
-    def kept_in_backward(self) -> int:
-        return self.saved // 2 if self.kept is None else self.kept
 
 
 def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -593,6 +588,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     tokens = setup.micro_batch * setup.seq_len
     layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
     head = head_activations(model, setup, profile)
+    assert head.kept is not None  # head_activations always decides it
     per_layer_max = max(layer.bytes for layer in layers) * tokens
     transient = max(layer.backward_transient for layer in layers) * tokens
     offloaded = 0
@@ -623,7 +619,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         backward_peak_in_attention=max(
             layers, key=lambda layer: layer.bytes + layer.backward_transient,
         ).backward_peak_in_attention,
-        head_kept_bytes=head.kept_in_backward * tokens, head_cast_bytes=head.cast * tokens,
+        head_kept_bytes=head.kept * tokens, head_cast_bytes=head.cast * tokens,
         head_peak_bytes=head.loss_peak * tokens, offloaded_bytes=offloaded,
     )
 

@@ -18,6 +18,7 @@ is alive at that moment, and `phase` names it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from vram import activations as act
 from vram.architecture import ModelSpec, Role
@@ -149,17 +150,23 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
     return max(2 * per_layer, per_layer + head)
 
 
+class Stage(Enum):
+    """Where in the step weight working copies are counted (what is alive differs)."""
+
+    FORWARD = "forward"  # the forward and the loss's forward, inside autocast
+    LOSS = "loss"  # the loss's backward, before the head's
+    TOP_LAYER = "top layer"  # the layers' backward, once the head's backward ran
+    FIRST_LAYER = "first layer"  # the first layer's backward: the others' copies are freed
+
+
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-                   groups: list[ParamGroup], shards: Shards, *, forward: bool,
-                   after_head: bool = False, one_layer: bool = False) -> list[LineItem]:
+                   groups: list[ParamGroup], shards: Shards, stage: Stage) -> list[LineItem]:
     """Temporary copies of weights that are not parameters: autocast's 16-bit casts and the
-    weight bitsandbytes dequantizes for each matmul. They are activation-side memory.
-    `after_head`: the layers' backward, once the head's backward has freed its cast."""
+    weight bitsandbytes dequantizes for each matmul. They are activation-side memory."""
     items: list[LineItem] = []
-    casts = _autocast_copies(model, setup, groups, forward=forward, after_head=after_head,
-                             one_layer=one_layer)
+    casts = _autocast_copies(model, setup, groups, stage)
     if casts:
-        when = "cached for the forward" if forward else "kept for backward"
+        when = "cached for the forward" if stage is Stage.FORWARD else "kept for backward"
         items.append(LineItem(
             key="activations.autocast_weights",
             label=f"16-bit working copies of Linear weights (autocast, {when})",
@@ -168,6 +175,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
     if any(g.storage in QUANTIZED for g in groups):
+        after_head = stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER)
         biggest = _largest_matrix(model, profile, with_head=not after_head)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
@@ -183,8 +191,8 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     return items
 
 
-def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup], *,
-                     forward: bool, after_head: bool = False, one_layer: bool = False) -> int:
+def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
+                     stage: Stage) -> int:
     """16-bit casts of fp32 Linear weights under autocast.
 
     Autocast caches the casts of trainable leaf weights until the autocast region ends (the
@@ -200,28 +208,23 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
         ("embedding",) if model.tied_embeddings and model.head_kind.value == "lm" else ())
-    if after_head:
+    if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER):
         head_keys = ()  # the head's backward ran: its cast is gone
     dense = [g for g in groups if g.key in ("linears", *head_keys)
              and g.storage is Storage.FP32]
     layers = max(1, model.n_layers)
 
     def kept(group: ParamGroup) -> int:
-        if group.key in head_keys:
-            return 2 * group.n_params
-        if one_layer:  # the first layer's backward: the others' backward freed theirs
-            return 2 * group.n_params // layers
+        whole = 2 * group.n_params
+        if group.key in head_keys or (stage is Stage.FORWARD and group.trainable):
+            return whole
+        if stage is Stage.FIRST_LAYER:  # the other layers' backward freed theirs
+            return whole // layers
         if not setup.grad_ckpt:
-            return 2 * group.n_params
-        return 2 * group.n_params // layers if after_head else 0
+            return whole
+        return whole // layers if stage is Stage.TOP_LAYER else 0  # the recomputed layer
 
-    total = 0
-    for group in dense:
-        if forward and group.trainable:
-            total += 2 * group.n_params
-        else:
-            total += kept(group)
-    return total
+    return sum(kept(group) for group in dense)
 
 
 def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
@@ -366,15 +369,14 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
              grads: GradientPart,
-             working: tuple[list[LineItem], list[LineItem], list[LineItem], list[LineItem]],
-             step_temp: int) -> list[Moment]:
+             working: dict[Stage, list[LineItem]], step_temp: int) -> list[Moment]:
     """The candidate peaks of one step (see the module docstring). `working` holds the weight
-    copies alive in forward, in the loss's backward, in the top layer's and in the first
-    layer's backward."""
-    forward_working, working_in_backward, working_in_layers, working_in_first = working
+    copies alive at each stage."""
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
     accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
     layers = _layer_items(model, setup, plan, forward=False)
+    forward_layers = _layer_items(model, setup, plan, forward=True)
+    in_forward = [*forward_layers, *working[Stage.FORWARD]]
     tokens, vocab = plan.tokens, model.vocab_size
     head = {"tokens": tokens, "vocab": vocab}
     source = "see vram.activations.head_activations"
@@ -385,24 +387,24 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
     )] if plan.previous_step_bytes else []
     forward = Moment(Phase.FORWARD, "end of forward", accumulated, [
-        *_layer_items(model, setup, plan, forward=True), *forward_working,
+        *in_forward,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                  inputs=head, bytes=plan.head_saved_bytes, source=source), *previous])
     inside = [Moment(Phase.FORWARD, "the last layer's forward", accumulated, [
-        *_layer_items(model, setup, plan, forward=True), *forward_working,
+        *in_forward,
         LineItem(key="activations.layer_forward", label="attention scores of the layer running",
                  formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
                  inputs={"tokens": tokens}, bytes=plan.forward_transient_bytes,
                  source="eager/math attention materializes s × s scores"),
         *previous])] if plan.forward_transient_bytes else []
     cast = [Moment(Phase.FORWARD, "the output cast to fp32", accumulated, [
-        *_layer_items(model, setup, plan, forward=True),
+        *forward_layers,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                  inputs=head, bytes=plan.head_cast_bytes,
                  source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
         *previous])] if plan.head_cast_bytes else []
     loss = Moment(Phase.BACKWARD, "the loss", accumulated, [
-        *layers, *working_in_backward,
+        *layers, *working[Stage.LOSS],
         LineItem(key="activations.loss", label="logits, loss and their gradients",
                  formula=plan.head.formula, inputs=head, bytes=plan.head_peak_bytes,
                  source=source)])
@@ -417,7 +419,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
     )] if grads.unsharded_unit else []
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
-        *layers, *working_in_layers,
+        *layers, *working[Stage.TOP_LAYER],
         LineItem(key="activations.head_left", label="logits kept into backward",
                  formula="what the loss leaves for the layers' backward", inputs=head,
                  bytes=plan.head_kept_bytes, source=source),
@@ -432,7 +434,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
-        *working_in_first, *[i for i in layers if i.key == "activations.mask"],
+        *working[Stage.FIRST_LAYER], *[i for i in layers if i.key == "activations.mask"],
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": tokens},
@@ -568,12 +570,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
                                 _largest_trainable(model, setup, groups))
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards)
-    working = (_working_items(model, setup, profile, groups, shards, forward=True),
-               _working_items(model, setup, profile, groups, shards, forward=False),
-               _working_items(model, setup, profile, groups, shards, forward=False,
-                              after_head=True),
-               _working_items(model, setup, profile, groups, shards, forward=False,
-                              after_head=True, one_layer=True))
+    working = {stage: _working_items(model, setup, profile, groups, shards, stage)
+               for stage in Stage}
     moments = _moments(model, setup, plan, grads, working, optimizer.step_temp_bytes)
 
     static = weights + opt_bytes + grads.ddp_buckets

@@ -263,20 +263,6 @@ def _wrap_in_backward(optimizers: list[torch.optim.Optimizer],
         optim.step = step  # type: ignore[method-assign]
 
 
-def _expand(peaks: dict[tuple[str, ...], SegmentPeak]) -> dict[tuple[str, ...], SegmentPeak]:
-    """At depth 1 the only block is both first and last: file its segments under both."""
-    out: dict[tuple[str, ...], SegmentPeak] = {}
-    for key, peak in peaks.items():
-        last = key[-1]
-        head, _, tail = last.partition(":")
-        if "+" in head:
-            for role in head.split("+"):
-                out[(*key[:-1], role + (":" + tail if tail else ""))] = peak
-        else:
-            out[key] = peak
-    return out
-
-
 def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
     """At most MAX_POINTS points; each kept point is the highest of its window (peak kept)."""
     if len(timeline) <= MAX_POINTS:
@@ -345,7 +331,7 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     # with the "first" role.
     one = trace_depth(config, setup, lo)
     two = trace_depth(config, setup, hi)
-    p1, p2 = _expand(one.peaks), _expand(two.peaks)
+    p1, p2 = one.peaks, two.peaks  # at 2+ blocks, first and last are distinct segments
 
     def line(v1: int, v2: int) -> int:
         return v1 + (full - lo) * (v2 - v1) // period

@@ -27,16 +27,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-#: CUDA caching allocator block granularity (bytes).
-BLOCK = 512
+from vram.params import allocated_bytes
 
 #: How many of the largest live storages a peak lists (`TraceResult.top_tensors`).
 TOP_TENSORS = 12
-
-
-def rounded(nbytes: int) -> int:
-    """Bytes a CUDA caching allocator charges for a request of `nbytes`."""
-    return -(-nbytes // BLOCK) * BLOCK
 
 
 @dataclass
@@ -96,7 +90,7 @@ class StorageTracker(TorchDispatchMode):
         key = self.key(storage)
         if key in self.live or key in self.excluded:
             return
-        info = StorageInfo(rounded(storage.nbytes()), origin, tuple(tensor.shape),
+        info = StorageInfo(allocated_bytes(storage.nbytes()), origin, tuple(tensor.shape),
                            str(tensor.dtype).removeprefix("torch."))
         self.live[key] = info
         self.live_bytes += info.nbytes
