@@ -323,8 +323,10 @@ class GradientPart:
     #: computed whole on the GPU, then reduce-scattered (and copied out): the largest unit.
     unsharded_unit: int = 0
     #: A tied embedding's gradient: the head's contribution waits in autograd's input buffer
-    #: from the top of backward (it is not a .grad yet), then the embedding's is built and the
-    #: two are summed into a third tensor that becomes .grad (found by the trace).
+    #: from the top of backward (it is not a .grad yet), then the embedding's is built and
+    #: added into it in place (autograd's `InputBuffer::accumulate` runs `old.add_(new)` when
+    #: it holds the last reference; an out-of-place sum seen under a dispatch mode is not what a
+    #: GPU runs).
     tied: int = 0
     #: The largest attention projection's gradient (being written when a layer's backward
     #: peaks in its attention, after the MLP's gradients became .grad).
@@ -441,20 +443,14 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                  bytes=first_layer + plan.backward_transient_bytes + building,
                  source="per-layer backward"), *_tied_pending(grads, vocab)], reducing)
     # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
-    # becomes an untied embedding's .grad or is added into a tied one's.
+    # becomes an untied embedding's .grad or is added (in place) into a tied one's.
     embedding_grads = grads.total - grads.untied_embedding - grads.tied
     embed = Moment(Phase.BACKWARD, "the embedding's backward", 0 if in_backward else max(
         accumulated, embedding_grads), [
         LineItem(key="activations.embedding_grad", label="embedding gradient being built",
                  formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
                  bytes=grads.embedding, source="aten embedding_dense_backward"),
-        *_tied_pending(grads, vocab),
-        *([LineItem(key="activations.tied_grad_sum",
-                    label="sum of the tied weight's head and embedding gradients",
-                    formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
-                    bytes=grads.tied,
-                    source="autograd InputBuffer.add for a leaf used twice (found by the trace)",
-                    )] if grads.tied and not accumulated else [])])
+        *_tied_pending(grads, vocab)])
     step_items = []
     if step_temp:
         step_items.append(LineItem(

@@ -116,16 +116,16 @@ def test_kv_cache_formula() -> None:
 def test_tied_embedding_gradient_is_summed_from_two_contributions() -> None:
     """A leaf used twice (Llama-3.2-1B's tied embedding/head) gets one .grad: the head's
     contribution waits in autograd's input buffer from the top of backward, the embedding's is
-    built last, and their sum is a third tensor. At the embedding's backward three V × h fp32
-    tensors are alive beside every other gradient (the exact trace shows mm, embedding_dense
-    _backward and add outputs, 1.05 GB each)."""
+    built last and added into it in place (`InputBuffer::accumulate` runs `old.add_(new)` on a
+    GPU). At the embedding's backward two V × h fp32 tensors are alive beside every other
+    gradient (the exact trace: the mm and embedding_dense_backward outputs, 1.05 GB each)."""
     spec = load_model("llama-3.2-1b")
     setup = TrainingSetup(method="full", optimizer="sgd-momentum", precision="fp32",
                           seq_len=2048, grad_ckpt=True)
     result = estimate(spec, setup)
     embed = next(m for m in result.moments if m.label == "the embedding's backward")
     vh = 128256 * 2048 * 4
-    assert embed.activation_bytes == 3 * vh
+    assert embed.activation_bytes == 2 * vh
     assert embed.gradient_bytes == 4 * spec.n_params - vh
     top = next(m for m in result.moments if m.label == "the top layer's backward")
     # In the top layer's backward only that layer's gradients are .grad; the head's waits.
