@@ -57,10 +57,32 @@ class LayerActivations:
     #: Bytes held by bitsandbytes' MatMul4Bit as ctx attributes (its inputs): checkpointing's
     #: saved-tensor hooks never see them, so non-reentrant checkpointing keeps them too.
     ctx_kept: int = 0
+    #: An MoE layer whose expert banks train: per token, what its backward holds beyond what the
+    #: layer saved when the gate/up bank's gradient is written (see `moe_bank_backward`).
+    moe: MoeBackward | None = None
 
     @property
     def bytes(self) -> int:
         return sum(t.bytes for t in self.terms)
+
+
+@dataclass(frozen=True, slots=True)
+class MoeBackward:
+    """Where an MoE layer's backward peaks: when the gate/up bank's gradient is written.
+
+    Transformers 5 keeps each expert bank as one 3-D parameter. With bf16 weights its default
+    `grouped_mm` writes the whole bank's gradient at once, after down_proj's bank gradient
+    became `.grad`. The fp32 and autocast recipes run the eager per-expert loop: each expert
+    indexes the bank (`gate_up_proj[e]`), so each expert's weight gradient arrives as a
+    bank-sized `select_backward` tensor that autograd adds into the bank's gradient buffer, one
+    expert after another (the trace, transformers/integrations/moe.py).
+    """
+
+    #: Per token: saved tensors already freed at that moment, minus the activation gradients
+    #: in flight (a negative number when more is in flight than freed).
+    freed_minus_inflight: int
+    #: The eager per-expert loop (True) or grouped_mm (False).
+    loop: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,6 +347,12 @@ def layer_activations(
         # MoE: each expert gathers its tokens (a copy) and scales its output by the router.
         mlp += experts * (2 * e * h) + FP32 * stack.n_experts
         formula += " × top-k + routing copies"
+        if runs_transformers_code(profile) and not experts_run_grouped(setup, profile):
+            # the eager loop's `final.index_add_(0, idx, out * w)`: index_add_'s derivative
+            # reads `source` (expand_as), so each expert's weighted output is saved, in the
+            # router weights' dtype (the residual's)
+            mlp += experts * n.residual * h
+            formula += " + weighted outputs (index_add_ keeps them)"
     out.terms.append(Term("mlp", f"MLP ({stack.mlp_kind.value})", formula, mlp))
     if stack.hidden_dropout > 0:
         out.terms.append(Term("dropout", "dropout masks on the residual branches",
@@ -400,7 +428,38 @@ def layer_activations(
     after_mlp = attention_transient - mlp - mlp_norm
     out.backward_transient = max(mlp_transient, after_mlp)
     out.backward_peak_in_attention = after_mlp > mlp_transient
+    if stack.n_experts and full and runs_transformers_code(profile):
+        experts_saved = mlp - FP32 * stack.n_experts  # what the experts keep, all of them
+        gathered = experts * 2 * e * h  # each expert's gathered input and scaled output
+        out.moe = moe_bank_backward(setup, profile, stack, n, experts_saved, gathered,
+                                    mlp_transient)
     return out
+
+
+def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:
+    """Transformers' `grouped_mm` experts need bf16 operands: bf16 weights without autocast.
+    Anything else runs the eager per-expert loop (transformers/integrations/moe.py)."""
+    n_autocast = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED) \
+        and not zero_half_model(setup)
+    bf16_weights = setup.precision is Precision.BF16_TRUE or (
+        zero_half_model(setup) and setup.precision is Precision.BF16_MIXED)
+    return runs_transformers_code(profile) and bf16_weights and not n_autocast
+
+
+def moe_bank_backward(setup: TrainingSetup, profile: StackProfile, stack: Stack, n: Numerics,
+                      experts_saved: int, gathered: int, mlp_transient: int) -> MoeBackward:
+    """Per token, at the gate/up bank's gradient write (see `MoeBackward`; found by the trace).
+
+    grouped_mm: the experts' saved tensors are freed but the gathered input and the scaled
+    output; the gradient of the gate/up output ([tokens·top-k, 2·I]) is in flight.
+    Eager loop: the peak comes at the second expert processed (the bank buffer holds the first
+    one's gradient, the second's arrives), when the other E − 2 experts' saved tensors are still
+    alive, and the gradient of the layer's input is being gathered ([tokens, h]).
+    """
+    if experts_run_grouped(setup, profile):
+        return MoeBackward(experts_saved - gathered - mlp_transient, loop=False)
+    freed = experts_saved * 2 // stack.n_experts
+    return MoeBackward(freed - n.residual * _hidden(stack), loop=True)
 
 
 #: Linears that read the same input tensor.
@@ -580,6 +639,11 @@ class ActivationPlan:
     mask_bytes: int = 0
     #: What the previous step's graph still holds during this forward (LitGPT's loop).
     previous_step_bytes: int = 0
+    #: An MoE model whose expert banks train: at a layer's gate/up bank gradient write, the
+    #: layer's saved tensors already freed minus the activation gradients in flight (None
+    #: without trained banks; see `MoeBackward`).
+    moe_freed_minus_inflight_bytes: int | None = None
+    moe_loop: bool = False
 
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
@@ -609,7 +673,10 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         if setup.offload is Offload.ACTIVATIONS:
             offloaded = stored - per_layer_max
             stored = per_layer_max
+    moe = next((layer.moe for layer in layers if layer.moe is not None), None)
     return ActivationPlan(
+        moe_freed_minus_inflight_bytes=None if moe is None else moe.freed_minus_inflight * tokens,
+        moe_loop=moe is not None and moe.loop,
         mask_bytes=_mask_bytes(model, setup, profile, n),
         previous_step_bytes=_previous_step_bytes(model, setup, profile, layers) * tokens,
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,

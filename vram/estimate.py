@@ -150,6 +150,9 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
     return max(2 * per_layer, per_layer + head)
 
 
+_ATTENTION_ROLES = (Role.Q, Role.K, Role.V, Role.QKV, Role.O)
+
+
 class Stage(Enum):
     """Where in the step weight working copies are counted (what is alive differs)."""
 
@@ -157,6 +160,8 @@ class Stage(Enum):
     LOSS = "loss"  # the loss's backward, before the head's
     TOP_LAYER = "top layer"  # the layers' backward, once the head's backward ran
     FIRST_LAYER = "first layer"  # the first layer's backward: the others' copies are freed
+    #: the first layer's attention backward: its MLP's copies are freed too (the trace)
+    FIRST_ATTENTION = "first layer's attention"
 
 
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -175,7 +180,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
     if any(g.storage in QUANTIZED for g in groups):
-        after_head = stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER)
+        after_head = stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION)
         biggest = _largest_matrix(model, profile, with_head=not after_head)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
@@ -208,7 +213,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
         ("embedding",) if model.tied_embeddings and model.head_kind.value == "lm" else ())
-    if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER):
+    if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):
         head_keys = ()  # the head's backward ran: its cast is gone
     dense = [g for g in groups if g.key in ("linears", *head_keys)
              and g.storage is Storage.FP32]
@@ -218,13 +223,21 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
         whole = 2 * group.n_params
         if group.key in head_keys or (stage is Stage.FORWARD and group.trainable):
             return whole
-        if stage is Stage.FIRST_LAYER:  # the other layers' backward freed theirs
+        if stage is Stage.FIRST_ATTENTION and group.key == "linears":
+            return 2 * _attention_params(model) // layers  # the MLP's backward freed its own
+        if stage in (Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):  # the other layers' are freed
             return whole // layers
         if not setup.grad_ckpt:
             return whole
         return whole // layers if stage is Stage.TOP_LAYER else 0  # the recomputed layer
 
     return sum(kept(group) for group in dense)
+
+
+def _attention_params(model: ModelSpec) -> int:
+    """Weights of every layer's attention projections."""
+    return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
+               if ln.role in _ATTENTION_ROLES)
 
 
 def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
@@ -331,6 +344,10 @@ class GradientPart:
     #: The largest attention projection's gradient (being written when a layer's backward
     #: peaks in its attention, after the MLP's gradients became .grad).
     largest_in_attention: int = 0
+    #: MoE: one layer's gate/up and down expert banks' gradients, and the experts per bank.
+    bank_gate_up: int = 0
+    bank_down: int = 0
+    bank_experts: int = 0
 
 
 def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
@@ -345,13 +362,18 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     linears = next((g for g in trainable if g.key == "linears"), None)
     largest = 0
     largest_attention = 0
+    banks = {Role.GATE_UP: 0, Role.DOWN: 0}
+    experts = 0
     if linears is not None:
         grad_bytes = _grad_bytes(linears) // max(1, linears.n_params)
         largest = grad_bytes * max(ln.weight_params for st in model.stacks for ln in st.linears)
-        attention_roles = (Role.Q, Role.K, Role.V, Role.QKV, Role.O)
         largest_attention = grad_bytes * max(
             (ln.weight_params for st in model.stacks for ln in st.linears
-             if ln.role in attention_roles), default=0)
+             if ln.role in _ATTENTION_ROLES), default=0)
+        for ln in (ln for st in model.stacks for ln in st.linears if ln.copies > 1):
+            if ln.role in banks:
+                banks[ln.role] = grad_bytes * ln.weight_params
+                experts = ln.copies
     n = shards.gradients
     ddp = full if setup.sharding is Sharding.DDP else 0
     offloaded = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
@@ -366,7 +388,9 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
         else 0
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
                         per_layer // n, ddp, 0, largest, unit, tied=tied // n,
-                        largest_in_attention=largest_attention)
+                        largest_in_attention=largest_attention,
+                        bank_gate_up=banks[Role.GATE_UP] // n, bank_down=banks[Role.DOWN] // n,
+                        bank_experts=experts)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -420,12 +444,22 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         inputs={"gpus": setup.n_gpus}, bytes=grads.unsharded_unit,
         source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
     )] if grads.unsharded_unit else []
+    head_left = LineItem(key="activations.head_left", label="logits kept into backward",
+                         formula="what the loss leaves for the layers' backward", inputs=head,
+                         bytes=plan.head_kept_bytes, source=source)
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
-        *layers, *working[Stage.TOP_LAYER],
-        LineItem(key="activations.head_left", label="logits kept into backward",
-                 formula="what the loss leaves for the layers' backward", inputs=head,
-                 bytes=plan.head_kept_bytes, source=source),
+        *layers, *working[Stage.TOP_LAYER], head_left,
         _backward_item(setup, plan), *_tied_pending(grads, vocab)], reducing)
+    bank = _bank_write(model, setup, plan, grads) if not in_backward else None
+    # An MoE layer with trained banks peaks at its bank's gradient write, not at its MLP's
+    # start; its attention's backward can still be larger.
+    if bank is not None:
+        top = _with_bank_write(top, plan, Moment(
+            Phase.BACKWARD, "the top layer's backward",
+            max(accumulated, grads.head + layer_grads - bank.pending_layer_grads), [
+                *layers, *working[Stage.TOP_LAYER], head_left,
+                bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
+                *_tied_pending(grads, vocab)], reducing))
     # In the first layer's backward every gradient exists but the embedding's and the one
     # being written (the layer's largest, whole until it becomes .grad).
     building = 0 if grads.unsharded_unit or in_backward else (
@@ -435,13 +469,21 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         accumulated, grads.total - grads.untied_embedding - grads.tied - building
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
+    late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
-        *working[Stage.FIRST_LAYER], *[i for i in layers if i.key == "activations.mask"],
+        *working[late_stage], *[i for i in layers if i.key == "activations.mask"],
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": tokens},
                  bytes=first_layer + plan.backward_transient_bytes + building,
                  source="per-layer backward"), *_tied_pending(grads, vocab)], reducing)
+    if bank is not None:
+        late = _with_bank_write(late, plan, Moment(
+            Phase.BACKWARD, "the first layer's backward",
+            max(accumulated, grads.total - grads.untied_embedding - grads.tied
+                - bank.pending_layer_grads), [
+                *working[Stage.FIRST_LAYER], *[i for i in layers if i.key == "activations.mask"],
+                bank.item(first_layer, plan), *_tied_pending(grads, vocab)], reducing))
     # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     # becomes an untied embedding's .grad or is added (in place) into a tied one's.
     embedding_grads = grads.total - grads.untied_embedding - grads.tied
@@ -461,6 +503,63 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                   0 if in_backward else grads.total, step_items)
     # Order matters for ties: the allocator reaches a peak at its first moment.
     return [*inside, forward, *cast, loss, top, late, embed, step]
+
+
+def _with_bank_write(dense: Moment, plan: act.ActivationPlan, bank: Moment) -> Moment:
+    """A layer's backward with trained MoE banks: the bank's gradient write replaces the MLP's
+    start as a candidate; the attention's backward (when it is larger) stays one."""
+    if not plan.backward_peak_in_attention:
+        return bank
+    return max(dense, bank, key=lambda m: m.gradients_total + m.activation_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class BankWrite:
+    """An MoE layer's backward when its gate/up expert bank's gradient is written (see
+    `activations.MoeBackward`): bank-sized gradient buffers, and the layer's gradients that do
+    not exist yet."""
+
+    buffers: int  # bank-sized gradient tensors alive (not .grad yet)
+    pending_layer_grads: int  # the layer's gradients not yet made
+    casts_released: int  # autocast's bf16 copies of the experts already through backward
+    loop: bool
+
+    def item(self, saved: int, plan: act.ActivationPlan) -> LineItem:
+        freed = plan.moe_freed_minus_inflight_bytes or 0
+        if self.loop:
+            formula = ("saved − 2/E of the experts' + gradient of the layer's input + "
+                       "gate/up bank buffer + the next expert's bank-sized select_backward + "
+                       "its weight gradient + down bank buffer")
+            source = "transformers eager experts loop: autograd sums select_backward per expert"
+        else:
+            formula = ("saved − the experts' (but gathered inputs and outputs) + gradient of "
+                       "the gate/up output + the gate/up bank gradient")
+            source = "transformers grouped_mm experts: the bank's gradient in one tensor"
+        return LineItem(
+            key="activations.backward", label="an MoE layer's backward, at its bank gradient",
+            formula=formula, inputs={"tokens": plan.tokens},
+            bytes=max(0, saved - freed + self.buffers - self.casts_released), source=source)
+
+
+def _bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
+                grads: GradientPart) -> BankWrite | None:
+    """The MoE candidate for a layer's backward peak, when expert banks train in HF code."""
+    if plan.moe_freed_minus_inflight_bytes is None or not grads.bank_gate_up \
+            or grads.unsharded_unit:
+        return None
+    if not plan.moe_loop:  # grouped_mm: down_proj's bank gradient is .grad already
+        return BankWrite(grads.bank_gate_up, grads.per_layer - grads.bank_down, 0, loop=False)
+    experts = max(1, grads.bank_experts)
+    buffers = 2 * grads.bank_gate_up + grads.bank_gate_up // experts + grads.bank_down
+    casts = 0
+    if setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED) \
+            and not act.zero_half_model(setup):
+        # autocast casts each expert's slice (not a leaf: never cached) and the Linear keeps
+        # the cast; the two experts through backward have dropped theirs
+        bank_params = sum(ln.weight_params for st in model.stacks for ln in st.linears
+                          if ln.copies > 1) // max(1, len(model.stacks))
+        casts = 2 * bank_params * 2 // experts
+    return BankWrite(buffers, grads.per_layer, casts, loop=True)
 
 
 def _tied_pending(grads: GradientPart, vocab: int) -> list[LineItem]:
