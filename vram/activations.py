@@ -130,11 +130,11 @@ def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trai
     """One norm, per token.
 
     RMSNorm (HF LlamaRMSNorm, LitGPT RMSNorm) upcasts its input to fp32 and keeps that copy; a
-    trained weight also needs the normalized input (16-bit in HF, fp32 in LitGPT, which
-    multiplies by `weight.float()`). Compiled, the norm is one fused kernel that keeps its
-    input and 1/rms and recomputes the rest; matmul inputs and SDPA's tensors stay as they are
-    (torchtune's cumulative table: compile saves 9.6 GB of 38.7 GB of activations on Llama 3.2
-    3B, which is what the norms' fp32 copies weigh).
+    trained weight also needs the normalized input (16-bit in HF's Llama, fp32 in LitGPT and
+    HF's Gemma, which multiply by the weight in fp32: the trace). Compiled, the norm is one
+    fused kernel that keeps its input and 1/rms and recomputes the rest; matmul inputs and
+    SDPA's tensors stay as they are (torchtune's cumulative table: compile saves 9.6 GB of
+    38.7 GB of activations on Llama 3.2 3B, which is what the norms' fp32 copies weigh).
     `nn.LayerNorm` keeps its input and fp32 mean and rstd.
     """
     h = _hidden(stack)
@@ -143,7 +143,8 @@ def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trai
     if stack.norm_kind is NormKind.RMS:
         kept = FP32 * h
         if weight_trains:
-            fp32_normalized = profile.norm_keeps_fp32_normalized or n.residual == FP32
+            fp32_normalized = profile.norm_keeps_fp32_normalized or n.residual == FP32 or (
+                stack.norm_scales_in_fp32 and runs_transformers_code(profile))
             kept += (FP32 if fp32_normalized else n.compute) * h
         return kept
     return n.residual * h + 2 * FP32
@@ -260,13 +261,20 @@ def layer_activations(
 
     # --- attention ---------------------------------------------------------------------------
     kernel = attention_kernel(model, stack, setup, profile)
-    # LitGPT and torchtune expand k/v in their own code before SDPA; HF repeats them only on
-    # the masked (efficient-kernel) path.
+    # LitGPT and torchtune expand k/v in their own code before SDPA; HF repeats them on the
+    # masked (efficient-kernel) path and in its eager attention (`repeat_kv`). Falcon
+    # broadcasts instead, and torch.matmul folds the broadcast [batch, heads] into one batch
+    # dimension: a view for one sequence, a materialized (and kept) copy for more.
+    hf = runs_transformers_code(profile)
+    hf_eager = hf and kernel is Kernel.EAGER
     expand = (profile.expands_kv and setup.attention is not Attention.FLASH) or (
-        kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads)
+        kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads) or (
+        hf_eager and (not stack.eager_broadcasts_kv or setup.micro_batch > 1))
     kv_width = q_out if expand else kv_out
     a_b = n.attention if n.input_copy_per_linear else e
-    attn = a_b * (q_out + 2 * kv_width) + a_b * q_out  # q, k, v and the attention output
+    # q, k, v and the attention output; HF's eager attention keeps no output of its own (its
+    # contiguous copy is o_proj's input, below): the trace, per layer
+    attn = a_b * (q_out + 2 * kv_width) + (0 if hf_eager else a_b * q_out)
     probs_copy = 0  # bytes per score of the 16-bit probabilities eager attention keeps
     softmax = FP32
     if kernel in (Kernel.EAGER, Kernel.MATH):
@@ -311,7 +319,6 @@ def layer_activations(
     # and torchtune, which reshape the transposed output.
     # On an upcast QLoRA model o_proj's Linear4bit casts the fp32 output to 16 bits and keeps
     # that cast instead (the trace: six 16-bit h-wide copies per layer, o's among them).
-    hf = runs_transformers_code(profile)
     o_in = 2 if n.input_copy_per_linear else a_b
     o_cast = n.input_copy_per_linear and a_b != 2  # fp32 output: o_proj casts and keeps
     if keeps_inputs and (o_cast or kernel in (Kernel.EAGER, Kernel.MATH) or not hf):

@@ -135,6 +135,9 @@ class Stack(BaseModel):
     experts_per_token: int = 0
     #: Gemma 2 style soft-capping of attention logits (forces explicit scores in some stacks).
     attn_softcap: bool = False
+    #: Gemma's RMSNorm scales in fp32 (`normed * (1.0 + weight.float())`) and casts after, so a
+    #: trained weight keeps the fp32 normalized input (Llama's casts first, then scales).
+    norm_scales_in_fp32: bool = False
     #: Query/key norms inside attention (Qwen3, OLMo 2).
     qk_norm: bool = False
     #: Transformers' eager attention takes the softmax in fp32 and casts the probabilities
@@ -144,6 +147,10 @@ class Stack(BaseModel):
     #: The layer returns its eager attention probabilities with its output, and the model's
     #: loop holds that output until the next layer returns (Transformers' Falcon).
     returns_attention_probs: bool = False
+    #: Transformers' eager attention multiplies by k and v broadcast over the query heads
+    #: (Falcon's `query_layer @ key_layer.transpose(-1, -2)`) instead of materializing
+    #: `repeat_kv` copies, which the matmuls then keep (Llama family).
+    eager_broadcasts_kv: bool = False
     #: Dropout in training: on attention probabilities and on the residual branches.
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -418,6 +425,7 @@ def _llama_like(name: str, family: str, r: _Reader) -> ModelSpec:
         n_norms=n_norms, norm_kind=norm_kind, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, mlp_kind=MlpKind.GATED, intermediate_size=inter,
         n_experts=n_experts, experts_per_token=top_k, attn_softcap=softcap, qk_norm=qk_norm,
+        norm_scales_in_fp32=family in {"gemma", "gemma2", "gemma3_text"},
     )
     final_norm = 0 if family == "olmo" else norm_width
     return ModelSpec(
@@ -511,7 +519,7 @@ def _falcon(name: str, r: _Reader) -> ModelSpec:
         other_params=n_norms * 2 * h, n_norms=n_norms, norm_kind=NormKind.LAYER,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, mlp_kind=MlpKind.PLAIN,
         intermediate_size=inter, parallel_residual=parallel, softmax_upcast=False,
-        returns_attention_probs=True,
+        returns_attention_probs=True, eager_broadcasts_kv=True,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(

@@ -157,6 +157,7 @@ class Stage(Enum):
     """Where in the step weight working copies are counted (what is alive differs)."""
 
     FORWARD = "forward"  # the forward and the loss's forward, inside autocast
+    LAYERS_FORWARD = "layers' forward"  # inside the last layer: the head has not run yet
     LOSS = "loss"  # the loss's backward, before the head's
     TOP_LAYER = "top layer"  # the layers' backward, once the head's backward ran
     FIRST_LAYER = "first layer"  # the first layer's backward: the others' copies are freed
@@ -171,7 +172,8 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     items: list[LineItem] = []
     casts = _autocast_copies(model, setup, groups, stage)
     if casts:
-        when = "cached for the forward" if stage is Stage.FORWARD else "kept for backward"
+        when = "cached for the forward" if stage in (Stage.FORWARD, Stage.LAYERS_FORWARD) \
+            else "kept for backward"
         items.append(LineItem(
             key="activations.autocast_weights",
             label=f"16-bit working copies of Linear weights (autocast, {when})",
@@ -180,8 +182,10 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
     if any(g.storage in QUANTIZED for g in groups):
-        after_head = stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION)
-        biggest = _largest_matrix(model, profile, with_head=not after_head)
+        # the head's matrix is dequantized only between its forward and its backward
+        head_out = stage in (Stage.LAYERS_FORWARD, Stage.TOP_LAYER, Stage.FIRST_LAYER,
+                             Stage.FIRST_ATTENTION)
+        biggest = _largest_matrix(model, profile, with_head=not head_out)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
         compute = FP32 if setup.precision is Precision.FP32 else 2  # bnb's compute dtype
@@ -215,6 +219,9 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
         ("embedding",) if model.tied_embeddings and model.head_kind.value == "lm" else ())
     if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):
         head_keys = ()  # the head's backward ran: its cast is gone
+    if stage is Stage.LAYERS_FORWARD:
+        head_keys = ()  # the head has not run: no cast of it exists yet (the trace)
+        stage = Stage.FORWARD
     dense = [g for g in groups if g.key in ("linears", *head_keys)
              and g.storage is Storage.FP32]
     layers = max(1, model.n_layers)
@@ -389,8 +396,9 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
                         per_layer // n, ddp, 0, largest, unit, tied=tied // n,
                         largest_in_attention=largest_attention,
-                        bank_gate_up=banks[Role.GATE_UP] // n, bank_down=banks[Role.DOWN] // n,
-                        bank_experts=experts)
+                        # a unit's gradients are whole until reduce-scattered
+                        bank_gate_up=banks[Role.GATE_UP] // (1 if unit else n),
+                        bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts)
 
 
 def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -417,7 +425,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                  inputs=head, bytes=plan.head_saved_bytes, source=source), *previous])
     inside = [Moment(Phase.FORWARD, "the last layer's forward", accumulated, [
-        *in_forward,
+        *forward_layers, *working[Stage.LAYERS_FORWARD],
         LineItem(key="activations.layer_forward", label="attention scores of the layer running",
                  formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
                  inputs={"tokens": tokens}, bytes=plan.forward_transient_bytes,
@@ -456,10 +464,10 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     if bank is not None:
         top = _with_bank_write(top, plan, Moment(
             Phase.BACKWARD, "the top layer's backward",
-            max(accumulated, grads.head + layer_grads - bank.pending_layer_grads), [
+            max(accumulated, grads.head + bank.done_in_layer), [
                 *layers, *working[Stage.TOP_LAYER], head_left,
                 bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
-                *_tied_pending(grads, vocab)], reducing))
+                *_tied_pending(grads, vocab)]))
     # In the first layer's backward every gradient exists but the embedding's and the one
     # being written (the layer's largest, whole until it becomes .grad).
     building = 0 if grads.unsharded_unit or in_backward else (
@@ -481,9 +489,9 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         late = _with_bank_write(late, plan, Moment(
             Phase.BACKWARD, "the first layer's backward",
             max(accumulated, grads.total - grads.untied_embedding - grads.tied
-                - bank.pending_layer_grads), [
+                - grads.per_layer + bank.done_in_layer), [
                 *working[Stage.FIRST_LAYER], *[i for i in layers if i.key == "activations.mask"],
-                bank.item(first_layer, plan), *_tied_pending(grads, vocab)], reducing))
+                bank.item(first_layer, plan), *_tied_pending(grads, vocab)]))
     # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     # becomes an untied embedding's .grad or is added (in place) into a tied one's.
     embedding_grads = grads.total - grads.untied_embedding - grads.tied
@@ -516,11 +524,11 @@ def _with_bank_write(dense: Moment, plan: act.ActivationPlan, bank: Moment) -> M
 @dataclass(frozen=True, slots=True)
 class BankWrite:
     """An MoE layer's backward when its gate/up expert bank's gradient is written (see
-    `activations.MoeBackward`): bank-sized gradient buffers, and the layer's gradients that do
-    not exist yet."""
+    `activations.MoeBackward`): bank-sized gradient buffers, and the layer's gradients made
+    already. With sharded gradients both are whole: the layer is not reduced yet."""
 
     buffers: int  # bank-sized gradient tensors alive (not .grad yet)
-    pending_layer_grads: int  # the layer's gradients not yet made
+    done_in_layer: int  # the layer's gradients already made (down_proj's bank, grouped_mm)
     casts_released: int  # autocast's bf16 copies of the experts already through backward
     loop: bool
 
@@ -544,11 +552,10 @@ class BankWrite:
 def _bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                 grads: GradientPart) -> BankWrite | None:
     """The MoE candidate for a layer's backward peak, when expert banks train in HF code."""
-    if plan.moe_freed_minus_inflight_bytes is None or not grads.bank_gate_up \
-            or grads.unsharded_unit:
+    if plan.moe_freed_minus_inflight_bytes is None or not grads.bank_gate_up:
         return None
     if not plan.moe_loop:  # grouped_mm: down_proj's bank gradient is .grad already
-        return BankWrite(grads.bank_gate_up, grads.per_layer - grads.bank_down, 0, loop=False)
+        return BankWrite(grads.bank_gate_up, grads.bank_down, 0, loop=False)
     experts = max(1, grads.bank_experts)
     buffers = 2 * grads.bank_gate_up + grads.bank_gate_up // experts + grads.bank_down
     casts = 0
@@ -559,7 +566,7 @@ def _bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan
         bank_params = sum(ln.weight_params for st in model.stacks for ln in st.linears
                           if ln.copies > 1) // max(1, len(model.stacks))
         casts = 2 * bank_params * 2 // experts
-    return BankWrite(buffers, grads.per_layer, casts, loop=True)
+    return BankWrite(buffers, 0, casts, loop=True)
 
 
 def _tied_pending(grads: GradientPart, vocab: int) -> list[LineItem]:
