@@ -362,8 +362,10 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     trainable = [g for g in groups if g.trainable]
     full = sum(_grad_bytes(g) for g in trainable)
     by_key = {g.key: _grad_bytes(g) for g in trainable}
-    head = by_key.get("head", by_key.get("embedding", 0) if model.tied_embeddings else 0)
-    untied_embedding = by_key.get("embedding", 0) if not model.tied_embeddings else 0
+    # Only an LM head multiplies by a tied embedding; a classifier's embedding is used once.
+    tied_lm = model.tied_embeddings and model.head_kind.value == "lm"
+    head = by_key.get("head", by_key.get("embedding", 0) if tied_lm else 0)
+    untied_embedding = by_key.get("embedding", 0) if not tied_lm else 0
     layer_grads = by_key.get("linears", 0) + by_key.get("norms", 0) + by_key.get("lora", 0)
     per_layer = layer_grads // max(1, model.n_layers)
     linears = next((g for g in trainable if g.key == "linears"), None)
@@ -391,7 +393,7 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     if offloaded:
         # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
         return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit)
-    tied = embedding if model.tied_embeddings and "head" not in by_key and not in_backward \
+    tied = embedding if tied_lm and "head" not in by_key and not in_backward \
         else 0
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
                         per_layer // n, ddp, 0, largest, unit, tied=tied // n,

@@ -5,11 +5,17 @@ config.json path relative to the CSV. Each row is estimated with the same `estim
 uses and compared with the figure of the same kind (`metric`: allocated, active, reserved or
 device). Rows of confidence high or medium whose notes do not start with "UPPER BOUND" are
 scored.
+
+A `device` figure (nvidia-smi / NVML "used") includes the CUDA context, which depends on the GPU,
+driver and CUDA version; the estimate's constant is 1 GiB. Where a row's notes record the
+context measured on that machine ("measures 1343 MiB after a 1x1 tensor", HF's V100 guide), the
+row is scored with that context instead of the constant.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +25,7 @@ from pydantic import ValidationError
 from vram.architecture import model_from_config_file
 from vram.errors import VramError
 from vram.estimate import estimate
+from vram.overhead import cuda_context_bytes
 from vram.setup import TrainingSetup
 
 SCORED_CONFIDENCE = frozenset({"high", "medium"})
@@ -74,6 +81,18 @@ def setup_from_row(row: dict[str, str]) -> TrainingSetup:
     return TrainingSetup.model_validate(fields)
 
 
+#: How case notes record the CUDA context measured on the run's machine.
+MEASURED_CONTEXT = re.compile(r"measures ([\d,]+) MiB after a 1x1 tensor")
+
+
+def context_correction(row: dict[str, str]) -> int:
+    """Bytes to add to a `device` figure when the row measured its own CUDA context."""
+    found = MEASURED_CONTEXT.search(row.get("notes", ""))
+    if row.get("metric") != "device" or found is None:
+        return 0
+    return int(found.group(1).replace(",", "")) * 2**20 - cuda_context_bytes()
+
+
 def _is_scored(row: dict[str, str]) -> bool:
     return row.get("confidence", "") in SCORED_CONFIDENCE and not row.get(
         "notes", "").startswith("UPPER BOUND")
@@ -90,7 +109,8 @@ def run_cases(csv_path: str | Path) -> list[CaseResult]:
             try:
                 model = model_from_config_file(path.parent / row["model"])
                 setup = setup_from_row(row)
-                predicted = estimate(model, setup).figure(row["metric"])
+                predicted = estimate(model, setup).figure(row["metric"]) \
+                    + context_correction(row)
                 results.append(CaseResult(row["id"], row["method"], row["metric"], measured,
                                           predicted, scored))
             except (VramError, ValidationError, ValueError, KeyError) as exc:

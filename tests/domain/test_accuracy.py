@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vram.validate import run_cases, summarize
+from vram.validate import context_correction, run_cases, summarize
 
 
 def test_every_scored_case_is_estimated(cases_csv: Path) -> None:
@@ -21,3 +21,12 @@ def test_issue_targets_on_the_scored_cases(cases_csv: Path) -> None:
     assert summary.unsupported == 0
     assert summary.median_abs_pct <= 6.0, summary.line()
     assert summary.p90_abs_pct <= 15.0, summary.line()
+
+
+def test_device_rows_use_the_context_their_machine_measured() -> None:
+    """HF's V100 guide measures a 1,343 MiB CUDA context; its nvidia-smi rows are scored with
+    it instead of the estimate's 1 GiB constant. Other rows and metrics are left alone."""
+    notes = "device memory = ... + CUDA context (the doc measures 1343 MiB after a 1x1 tensor)"
+    assert context_correction({"metric": "device", "notes": notes}) == (1343 - 1024) * 2**20
+    assert context_correction({"metric": "reserved", "notes": notes}) == 0
+    assert context_correction({"metric": "device", "notes": "nvidia-smi"}) == 0
