@@ -232,6 +232,10 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
             return whole
         if stage is Stage.FIRST_ATTENTION and group.key == "linears":
             return 2 * _attention_params(model) // layers  # the MLP's backward freed its own
+        if stage is Stage.FIRST_LAYER and group.key == "linears":
+            # the MLP's backward peaks writing its up-projection's gradient, after the down
+            # projection's backward freed that cast (the trace, Phi-1.5 under autocast)
+            return whole // layers - 2 * _down_params(model) // layers
         if stage in (Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):  # the other layers' are freed
             return whole // layers
         if not setup.grad_ckpt:
@@ -245,6 +249,12 @@ def _attention_params(model: ModelSpec) -> int:
     """Weights of every layer's attention projections."""
     return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
                if ln.role in _ATTENTION_ROLES)
+
+
+def _down_params(model: ModelSpec) -> int:
+    """Weights of every layer's dense down projection (MoE banks are counted apart)."""
+    return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
+               if ln.role is Role.DOWN and ln.copies == 1)
 
 
 def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
