@@ -185,7 +185,22 @@ def sidebar() -> dict[str, Any]:
                 disabled=st.session_state["method"] != "qlora",
                 help="Only QLoRA quantizes the frozen base model.",
             )
+            st.select_slider(
+                "LoRA dropout", params.DROPOUT_OPTIONS, key="dropout", disabled=full,
+                help="PEFT keeps the dropped-out copy of each adapted Linear's input.",
+            )
             st.toggle("Gradient checkpointing", key="ckpt")
+            st.select_slider(
+                "Gradient accumulation steps", params.ACCUM_OPTIONS, key="accum",
+                help="More than 1 keeps every gradient alive through the next micro-batches.",
+            )
+            st.toggle(
+                "Long batches can follow each other", key="repeats",
+                help="Off for runs whose longest batch comes once (lit-gpt's 2023 scripts put "
+                "it in the first step only): a stack that keeps the previous step's graph "
+                "then never holds two long steps.",
+            )
+            _select("compile", "torch.compile", params.COMPILE_OPTIONS)
             _select("attn", "Attention kernel", tuple(params.LABELS["attn"]))
             _select("loss", "Loss (cross-entropy)", params.LOSS_OPTIONS)
             st.select_slider("GPUs", params.GPU_OPTIONS, key="gpus", on_change=_on_gpus_change)

@@ -55,6 +55,9 @@ TARGET_OPTIONS: tuple[str, ...] = (
 )
 QUANT_OPTIONS: tuple[str, ...] = (Quant.NF4.value, Quant.NF4_DQ.value, Quant.INT8.value)
 LOSS_OPTIONS: tuple[str, ...] = ("auto", Loss.STANDARD.value, Loss.CHUNKED.value)
+COMPILE_OPTIONS: tuple[str, ...] = ("auto", "on", "off")
+ACCUM_OPTIONS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+DROPOUT_OPTIONS: tuple[float, ...] = (0.0, 0.05, 0.1)
 UNITS: tuple[str, ...] = ("GB", "GiB")
 
 LABELS: dict[str, dict[str, str]] = {
@@ -78,6 +81,7 @@ LABELS: dict[str, dict[str, str]] = {
     },
     "quant": {"nf4": "NF4", "nf4-dq": "NF4 + double quant", "int8": "int8"},
     "attn": {"sdpa": "SDPA", "eager": "eager (keeps s×s scores)", "flash": "FlashAttention"},
+    "compile": {"auto": "stack default", "on": "compiled", "off": "eager (not compiled)"},
     "loss": {
         "auto": "stack default",
         "standard": "standard (fp32 logits)",
@@ -118,6 +122,10 @@ FIELD_TO_KEY: dict[str, str] = {
     "micro_batch": "batch",
     "seq_len": "seq",
     "grad_ckpt": "ckpt",
+    "grad_accum": "accum",
+    "lora_dropout": "dropout",
+    "longest_batch_repeats": "repeats",
+    "compile": "compile",
     "attention": "attn",
     "loss": "loss",
     "n_gpus": "gpus",
@@ -161,6 +169,23 @@ def _int_in(options: tuple[int, ...] | range) -> Callable[[str], Any]:
         return value
 
     return parse
+
+
+def _float_in(options: tuple[float, ...]) -> Callable[[str], Any]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text.strip())
+        except ValueError:
+            raise ValueError(f"{text[:40]!r} is not a number") from None
+        if value not in options:
+            raise ValueError(f"{value} is not one of: {', '.join(map(str, options))}")
+        return value
+
+    return parse
+
+
+def _dump_float(value: float) -> str:
+    return str(value)
 
 
 def _bool(text: str) -> bool:
@@ -274,6 +299,10 @@ def registry(model_slugs: tuple[str, ...], default_model: str) -> Registry:
             Param("targets", [ALL_LINEAR], _targets, _dump_targets, title="LoRA targets"),
             Param("quant", Quant.NF4.value, _choice(QUANT_OPTIONS), title="Quantization"),
             Param("ckpt", True, _bool, _dump_bool, title="Gradient checkpointing"),
+            Param("accum", 1, _int_in(ACCUM_OPTIONS), title="Gradient accumulation steps"),
+            Param("dropout", 0.05, _float_in(DROPOUT_OPTIONS), _dump_float, title="LoRA dropout"),
+            Param("repeats", True, _bool, _dump_bool, title="Long batches can follow each other"),
+            Param("compile", "auto", _choice(COMPILE_OPTIONS), title="torch.compile"),
             Param(
                 "attn",
                 Attention.SDPA.value,
@@ -385,6 +414,10 @@ def setup_kwargs(state: Mapping[str, Any]) -> dict[str, Any]:
         "micro_batch": int(state["batch"]),
         "seq_len": int(state["seq"]),
         "grad_ckpt": bool(state["ckpt"]),
+        "grad_accum": int(state["accum"]),
+        "lora_dropout": float(state["dropout"]),
+        "longest_batch_repeats": bool(state["repeats"]),
+        "compile": {"auto": None, "on": True, "off": False}[state["compile"]],
         "attention": state["attn"],
         "loss": None if state["loss"] == "auto" else state["loss"],
         "n_gpus": int(state["gpus"]),

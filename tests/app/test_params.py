@@ -26,6 +26,20 @@ def test_bad_parameters_are_named_and_ignored() -> None:
         assert key in text
 
 
+def test_every_memory_knob_reaches_the_setup() -> None:
+    """The controls beyond the sliders: accumulation, dropout, the longest-batch protocol and
+    compile land in the TrainingSetup, and a bad value names its parameter."""
+    state = {**REG.defaults(), "method": "lora", "accum": 8, "dropout": 0.0, "repeats": False,
+             "compile": "off"}
+    setup, errors = params.build_setup(state)
+    assert errors == [] and setup is not None
+    assert (setup.grad_accum, setup.lora_dropout, setup.longest_batch_repeats,
+            setup.compile) == (8, 0.0, False, False)
+    _, errors = params.parse_query(REG, {"accum": "3", "dropout": "0.5", "compile": "maybe"})
+    text = " ".join(errors)
+    assert "`accum`" in text and "`dropout`" in text and "`compile`" in text
+
+
 def test_setup_errors_name_the_control() -> None:
     state = {**REG.defaults(), "gpus": 8, "shard": "none"}
     setup, errors = params.build_setup(state)
@@ -48,6 +62,10 @@ states = st.fixed_dictionaries(
         "rank": st.sampled_from(params.RANK_OPTIONS),
         "targets": st.sampled_from([["all-linear"], ["q_proj", "v_proj"]]),
         "ckpt": st.booleans(),
+        "accum": st.sampled_from(params.ACCUM_OPTIONS),
+        "dropout": st.sampled_from(params.DROPOUT_OPTIONS),
+        "repeats": st.booleans(),
+        "compile": st.sampled_from(params.COMPILE_OPTIONS),
         "unit": st.sampled_from(["GB", "GiB"]),
     }
 )
