@@ -225,6 +225,8 @@ def breakdown_figure(
                 "arrowcolor": "#555",
                 "xanchor": "left",
                 "font": {"size": FONT_SIZE, "color": "#222"},
+                # a capacity line crossing the label passes behind it, not through the text
+                "bgcolor": "rgba(255,255,255,0.92)",
             }
         )
     annotations.append(
