@@ -30,14 +30,15 @@ def main() -> None:
     vendors = sorted({g.vendor for g in gpus})
     segments = sorted({g.segment for g in gpus})
     a, b, c = st.columns(3)
-    chosen_vendors = a.multiselect("Vendor", vendors, default=vendors, key="gpu_vendor")
-    chosen_segments = b.multiselect("Segment", segments, default=segments, key="gpu_segment")
-    only_fits = c.toggle("Only GPUs that hold this run", key="gpu_fits", disabled=report is None)
+    # Filters live in the URL like the setup (vendor=, segment=, fits=); none chosen = all.
+    a.multiselect("Vendor", vendors, key="vendor", placeholder="all vendors")
+    b.multiselect("Segment", segments, key="segment", placeholder="all segments")
+    c.toggle("Only GPUs that hold this run", key="fits", disabled=report is None)
     table = render.gpu_table(
-        [g for g in gpus if g.vendor in chosen_vendors and g.segment in chosen_segments],
+        data.filter_gpus(gpus, state["vendor"], state["segment"]),
         report,
         unit,
-        only_fits=only_fits,
+        only_fits=bool(state["fits"]) and report is not None,
     )
     render.gpu_dataframe(table, unit)
     source = "your VRAM_GPUS_CSV" if data.custom_gpu_list() else "data/gpus.csv"

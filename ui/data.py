@@ -7,7 +7,7 @@ Streamlit reruns the whole page script on every widget change, so file reads are
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import streamlit as st
@@ -50,7 +50,12 @@ def default_model() -> str:
 
 @st.cache_resource(show_spinner=False)
 def registry() -> params.Registry:
-    return params.registry(tuple(e.slug for e in catalog()), default_model())
+    gpu_list = gpus()
+    return params.registry(
+        tuple(e.slug for e in catalog()), default_model(),
+        gpu_vendors=tuple(sorted({g.vendor for g in gpu_list})),
+        gpu_segments=tuple(sorted({g.segment for g in gpu_list})),
+    )
 
 
 def model_label(slug: str) -> str:
@@ -74,6 +79,13 @@ def gpus_from(path: str | None) -> tuple[Any, ...]:
 def gpus() -> tuple[Any, ...]:
     """The GPU catalog, or the team's own list named by VRAM_GPUS_CSV (read once per path)."""
     return gpus_from(os.environ.get("VRAM_GPUS_CSV") or None)
+
+
+def filter_gpus(gpu_list: Sequence[Any], vendors: Sequence[str],
+                segments: Sequence[str]) -> list[Any]:
+    """The GPUs of the chosen vendors and segments (nothing chosen keeps every one)."""
+    return [g for g in gpu_list
+            if (not vendors or g.vendor in vendors) and (not segments or g.segment in segments)]
 
 
 def short_gpu_name(name: str) -> str:

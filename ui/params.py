@@ -275,8 +275,27 @@ def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
-def registry(model_slugs: tuple[str, ...], default_model: str) -> Registry:
-    """The parameters; `model_slugs` are the catalog's, in the order the list shows them."""
+def _names_in(options: tuple[str, ...]) -> Callable[[str], Any]:
+    """A comma-separated subset of `options` (the GPU page's filters; empty means all)."""
+
+    def parse(text: str) -> list[str]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        unknown = [p for p in parts if p not in options]
+        if unknown:
+            raise ValueError(f"{unknown[0][:40]!r} is not one of: {', '.join(options)}")
+        return [o for o in options if o in parts]
+
+    return parse
+
+
+def _dump_names(value: list[str]) -> str:
+    return ",".join(value)
+
+
+def registry(model_slugs: tuple[str, ...], default_model: str, *,
+             gpu_vendors: tuple[str, ...] = (), gpu_segments: tuple[str, ...] = ()) -> Registry:
+    """The parameters; `model_slugs` are the catalog's, in the order the list shows them;
+    `gpu_vendors` and `gpu_segments` are the GPU list's (the GPU page filters by them)."""
     options = (*model_slugs, UPLOAD, BY_SIZE)
     return Registry(
         params=(
@@ -319,6 +338,9 @@ def registry(model_slugs: tuple[str, ...], default_model: str) -> Registry:
                 _choice(_enum_values(Framework)),
                 title="Training stack",
             ),
+            Param("vendor", [], _names_in(gpu_vendors), _dump_names, title="GPU vendors"),
+            Param("segment", [], _names_in(gpu_segments), _dump_names, title="GPU segments"),
+            Param("fits", False, _bool, _dump_bool, title="Only GPUs that hold this run"),
             Param("math", False, _bool, _dump_bool, title="Show the math"),
             Param("unit", "GB", _choice(("gb", "gib")), title="Units"),
         ),

@@ -224,3 +224,23 @@ def vram_data_dir():
     from vram.paths import data_dir
 
     return data_dir()
+
+
+def test_gpu_page_filters_come_from_the_link(app: AppTest) -> None:
+    """`?vendor=AMD&fits=1` opens the GPU page on AMD cards that hold the run, and the
+    controls show what the link chose."""
+    app.query_params.update({"vendor": "AMD", "fits": "1"})
+    app.run()
+    app.switch_page("pages/3_GPUs.py").run()
+    _clean(app)
+    assert app.multiselect(key="vendor").value == ["AMD"]
+    assert app.toggle(key="fits").value is True
+    table = app.dataframe[0].value
+    assert len(table) > 0 and set(table["GPU"]) <= _short_names("AMD")
+    assert set(table["holds it"]) == {"yes"}
+
+
+def _short_names(vendor: str) -> set[str]:
+    from ui.data import short_gpu_name
+
+    return {short_gpu_name(g.name) for g in vram.load_gpus(None) if g.vendor == vendor}

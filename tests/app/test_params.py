@@ -7,7 +7,9 @@ from hypothesis import strategies as st
 
 from ui import params
 
-REG = params.registry(("llama-3.2-1b", "llama-3.1-8b"), "llama-3.1-8b")
+VENDORS, SEGMENTS = ("AMD", "NVIDIA"), ("consumer", "datacenter", "workstation")
+REG = params.registry(("llama-3.2-1b", "llama-3.1-8b"), "llama-3.1-8b",
+                      gpu_vendors=VENDORS, gpu_segments=SEGMENTS)
 
 
 def test_defaults_make_a_valid_setup() -> None:
@@ -40,6 +42,15 @@ def test_every_memory_knob_reaches_the_setup() -> None:
     assert "`accum`" in text and "`dropout`" in text and "`compile`" in text
 
 
+def test_gpu_page_filters_are_in_the_url() -> None:
+    """A shared link keeps the GPU page's filters; an unknown vendor is named, not used."""
+    state = {**REG.defaults(), "vendor": ["NVIDIA"], "segment": ["datacenter"], "fits": True}
+    query = params.to_query(REG, state)
+    assert (query["vendor"], query["segment"], query["fits"]) == ("NVIDIA", "datacenter", "1")
+    values, errors = params.parse_query(REG, {"vendor": "NVIDIA,Acme"})
+    assert values == {} and "`vendor`" in " ".join(errors) and "Acme" in " ".join(errors)
+
+
 def test_setup_errors_name_the_control() -> None:
     state = {**REG.defaults(), "gpus": 8, "shard": "none"}
     setup, errors = params.build_setup(state)
@@ -66,6 +77,9 @@ states = st.fixed_dictionaries(
         "dropout": st.sampled_from(params.DROPOUT_OPTIONS),
         "repeats": st.booleans(),
         "compile": st.sampled_from(params.COMPILE_OPTIONS),
+        "vendor": st.sampled_from([[], ["NVIDIA"], ["AMD", "NVIDIA"]]),
+        "segment": st.sampled_from([[], ["datacenter"], ["consumer", "workstation"]]),
+        "fits": st.booleans(),
         "unit": st.sampled_from(["GB", "GiB"]),
     }
 )
