@@ -156,12 +156,13 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], Any]:
     return parse
 
 
-def _int_in(options: tuple[int, ...] | range) -> Callable[[str], Any]:
-    def parse(text: str) -> int:
+def _number_in(options: tuple[Any, ...] | range, cast: Callable[[str], Any],
+               noun: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
         try:
-            value = int(text.strip())
+            value = cast(text.strip())
         except ValueError:
-            raise ValueError(f"{text[:40]!r} is not a whole number") from None
+            raise ValueError(f"{text[:40]!r} is not {noun}") from None
         if value not in options:
             if isinstance(options, range):
                 raise ValueError(f"{value} is outside {options.start}..{options.stop - 1}")
@@ -171,21 +172,12 @@ def _int_in(options: tuple[int, ...] | range) -> Callable[[str], Any]:
     return parse
 
 
+def _int_in(options: tuple[int, ...] | range) -> Callable[[str], Any]:
+    return _number_in(options, int, "a whole number")
+
+
 def _float_in(options: tuple[float, ...]) -> Callable[[str], Any]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text.strip())
-        except ValueError:
-            raise ValueError(f"{text[:40]!r} is not a number") from None
-        if value not in options:
-            raise ValueError(f"{value} is not one of: {', '.join(map(str, options))}")
-        return value
-
-    return parse
-
-
-def _dump_float(value: float) -> str:
-    return str(value)
+    return _number_in(options, float, "a number")
 
 
 def _bool(text: str) -> bool:
@@ -319,7 +311,7 @@ def registry(model_slugs: tuple[str, ...], default_model: str, *,
             Param("quant", Quant.NF4.value, _choice(QUANT_OPTIONS), title="Quantization"),
             Param("ckpt", True, _bool, _dump_bool, title="Gradient checkpointing"),
             Param("accum", 1, _int_in(ACCUM_OPTIONS), title="Gradient accumulation steps"),
-            Param("dropout", 0.05, _float_in(DROPOUT_OPTIONS), _dump_float, title="LoRA dropout"),
+            Param("dropout", 0.05, _float_in(DROPOUT_OPTIONS), title="LoRA dropout"),
             Param("repeats", True, _bool, _dump_bool, title="Long batches can follow each other"),
             Param("compile", "auto", _choice(COMPILE_OPTIONS), title="torch.compile"),
             Param(

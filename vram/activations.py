@@ -446,11 +446,9 @@ def layer_activations(
 def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:
     """Transformers' `grouped_mm` experts need bf16 operands: bf16 weights without autocast.
     Anything else runs the eager per-expert loop (transformers/integrations/moe.py)."""
-    n_autocast = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED) \
-        and not zero_half_model(setup)
     bf16_weights = setup.precision is Precision.BF16_TRUE or (
-        zero_half_model(setup) and setup.precision is Precision.BF16_MIXED)
-    return runs_transformers_code(profile) and bf16_weights and not n_autocast
+        zero_half_model(setup) and setup.precision is Precision.BF16_MIXED)  # no autocast
+    return runs_transformers_code(profile) and bf16_weights
 
 
 def moe_bank_backward(setup: TrainingSetup, profile: StackProfile, stack: Stack, n: Numerics,

@@ -575,8 +575,8 @@ def _bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan
             and not act.zero_half_model(setup):
         # autocast casts each expert's slice (not a leaf: never cached) and the Linear keeps
         # the cast; the two experts through backward have dropped theirs
-        bank_params = sum(ln.weight_params for st in model.stacks for ln in st.linears
-                          if ln.copies > 1) // max(1, len(model.stacks))
+        bank_params = max(sum(ln.weight_params for ln in st.linears if ln.copies > 1)
+                          for st in model.stacks)  # one layer's banks
         casts = 2 * bank_params * 2 // experts
     return BankWrite(buffers, 0, casts, loop=True)
 

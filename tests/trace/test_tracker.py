@@ -7,6 +7,8 @@ real CPU tensors, so the numbers are exact and small.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -29,14 +31,12 @@ def backward_peak(watch: bool, share_first: bool = False) -> int:
     with tracker:
         tracker.set_phase("backward")
         tracker.recording = True
-        if watch:
-            tracker.watch_backward(loss)
         if share_first:
             # hooks keep both gradients referenced: a GPU must sum out of place too
             for mul, _ in loss.grad_fn.next_functions[0][0].next_functions:
                 mul.register_hook(lambda grads, _outs: keep.append(grads[0]))
-        loss.backward()
-        tracker.between_nodes = False
+        with tracker.watching_backward(loss) if watch else contextlib.nullcontext():
+            loss.backward()
         tracker.sample()
     assert a.grad is not None and float(a.grad[0]) == 5.0
     return tracker.peaks[("backward",)].live
@@ -64,8 +64,8 @@ def test_index_backward_writes_into_its_zeros() -> None:
         loss = x[idx].sum()
         tracker.set_phase("backward")
         tracker.recording = True
-        tracker.watch_backward(loss)
-        loss.backward()
+        with tracker.watching_backward(loss):
+            loss.backward()
         tracker.sample()
     # x's gradient (zeros, written in place), the loss and its gradient
     assert tracker.peaks[("backward",)].live == BLOCK + 2 * SCALAR

@@ -199,9 +199,8 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
                 else:
                     loss = _loss(built, setup, ids, labels)
                 tracker.set_phase(BACKWARD, "head")
-                tracker.watch_backward(loss)
-                loss.backward()
-                tracker.between_nodes = False
+                with tracker.watching_backward(loss):
+                    loss.backward()
                 del loss
                 tracker.set_phase(OPTIMIZER)
                 tracker.in_optimizer = True

@@ -15,7 +15,7 @@ Autograd's gradient sums: when two paths send a gradient to the same tensor, aut
 buffer holds that tensor's last reference (`old.add_(new)`); under any `TorchDispatchMode` every
 tensor counts as "subclass-like" (fake tensors do too), so the same line runs out of place
 (`old + new`) and a third tensor appears that a GPU never allocates
-(torch/csrc/autograd/input_buffer.cpp, `can_accumulate_inplace`). `watch_backward` marks when
+(torch/csrc/autograd/input_buffer.cpp, `can_accumulate_inplace`). `watching_backward` marks when
 the engine, not a node's formula, runs (`between_nodes`); such an add is held back for one
 event, and if its first operand's storage died with it (the buffer held the last reference) it
 is accounted as the GPU runs it: in place. A Mixtral expert bank's gradient, summed over eight
@@ -32,8 +32,9 @@ segment.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,10 +161,7 @@ class StorageTracker(TorchDispatchMode):
     def _record(self, live: int, snapshot: SegmentPeak | None = None) -> None:
         self.events += 1
         self.timeline.append((self.events, live, self.phase))
-        if not self.recording:
-            return
-        peak = self.peaks.get(self.segment)
-        if peak is None or live > peak.live:
+        if self._would_be_peak(live):
             self.peaks[self.segment] = snapshot or self._snapshot(live)
 
     def _would_be_peak(self, live: int) -> bool:
@@ -171,11 +169,12 @@ class StorageTracker(TorchDispatchMode):
         return self.recording and (peak is None or live > peak.live)
 
     # -- autograd's gradient sums -------------------------------------------------------------
-    def watch_backward(self, loss: torch.Tensor) -> None:
-        """Hook every node of `loss`'s backward graph, so that `between_nodes` says when
-        autograd's engine, not a node's formula, dispatches an op: between a node's post-hook
-        and the next node's pre-hook the engine only sums gradients into its input buffers.
-        Reset `between_nodes` after the backward."""
+    @contextlib.contextmanager
+    def watching_backward(self, loss: torch.Tensor) -> Iterator[None]:
+        """Inside: `between_nodes` says when autograd's engine, not a node's formula,
+        dispatches an op. Every node of `loss`'s backward graph is hooked; between a node's
+        post-hook and the next node's pre-hook the engine only sums gradients into its input
+        buffers."""
 
         def before(_grads: Any) -> None:
             self.between_nodes = False
@@ -193,6 +192,10 @@ class StorageTracker(TorchDispatchMode):
             node.register_prehook(before)
             node.register_hook(after)
             todo.extend(child for child, _ in node.next_functions)
+        try:
+            yield
+        finally:
+            self.between_nodes = False
 
     def _hold_sum(self, first: torch.Tensor) -> None:
         """An engine-made `first + other` just ran: decide at the next event how a GPU ran it."""
