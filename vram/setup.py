@@ -214,21 +214,17 @@ class TrainingSetup(BaseModel):
 
     @property
     def effective_loss(self) -> Loss:
-        """Chunked cross-entropy where the stack does it by default: LitGPT fine-tuning
-        (lm_head_chunk_size=128 + chunked_cross_entropy) and torchtune's recipes
-        (CEWithChunkedOutputLoss, the configs' default since v0.3)."""
-        if self.loss is not None:
-            return self.loss
-        chunked = self.framework in (Framework.LITGPT, Framework.TORCHTUNE)
-        return Loss.CHUNKED if chunked else Loss.STANDARD
+        """The loss: this setup's, else the stack's default (`vram.stack.STACKS`)."""
+        from vram.stack import effective_loss  # the stack table imports this module
+
+        return effective_loss(self)
 
     @property
     def effective_compile(self) -> bool:
-        """torch.compile: torchtune's published memory tables are all measured with
-        `compile=True`; other stacks run eagerly unless asked."""
-        if self.compile is not None:
-            return self.compile
-        return self.framework is Framework.TORCHTUNE
+        """torch.compile: this setup's, else the stack's default (`vram.stack.STACKS`)."""
+        from vram.stack import effective_compile  # the stack table imports this module
+
+        return effective_compile(self)
 
     @property
     def trains_adapters(self) -> bool:
