@@ -23,7 +23,7 @@ from enum import Enum
 from vram import activations as act
 from vram.architecture import ModelSpec, Role
 from vram.inference import inference_estimate
-from vram.optimizer import OptimizerState, optimizer_state, steps_in_backward
+from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import STORAGE_BYTES, ParamGroup, Storage, param_groups, trainable_params
 from vram.result import (
@@ -35,7 +35,7 @@ from vram.result import (
     ParamCounts,
     Phase,
 )
-from vram.setup import Offload, Optimizer, Precision, Sharding, TrainingSetup
+from vram.setup import Offload, Precision, Sharding, TrainingSetup
 from vram.stack import StackProfile, profile_for
 from vram.units import FP32_BYTES as FP32
 
@@ -304,12 +304,13 @@ class OptimizerPart:
     step_temp_bytes: int
 
 
-def _optimizer_part(groups: list[ParamGroup], setup: TrainingSetup, profile: StackProfile,
-                    shards: Shards, largest_trainable: int) -> OptimizerPart:
+def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingSetup,
+                    profile: StackProfile, shards: Shards) -> OptimizerPart:
     master_full = _master_bytes(groups, profile)
     state = optimizer_state(groups, setup, fused=profile.fused_optimizer,
                             state_dtype_bytes=profile.precision.states,
-                            largest_param=largest_trainable)
+                            largest_param=_largest_trainable(model, setup, groups),
+                            galore_rank=projection_rank(model.hidden_size))
     master = master_full // shards.optimizer
     state_bytes = state.state_bytes // shards.optimizer
     paged = state_bytes if state.paged else 0
@@ -418,7 +419,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
              working: dict[Stage, list[LineItem]], step_temp: int) -> list[Moment]:
     """The candidate peaks of one step (see the module docstring). `working` holds the weight
     copies alive at each stage."""
-    in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
+    in_backward = steps_in_backward(setup)
     accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
     layers = _layer_items(model, setup, plan, forward=False)
     forward_layers = _layer_items(model, setup, plan, forward=True)
@@ -680,8 +681,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
 
     weight_items, host = _weight_items(model, setup, profile, groups, shards)
     weights = sum(item.bytes for item in weight_items)
-    optimizer = _optimizer_part(groups, setup, profile, shards,
-                                _largest_trainable(model, setup, groups))
+    optimizer = _optimizer_part(model, groups, setup, profile, shards)
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards)
     working = {stage: _working_items(model, setup, profile, groups, shards, stage)

@@ -29,6 +29,22 @@ BNB_BLOCK = 256
 #: bitsandbytes keeps 32-bit state for tensors under this many values
 #: (bitsandbytes/optim/optimizer.py@0.44.1 Optimizer8bit min_8bit_size=4096).
 BNB_MIN_8BIT_SIZE = 4096
+#: torchao's 4-bit states: two 4-bit codes per byte and an fp32 scale per 128 values, plus a
+#: 16-entry fp32 lookup table per state; tensors under 4096 values, or not a multiple of the
+#: block, keep a plain state like the parameter (torchao/optim/subclass_4bit.py@029bb60
+#: OptimState4bit.zeros; torchao/optim/adam.py@0372e5f _AdamBase._new_buffer, AdamW4bit
+#: block_size=128).
+TORCHAO_4BIT_BLOCK = 128
+TORCHAO_MIN_QUANT_SIZE = 4096
+TORCHAO_QMAP_VALUES = 16
+#: GaLore's recipes project with rank = hidden / 4 (Zhao et al. 2024, Table 2: 60M 128/512,
+#: 350M 256/1024, 1B 512/2048, 7B 1024/4096; jiaweizzhao/GaLore scripts/single_gpu/
+#: llama_7b.sh@8460814 --rank 1024).
+GALORE_RANK_DIVISOR = 4
+#: The parameter groups GaLore projects: the layers' attention and MLP Linear weights
+#: (torchrun_main.py@8460814 galore_params: nn.Linear modules named attn/mlp); every other
+#: parameter steps with bitsandbytes' 8-bit Adam.
+GALORE_GROUPS = frozenset({"linears"})
 
 
 class StateFormat(Enum):
@@ -41,6 +57,11 @@ class StateFormat(Enum):
     #: Adafactor's factored second moment: fp32 row and column statistics of each matrix, a full
     #: fp32 statistic for each vector.
     FACTORED = "factored"
+    #: torchao blockwise 4-bit: packed 4-bit codes + an fp32 scale per 128-value block.
+    BLOCKWISE_4BIT = "4-bit blockwise"
+    #: GaLore: the Linear weights' states live in a rank-r projection (8-bit blockwise), beside
+    #: the projection matrix; other parameters keep 8-bit blockwise states.
+    GALORE_8BIT = "GaLore projected, 8-bit"
 
 
 class StepTemporaries(Enum):
@@ -114,6 +135,20 @@ OPTIMIZERS: MappingProxyType[Optimizer, OptimizerSpec] = MappingProxyType({
         formula=("4 bytes × (rows + columns) per matrix (factored second moment), "
                  "each vector in 512-byte allocator blocks"),
         source="transformers/optimization.py@v4.46.0 Adafactor (beta1=None: no first moment)"),
+    Optimizer.ADAMW_4BIT: OptimizerSpec(
+        2, StateFormat.BLOCKWISE_4BIT, StepTemporaries.NONE, paged=False,
+        steps_in_backward=False,
+        formula=("2 states × (0.5 byte + 4 bytes per 128-value block); states like the "
+                 "parameter for tensors under 4096 values"),
+        source=("torchao/optim/adam.py@0372e5f AdamW4bit (block_size=128; one compiled "
+                "single-parameter step, no full-size temporaries)")),
+    Optimizer.GALORE_ADAMW8BIT_PER_LAYER: OptimizerSpec(
+        2, StateFormat.GALORE_8BIT, StepTemporaries.NONE, paged=False, steps_in_backward=True,
+        formula=("Linear weights: 2 states × r × max(d_in, d_out) in 8 bits + the r × "
+                 "min(d_in, d_out) projection; other params: 8-bit Adam; r = hidden / 4"),
+        source=("jiaweizzhao/GaLore torchrun_main.py@8460814 galore_adamw8bit_per_layer "
+                "(GaLoreAdamW8bit per parameter, stepped in register_post_accumulate_grad_"
+                "hook); galore_torch/galore_projector.py@8460814")),
 })
 
 
@@ -171,13 +206,65 @@ def blockwise_8bit_bytes(group: ParamGroup) -> int:
     return INT8_BYTES * n + FP32_BYTES * ceil_div(n, BNB_BLOCK)
 
 
-def _state_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int) -> int:
+def torchao_4bit_tensor_bytes(numel: int, dense_bytes: int) -> int:
+    """torchao's 4-bit state of one tensor, one state, as the CUDA allocator charges it."""
+    if numel < TORCHAO_MIN_QUANT_SIZE or numel % TORCHAO_4BIT_BLOCK:
+        return allocated_bytes(dense_bytes * numel)
+    return (allocated_bytes(numel // 2)
+            + allocated_bytes(FP32_BYTES * (numel // TORCHAO_4BIT_BLOCK))
+            + allocated_bytes(FP32_BYTES * TORCHAO_QMAP_VALUES))
+
+
+def blockwise_4bit_bytes(group: ParamGroup, dense_bytes: int) -> int:
+    """One 4-bit state of a group: tensor by tensor where the group lists its tensors (or its
+    matrices), else over its values pooled."""
+    if group.tensors:
+        return sum(count * torchao_4bit_tensor_bytes(numel, dense_bytes)
+                   for numel, count in group.tensors)
+    if group.matrices:
+        listed = sum(m.count * torchao_4bit_tensor_bytes(m.rows * m.cols, dense_bytes)
+                     for m in group.matrices)
+        rest = max(0, group.n_params - sum(m.numel for m in group.matrices))
+        return listed + dense_bytes * rest
+    n = group.n_params
+    return n // 2 + FP32_BYTES * ceil_div(n, TORCHAO_4BIT_BLOCK)
+
+
+def galore_matrix_bytes(rows: int, cols: int, rank: int, dense_bytes: int) -> int:
+    """GaLore's Adam state of one matrix: two 8-bit states of the projected gradient
+    (r × the larger side) and the orthogonal projection (r × the smaller side), kept in the
+    gradient's dtype (galore_projector.py get_orthogonal_matrix: `.type(original_type)`)."""
+    r = min(rank, rows, cols)
+    projected = r * max(rows, cols)
+    return (2 * bnb_8bit_tensor_bytes(projected)
+            + allocated_bytes(dense_bytes * r * min(rows, cols)))
+
+
+def galore_bytes(group: ParamGroup, rank: int, dense_bytes: int) -> int:
+    """Every state of a group under GaLore (projected Linear weights; 8-bit Adam otherwise)."""
+    if group.key not in GALORE_GROUPS or not group.matrices:
+        return 2 * blockwise_8bit_bytes(group)
+    return sum(m.count * galore_matrix_bytes(m.rows, m.cols, rank, dense_bytes)
+               for m in group.matrices)
+
+
+def _state_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int,
+                 projection_rank: int) -> int:
     """Every state of one group."""
     if spec.state_format is StateFormat.BLOCKWISE_8BIT:
         return spec.states * blockwise_8bit_bytes(group)
+    if spec.state_format is StateFormat.BLOCKWISE_4BIT:
+        return spec.states * blockwise_4bit_bytes(group, dense_bytes)
+    if spec.state_format is StateFormat.GALORE_8BIT:
+        return galore_bytes(group, projection_rank, dense_bytes)
     if spec.state_format is StateFormat.FACTORED:
         return spec.states * factored_bytes(group)
     return spec.states * dense_bytes * group.n_params
+
+
+def projection_rank(hidden_size: int) -> int:
+    """GaLore's rank for a model of `hidden_size` (its recipes: hidden / 4)."""
+    return max(1, hidden_size // GALORE_RANK_DIVISOR)
 
 
 def _step_temp_bytes(spec: OptimizerSpec, trainable: list[ParamGroup], state_dtype_bytes: int,
@@ -195,13 +282,14 @@ def _step_temp_bytes(spec: OptimizerSpec, trainable: list[ParamGroup], state_dty
 
 def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bool,
                     state_dtype_bytes: int = FP32_BYTES, largest_param: int = 0,
-                    ) -> OptimizerState:
+                    galore_rank: int = 128) -> OptimizerState:
     """State bytes for the trainable groups (before any sharding). `state_dtype_bytes`: a dense
     state value (`PrecisionPolicy.states`); `fused`: the stack steps AdamW/Lion with fused
-    kernels; `largest_param`: values in the largest trainable tensor."""
+    kernels; `largest_param`: values in the largest trainable tensor; `galore_rank`: GaLore's
+    projection rank (`projection_rank`)."""
     spec = optimizer_spec(setup.optimizer)
     trainable = [g for g in groups if g.trainable]
-    total = sum(_state_bytes(spec, g, state_dtype_bytes) for g in trainable)
+    total = sum(_state_bytes(spec, g, state_dtype_bytes, galore_rank) for g in trainable)
     temp = _step_temp_bytes(spec, trainable, state_dtype_bytes, fused=fused,
                             largest_param=largest_param)
     return OptimizerState(total, spec.formula if trainable else "", temp, spec.paged)

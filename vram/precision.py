@@ -119,9 +119,10 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
     weights = _trained_weight_bytes(setup)
     frozen = _frozen_weight_bytes(setup, upcasts_frozen)
     adapter_inputs = _adapter_input_bytes(setup, fp32_adapters)
-    # Next to a 16-bit base under a mixed recipe the adapters are 16-bit too (ZeRO casts the
-    # model; LitGPT and torchtune build the adapters in the base's dtype).
-    adapters = BF16_BYTES if frozen == BF16_BYTES and mixed else adapter_inputs
+    # Under a mixed recipe the adapters are 16-bit when ZeRO casts the model, or beside a
+    # 16-bit base on a stack that builds them in the base's dtype (LitGPT, torchtune).
+    base_dtype = frozen == BF16_BYTES and not fp32_adapters
+    adapters = BF16_BYTES if mixed and (half_model or base_dtype) else adapter_inputs
     trained = adapters if setup.trains_adapters else weights
     # A mixed recipe whose trained parameters are 16-bit keeps an fp32 master copy of them.
     master = FP32_BYTES if mixed and trained == BF16_BYTES else 0

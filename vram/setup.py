@@ -37,6 +37,8 @@ class Optimizer(StrEnum):
     ADAFACTOR = "adafactor"
     LION = "lion"
     ADAMW_IN_BACKWARD = "adamw-in-backward"
+    ADAMW_4BIT = "adamw-4bit"
+    GALORE_ADAMW8BIT_PER_LAYER = "galore-adamw8bit-per-layer"
 
 
 class Precision(StrEnum):
@@ -81,6 +83,10 @@ class Framework(StrEnum):
     PEFT_ACCELERATE = "peft-accelerate"
     FSDP_QLORA = "fsdp-qlora"
     UNSLOTH = "unsloth"
+    TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
+    AXOLOTL = "axolotl"
+    LLAMA_FACTORY = "llama-factory"
     OTHER = "other"
 
 

@@ -64,8 +64,9 @@ class StackRow:
     default_ckpt_reentrant: bool
     #: ... in the stack's sharded-QLoRA recipe (PEFT's DeepSpeed/FSDP guides pass True).
     sharded_qlora_ckpt_reentrant: bool
-    #: FSDP generation the stack wraps with (1: FullyShardedDataParallel, 2: fully_shard).
-    default_fsdp_version: Literal[1, 2]
+    #: FSDP generation the stack wraps with (1: FullyShardedDataParallel, 2: fully_shard;
+    #: None: the stack shards with DeepSpeed ZeRO, not FSDP).
+    default_fsdp_version: Literal[1, 2] | None
     #: The training loop keeps the logits referenced through backward.
     keeps_logits: bool
     #: The loop keeps the previous step's `logits` and `loss` into the next forward.
@@ -156,6 +157,11 @@ def _like(base: StackRow, **changes: tuple[object, str]) -> StackRow:
 #: full-size temporary.
 _FOREACH = "torch.optim.AdamW (foreach, the CUDA default: torch/optim/adamw.py@v2.4.0)"
 
+_AXOLOTL_CONFIG = "axolotl src/axolotl/utils/config/__init__.py@00ce888"
+_LLAMA_FACTORY = "LLaMA-Factory@06d78ff src/llamafactory"
+_TORCHTITAN = "torchtitan@6404b93"
+_DEEPSPEED = "deepspeed@v0.16.0"
+_DS_EXAMPLE = "DeepSpeedExamples training/bf16_master_weight/train.py@ac3800b7"
 _LITGPT = "litgpt@v0.4.0"
 _LIGHTNING = "lightning@2.3.0"
 _TORCHTUNE = "torchtune@v0.3.0"
@@ -174,6 +180,28 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         False, f"unslothai/unsloth README@2024.11 {_FOREACH}")),
     # A hand-written loop on Transformers + PEFT.
     Framework.OTHER: _like(_HF_TRAINER, fused_optimizer=(False, _FOREACH)),
+    # axolotl: HF Trainer + PEFT underneath, with its own defaults.
+    Framework.AXOLOTL: _like(
+        _HF_TRAINER,
+        default_ckpt_reentrant=(True, f"{_AXOLOTL_CONFIG} normalize_config "
+                                      "gradient_checkpointing_kwargs={'use_reentrant': True}"),
+        sharded_qlora_ckpt_reentrant=(True, f"{_AXOLOTL_CONFIG} normalize_config (any run)"),
+        fused_optimizer=(True, "axolotl src/axolotl/utils/schemas/training.py@94c00c1 "
+                               "optimizer default adamw_torch_fused"),
+    ),
+    # LLaMA-Factory: HF Trainer + PEFT, its own model preparation instead of PEFT's.
+    Framework.LLAMA_FACTORY: _like(
+        _HF_TRAINER,
+        default_ckpt_reentrant=(True, f"{_LLAMA_FACTORY}/hparams/model_args.py "
+                                      "use_reentrant_gc=True"),
+        sharded_qlora_ckpt_reentrant=(True, f"{_LLAMA_FACTORY}/model/model_utils/"
+                                            "checkpointing.py (False only under FSDP2)"),
+        kbit_upcast=(False, f"{_LLAMA_FACTORY}/model/model_utils/checkpointing.py "
+                            "prepare_model_for_training (no kbit upcast; "
+                            "upcast_layernorm=False)"),
+        default_fsdp_version=(1, f"{_LLAMA_FACTORY}/model/model_utils/checkpointing.py "
+                                 "FSDP_VERSION defaults to 1"),
+    ),
     Framework.LITGPT: StackRow(
         unties_head=True, quantizes_head=True, kbit_upcast=False, kbit_upcast_sharded=False,
         fp32_adapters=False, upcasts_logits=False, default_loss=Loss.CHUNKED,
@@ -269,6 +297,100 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                                 "(to_nf4 from bf16)",
             casts_output_to_fp32=f"recipes/lora_finetune_single_device.py@{_TORCHTUNE} "
                                  "(logits in compute dtype)",
+        ),
+    ),
+    # torchtitan: PyTorch-native pre-training (its own Llama code, FSDP2, no PEFT/QLoRA).
+    Framework.TORCHTITAN: StackRow(
+        unties_head=True, quantizes_head=False, kbit_upcast=False, kbit_upcast_sharded=False,
+        fp32_adapters=False, upcasts_logits=True, default_loss=Loss.STANDARD,
+        fused_optimizer=True, expands_kv=True, norm_keeps_fp32_input=True,
+        adapts_fused_slices=False, quantized_linear_keeps_input=False,
+        norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
+        fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
+        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2, keeps_logits=False,
+        keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
+        sources=_cite(
+            unties_head=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
+                        "self.output = nn.Linear (own matrix)",
+            quantizes_head=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
+            kbit_upcast=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
+            kbit_upcast_sharded=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
+            fp32_adapters=f"torchtitan/train.py@{_TORCHTITAN} (no PEFT: model dtype)",
+            upcasts_logits=f"torchtitan/components/loss.py@{_TORCHTITAN} cross_entropy("
+                           "pred.float())",
+            default_loss=f"torchtitan/components/loss.py@{_TORCHTITAN} full-logit "
+                         "cross_entropy_loss",
+            fused_optimizer=f"torchtitan/config/job_config.py@{_TORCHTITAN} Optimizer."
+                            "implementation='fused' (Dec 2024 builds: fused=False, foreach)",
+            expands_kv=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} repeat_kv",
+            norm_keeps_fp32_input=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
+                                  "nn.RMSNorm (upcasts internally)",
+            adapts_fused_slices=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
+                                "(separate wq, wk, wv)",
+            quantized_linear_keeps_input=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
+            norm_keeps_fp32_normalized=f"torchtitan/models/llama3/model/model.py@"
+                                       f"{_TORCHTITAN} nn.RMSNorm",
+            fsdp_keeps_frozen_unsharded=f"torchtitan/models/llama3/infra/parallelize.py@"
+                                        f"{_TORCHTITAN} fully_shard (FSDP2)",
+            fused_activations=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
+                              "FeedForward F.silu",
+            default_compile=f"torchtitan/config/job_config.py@{_TORCHTITAN} Compile."
+                            "enable=False",
+            default_ckpt_reentrant=f"torchtitan/distributed/activation_checkpoint.py@"
+                                   f"{_TORCHTITAN} ptd_checkpoint_wrapper (non-reentrant)",
+            sharded_qlora_ckpt_reentrant=f"torchtitan/distributed/activation_checkpoint.py@"
+                                         f"{_TORCHTITAN} (same wrapper)",
+            default_fsdp_version=f"torchtitan/models/llama3/infra/parallelize.py@"
+                                 f"{_TORCHTITAN} apply_fsdp fully_shard",
+            keeps_logits=f"torchtitan/train.py@{_TORCHTITAN} forward_backward_step "
+                         "del pred before backward",
+            keeps_previous_graph=f"torchtitan/train.py@{_TORCHTITAN} (loss detached)",
+            quantizes_from_fp16=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
+            casts_output_to_fp32=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
+                                 "(logits in the compute dtype)",
+        ),
+    ),
+    # DeepSpeed's own engine driving a PyTorch model (DeepSpeedExamples scripts). Under a
+    # mixed recipe ZeRO runs a 16-bit model with an fp32 master (vram.precision).
+    Framework.DEEPSPEED: StackRow(
+        unties_head=False, quantizes_head=False, kbit_upcast=False, kbit_upcast_sharded=False,
+        fp32_adapters=False, upcasts_logits=False, default_loss=Loss.STANDARD,
+        fused_optimizer=True, expands_kv=False, norm_keeps_fp32_input=True,
+        adapts_fused_slices=False, quantized_linear_keeps_input=False,
+        norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
+        fused_activations=True, default_compile=False, default_ckpt_reentrant=True,
+        sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None, keeps_logits=True,
+        keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
+        sources=_cite(
+            unties_head=f"{_DS_EXAMPLE} (the model's own head)",
+            quantizes_head=f"{_DS_EXAMPLE} (no QLoRA path)",
+            kbit_upcast=f"{_DS_EXAMPLE} (no QLoRA path)",
+            kbit_upcast_sharded=f"{_DS_EXAMPLE} (no QLoRA path)",
+            fp32_adapters=f"deepspeed/runtime/engine.py@{_DEEPSPEED} (the engine casts the "
+                          "whole module to the ZeRO dtype)",
+            upcasts_logits=f"{_DS_EXAMPLE} nn.CrossEntropyLoss on the model's logits",
+            default_loss=f"{_DS_EXAMPLE} nn.CrossEntropyLoss (full logits)",
+            fused_optimizer=f"deepspeed/runtime/engine.py@{_DEEPSPEED} _configure_basic_"
+                            "optimizer: FusedAdam unless torch_adam",
+            expands_kv=f"{_DS_EXAMPLE} nn.MultiheadAttention (no grouped k/v)",
+            norm_keeps_fp32_input=f"{_DS_EXAMPLE} nn.LayerNorm",
+            adapts_fused_slices=f"{_DS_EXAMPLE} (no LoRA path)",
+            quantized_linear_keeps_input=f"{_DS_EXAMPLE} (no QLoRA path)",
+            norm_keeps_fp32_normalized=f"{_DS_EXAMPLE} nn.LayerNorm",
+            fsdp_keeps_frozen_unsharded=f"deepspeed/runtime/zero/stage3.py@{_DEEPSPEED} "
+                                        "(ZeRO-3 releases gathered parameters)",
+            fused_activations=f"{_DS_EXAMPLE} nn.GELU",
+            default_compile=f"deepspeed/runtime/config.py@{_DEEPSPEED} compile disabled",
+            default_ckpt_reentrant=f"deepspeed/runtime/activation_checkpointing/"
+                                   f"checkpointing.py@{_DEEPSPEED} CheckpointFunction "
+                                   "(an autograd.Function: reentrant)",
+            sharded_qlora_ckpt_reentrant=f"deepspeed/runtime/activation_checkpointing/"
+                                         f"checkpointing.py@{_DEEPSPEED} CheckpointFunction",
+            default_fsdp_version=f"deepspeed/runtime/engine.py@{_DEEPSPEED} (ZeRO, not FSDP)",
+            keeps_logits=f"{_DS_EXAMPLE} (logits bound through engine.backward)",
+            keeps_previous_graph=f"{_DS_EXAMPLE} (loss.item() only)",
+            quantizes_from_fp16=f"{_DS_EXAMPLE} (no QLoRA path)",
+            casts_output_to_fp32=f"{_DS_EXAMPLE} (logits in the module dtype)",
         ),
     ),
 })

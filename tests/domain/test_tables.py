@@ -7,7 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
-from vram import TrainingSetup
+from vram import Estimate, TrainingSetup, estimate, model_from_config
 from vram.activations import numerics, zero_half_model
 from vram.errors import VramError
 from vram.optimizer import (
@@ -17,15 +17,24 @@ from vram.optimizer import (
     factored_bytes,
     optimizer_spec,
     optimizer_state,
+    projection_rank,
+    torchao_4bit_tensor_bytes,
 )
-from vram.params import Matrices, ParamGroup, Storage
+from vram.params import Matrices, ParamGroup, Storage, param_groups
+from vram.params import allocated_bytes as allocated
 from vram.precision import precision_policy
 from vram.setup import Framework, Loss, Optimizer
 from vram.stack import ROW_FIELDS, STACKS, profile_for, runs_transformers_code, stack_row
 from vram.units import GIB, format_gb, format_gib, size_text
 
 HF_LIKE = (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE, Framework.FSDP_QLORA,
-           Framework.UNSLOTH, Framework.OTHER)
+           Framework.UNSLOTH, Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.OTHER)
+
+
+_TINY: dict[str, object] = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 1,
+    "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 256,
+    "tie_word_embeddings": False}
 
 
 # --- stacks --------------------------------------------------------------------------------
@@ -61,6 +70,27 @@ def test_stack_defaults_come_from_the_table() -> None:
     assert TrainingSetup(framework="litgpt").effective_loss is Loss.CHUNKED
     assert TrainingSetup(framework="hf-trainer").effective_loss is Loss.STANDARD
     assert TrainingSetup(framework="hf-trainer", loss="chunked").effective_loss is Loss.CHUNKED
+
+
+def test_checkpoint_reentrancy_defaults_from_source() -> None:
+    """axolotl and LLaMA-Factory default to reentrant checkpointing, Transformers 5 and the
+    PyTorch-native stacks to non-reentrant; DeepSpeed's own checkpointing is reentrant."""
+    reentrant = {f for f in Framework if stack_row(f).default_ckpt_reentrant}
+    assert reentrant == {Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.DEEPSPEED}
+    ckpt = TrainingSetup(method="qlora", grad_ckpt=True, framework="axolotl")
+    assert not profile_for(ckpt).checkpoint_keeps_ctx_attributes
+
+
+def test_fsdp_generation_per_stack() -> None:
+    fsdp2 = {f for f in Framework if stack_row(f).default_fsdp_version == 2}
+    assert fsdp2 == {Framework.TORCHTUNE, Framework.TORCHTITAN}
+    assert stack_row(Framework.DEEPSPEED).default_fsdp_version is None
+
+
+def test_llama_factory_keeps_a_16_bit_qlora_base_with_fp32_adapters() -> None:
+    """No kbit upcast (its own prepare_model_for_training), trainable params cast to fp32."""
+    p = profile_for(TrainingSetup(method="qlora", framework="llama-factory")).precision
+    assert (p.frozen_weights, p.adapters, p.master, p.states) == (2, 4, 0, 4)
 
 
 def test_sharded_qlora_follows_the_stacks_recipe() -> None:
@@ -143,9 +173,10 @@ def test_every_optimizer_has_a_row(optimizer: Optimizer) -> None:
     assert "@" in spec.source and spec.formula
 
 
-def test_only_the_in_backward_optimizer_steps_in_backward() -> None:
+def test_in_backward_optimizers() -> None:
+    """torchtune's optimizer-in-backward and GaLore's per-layer updates free each gradient."""
     assert {o for o, s in OPTIMIZERS.items() if s.steps_in_backward} == {
-        Optimizer.ADAMW_IN_BACKWARD}
+        Optimizer.ADAMW_IN_BACKWARD, Optimizer.GALORE_ADAMW8BIT_PER_LAYER}
 
 
 def _group(n: int, *, matrices: tuple[Matrices, ...] = (),
@@ -188,6 +219,65 @@ def test_foreach_temporaries_unless_fused() -> None:
     assert optimizer_state([group], adamw, fused=False).step_temp_bytes == 4000
     assert optimizer_state([group], adamw, fused=True).step_temp_bytes == 0
     assert optimizer_state([group], adamw, fused=False).state_bytes == 8000
+
+
+def test_torchao_4bit_state_by_hand() -> None:
+    # 4096 × 4096 values: 8,388,608 B of packed codes + 131,072 fp32 scales (524,288 B) + a
+    # 16-entry fp32 lookup table (64 B -> 512 B).
+    assert torchao_4bit_tensor_bytes(4096 * 4096, 2) == 8_388_608 + 524_288 + 512
+    # 4,000 values (under 4096): a bf16 state like the parameter, 8,000 B -> 8,192 B.
+    assert torchao_4bit_tensor_bytes(4000, 2) == 8192
+    # 4,160 values, not a multiple of 128: plain state too.
+    assert torchao_4bit_tensor_bytes(4160, 4) == allocated(4 * 4160)
+
+
+def test_adamw_4bit_on_a_tiny_llama_by_hand() -> None:
+    """Full fine-tune, pure bf16: the 2 × 64 × 256 embedding/head and the 2 × 256 × 64 MLP
+    and 64 × 64 attention matrices of one layer, and the norms."""
+    spec = model_from_config(_TINY, name="tiny")
+    setup = TrainingSetup(method="full", precision="bf16-true", optimizer="adamw-4bit")
+    groups = param_groups(spec, setup, profile_for(setup))
+    state = optimizer_state(groups, setup, fused=False, state_dtype_bytes=2)
+    # Matrices one by one: n/2 B of codes + 4·n/128 B of scales + the 64 B table, each in
+    # 512-byte blocks. 16,384 values (embedding, head, gate, up, down): 8,192 + 512 + 512;
+    # 4,096 values (q, k, v, o): 2,048 + 512 + 512.
+    matrices = 5 * (8_192 + 512 + 512) + 4 * (2_048 + 512 + 512)
+    # Norms: three 64-value vectors (2 per layer + the final one), bf16 states of 128 B -> 512 B.
+    norms = 3 * 512
+    assert state.state_bytes == 2 * (matrices + norms) == 119_808
+    assert state.step_temp_bytes == 0
+
+
+def test_galore_on_a_tiny_llama_by_hand() -> None:
+    """rank = hidden / 4 = 16. Each Linear: two 8-bit states of 16 × max side + a bf16
+    16 × min side projection; embedding, head and norms step with 8-bit Adam."""
+    spec = model_from_config(_TINY, name="tiny")
+    setup = TrainingSetup(method="full", precision="bf16-true",
+                          optimizer="galore-adamw8bit-per-layer")
+    groups = param_groups(spec, setup, profile_for(setup))
+    state = optimizer_state(groups, setup, fused=False, state_dtype_bytes=2,
+                            galore_rank=projection_rank(spec.hidden_size))
+    # q, k, v, o: 16 × 64 = 1,024 values, under 4096: fp32 states (4,096 B each)
+    attention = 4 * (2 * 4_096 + 2_048)
+    # gate, up, down: 16 × 256 = 4,096 values: 4,096 B of codes + 16 absmax (64 B -> 512 B)
+    mlp = 3 * (2 * (4_096 + 512) + 2_048)
+    pooled = 2 * 2 * (16_384 + 4 * 64)  # embedding and head: 8 bits + absmax per 256
+    norms = 3 * 2 * allocated(4 * 64)  # under 4096 values: fp32 states
+    assert state.state_bytes == attention + mlp + pooled + norms == 144_384
+    assert optimizer_spec(Optimizer.GALORE_ADAMW8BIT_PER_LAYER).steps_in_backward
+
+
+def test_galore_frees_gradients_in_backward() -> None:
+    spec = model_from_config(_TINY, name="tiny")
+    galore = estimate(spec, TrainingSetup(method="full", precision="bf16-true",
+                                          optimizer="galore-adamw8bit-per-layer"))
+    adam8 = estimate(spec, TrainingSetup(method="full", precision="bf16-true",
+                                         optimizer="adamw-8bit"))
+    def at_step(result: Estimate) -> int:
+        return next(m.gradient_bytes for m in result.moments if m.label == "the optimizer step")
+
+    assert at_step(galore) == 0
+    assert at_step(adam8) == 2 * spec.n_params  # every bf16 gradient waits for the step
 
 
 # --- units ---------------------------------------------------------------------------------
