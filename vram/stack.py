@@ -122,8 +122,8 @@ _HF_TRAINER = StackRow(
         kbit_upcast=_PEFT_KBIT, kbit_upcast_sharded=_TRL_SHARDED,
         fp32_adapters=_PEFT_ADAPTER, upcasts_logits=_HF_LOSS,
         default_loss=_HF_LOSS,
-        fused_optimizer=("transformers/training_args.py@v4.46.0 default optim adamw_torch "
-                         "(adamw_torch_fused from transformers@v4.56.0 with torch >= 2.8)"),
+        fused_optimizer=("transformers/training_args.py@v5.0.0 default_optim = "
+                         "'adamw_torch_fused' with torch >= 2.8 (older: adamw_torch, foreach)"),
         expands_kv=f"{_HF_CODE} (SDPA/flash get k, v unexpanded)",
         norm_keeps_fp32_input=f"{_HF_CODE} LlamaRMSNorm hidden_states.to(torch.float32)",
         adapts_fused_slices="peft/tuners/lora/model.py@v0.13.0 (whole modules only)",
@@ -504,3 +504,66 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         casts_output_to_fp32=row.casts_output_to_fp32,
         precision=precision,
     )
+
+
+#: The knobs a user can set, whose default each stack decides (docs/stacks.md, first table).
+KNOB_DEFAULTS: tuple[tuple[str, str], ...] = (
+    ("default_loss", "loss"),
+    ("default_compile", "compile"),
+    ("default_ckpt_reentrant", "ckpt_reentrant"),
+    ("sharded_qlora_ckpt_reentrant", "ckpt_reentrant (sharded QLoRA)"),
+    ("default_fsdp_version", "fsdp_version"),
+)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if value is None:
+        return "n/a"
+    return str(value)
+
+
+def stacks_markdown() -> str:
+    """docs/stacks.md, generated from `STACKS` (a test keeps the file equal to it):
+    `python -c "from vram.stack import stacks_markdown; print(stacks_markdown(), end='')"`."""
+    sources: dict[str, int] = {}
+
+    def cite(framework: Framework, name: str) -> str:
+        source = STACKS[framework].sources[name]
+        number = sources.setdefault(source, len(sources) + 1)
+        return f"{_cell(getattr(STACKS[framework], name))} [{number}]"
+
+    frameworks = list(STACKS)
+    lines = [
+        "# Training stacks: knob defaults and behaviours",
+        "",
+        "Generated from `vram.stack.STACKS` by `vram.stack.stacks_markdown()`; "
+        "`tests/domain/test_tables.py` keeps this file equal to it. Each value names the "
+        "source it was read from (`file@version`, numbered below). A setup's own value "
+        "(`loss`, `compile`, `ckpt_reentrant`, `fsdp_version`) overrides the stack's default.",
+        "",
+        "## Knob defaults",
+        "",
+        "| stack | " + " | ".join(label for _, label in KNOB_DEFAULTS) + " |",
+        "|---" * (len(KNOB_DEFAULTS) + 1) + "|",
+    ]
+    for framework in frameworks:
+        cells = [cite(framework, name) for name, _ in KNOB_DEFAULTS]
+        lines.append(f"| {framework.value} | " + " | ".join(cells) + " |")
+    knob_fields = {name for name, _ in KNOB_DEFAULTS}
+    lines += [
+        "",
+        "## Behaviours",
+        "",
+        "| behaviour | " + " | ".join(f.value for f in frameworks) + " |",
+        "|---" * (len(frameworks) + 1) + "|",
+    ]
+    for name in ROW_FIELDS:
+        if name in knob_fields:
+            continue
+        cells = [cite(framework, name) for framework in frameworks]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "## Sources", ""]
+    lines += [f"{number}. {source}" for source, number in sources.items()]
+    return "\n".join(lines) + "\n"

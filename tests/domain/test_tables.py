@@ -7,6 +7,7 @@ from types import MappingProxyType
 
 import pytest
 
+from tests.conftest import ROOT
 from vram import Estimate, TrainingSetup, estimate, model_from_config
 from vram.activations import numerics, zero_half_model
 from vram.errors import VramError
@@ -24,7 +25,14 @@ from vram.params import Matrices, ParamGroup, Storage, param_groups
 from vram.params import allocated_bytes as allocated
 from vram.precision import precision_policy
 from vram.setup import Framework, Loss, Optimizer
-from vram.stack import ROW_FIELDS, STACKS, profile_for, runs_transformers_code, stack_row
+from vram.stack import (
+    ROW_FIELDS,
+    STACKS,
+    profile_for,
+    runs_transformers_code,
+    stack_row,
+    stacks_markdown,
+)
 from vram.units import GIB, format_gb, format_gib, size_text
 
 HF_LIKE = (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE, Framework.FSDP_QLORA,
@@ -47,6 +55,13 @@ def test_every_framework_has_a_row_with_a_versioned_source_per_field(
     assert set(row.sources) == set(ROW_FIELDS), framework
     for name, source in row.sources.items():
         assert "@" in source, f"{framework.value}.{name}: {source!r} names no version"
+
+
+def test_docs_stacks_md_is_generated_from_the_table() -> None:
+    """docs/stacks.md is `stacks_markdown()` verbatim; regenerate it when a row changes."""
+    docs = (ROOT / "docs" / "stacks.md").read_text(encoding="utf-8")
+    assert docs == stacks_markdown(), "regenerate docs/stacks.md (see its first lines)"
+    assert "| axolotl | standard [1] | no [2] | yes [" in docs
 
 
 def test_a_framework_without_a_row_is_an_error_not_hugging_face(
