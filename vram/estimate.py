@@ -635,8 +635,9 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
             key=f"activations.{layer.stack}.{term.key}",
             label=f"{term.label} × {layer.count} {layer.stack} layers",
             formula=f"tokens × layers × ({term.formula})",
-            inputs={"tokens": tokens, "layers": layer.count, "per_token_bytes": term.bytes},
-            bytes=term.bytes * tokens * layer.count,
+            inputs={"tokens": tokens, "layers": layer.count,
+                    "per_token_bytes": term.bytes_per_token},
+            bytes=term.bytes_per_token * tokens * layer.count,
             source="autograd saved tensors; see vram.activations",
         )
         for layer in plan.layers for term in layer.terms
