@@ -75,6 +75,11 @@ TARGET_MAP: dict[str, dict[str, list[str]]] = {
         "up_proj": [r"intermediate\.dense"], "down_proj": [r"layer\.\d+\.output\.dense"],
     },
 }
+TARGET_MAP["gpt2"] = {  # Conv1D modules; PEFT adapts them with fan_in_fan_out
+    "q_proj": [r"attn\.c_attn"], "k_proj": [r"attn\.c_attn"], "v_proj": [r"attn\.c_attn"],
+    "o_proj": [r"attn\.c_proj"], "gate_proj": [], "up_proj": [r"mlp\.c_fc"],
+    "down_proj": [r"mlp\.c_proj"],
+}
 TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
 
