@@ -47,7 +47,9 @@ FAMILIES = {
 #: Families held to the trace in tests/trace/test_agreement.py but not yet in the committed
 #: grid (`trace_grid.txt` was run without them). GPT-2's QLoRA is left out: the trace's
 #: quantizer replaces nn.Linear only, not GPT-2's Conv1D.
-SAMPLE_ONLY = {"gpt2": "gpt2"}
+#: OLMoE's LoRA is left out like the grid leaves out MoE LoRA: frozen expert banks are not
+#: modelled yet (the closed form still counts the gathered expert inputs: +6 % activations).
+SAMPLE_ONLY = {"gpt2": "gpt2", "olmoe": "olmoe-1b-7b-0924"}
 
 AXES = {
     "method": ["full", "lora", "qlora"],

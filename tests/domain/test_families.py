@@ -120,3 +120,15 @@ def test_gpt2_block_keeps_what_its_eager_attention_and_gelu_new_save() -> None:
     h, heads, s = 768, 12, 1024
     assert layer.bytes_per_token == 58 * h + 16 + 5 * heads * s
     assert {t.key for t in layer.terms} >= {"dropout", "mlp", "attention"}
+
+
+def test_olmoe_counts_its_safetensors_total() -> None:
+    """allenai/OLMoE-1B-7B-0924: 6,919,161,856 parameters (HF safetensors metadata). Per layer:
+    q, k, v, o (4·h²), full-width q and k norms (2·h), the router (64·h), 64 experts of
+    three h x 1024 matrices, two RMSNorms; untied head."""
+    h, experts, inter, vocab = 2048, 64, 1024, 50304
+    layer = 4 * h * h + 2 * h + experts * h + experts * 3 * h * inter + 2 * h
+    assert 2 * vocab * h + 16 * layer + h == 6_919_161_856
+    spec = load_model("olmoe-1b-7b-0924")
+    assert spec.n_params == 6_919_161_856
+    assert (spec.decoder.n_experts, spec.decoder.experts_per_token) == (64, 8)

@@ -58,6 +58,10 @@ SAMPLE: list[object] = [
               "micro_batch": 2, "seq_len": 1024, "grad_ckpt": False, "attention": "eager"}),
     ("gpt2", {"method": "lora", "optimizer": "adamw", "precision": "bf16-mixed",
               "micro_batch": 2, "seq_len": 1024, "grad_ckpt": True, "attention": "sdpa"}),
+    # OLMoE (issue 9): full-width q/k norms, 64 experts top-8 (grouped_mm); when added:
+    # activations -2.0 %, peak -0.01 %
+    ("olmoe", {"method": "full", "optimizer": "adamw", "precision": "bf16-true",
+               "micro_batch": 1, "seq_len": 1024, "grad_ckpt": True, "attention": "sdpa"}),
 ]
 
 
