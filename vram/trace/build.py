@@ -42,7 +42,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"
 
 #: Families the trace knows: model_type -> kind of head.
 SEQ2SEQ = {"t5", "mt5", "bart"}
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
 CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
 
 #: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
@@ -75,6 +75,11 @@ TARGET_MAP: dict[str, dict[str, list[str]]] = {
         "o_proj": [r"attention\.output\.dense"], "gate_proj": [],
         "up_proj": [r"intermediate\.dense"], "down_proj": [r"layer\.\d+\.output\.dense"],
     },
+}
+TARGET_MAP["gpt2"] = {  # Conv1D modules; PEFT adapts them with fan_in_fan_out
+    "q_proj": [r"attn\.c_attn"], "k_proj": [r"attn\.c_attn"], "v_proj": [r"attn\.c_attn"],
+    "o_proj": [r"attn\.c_proj"], "gate_proj": [], "up_proj": [r"mlp\.c_fc"],
+    "down_proj": [r"mlp\.c_proj"],
 }
 TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
