@@ -9,9 +9,7 @@ performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffer
 from __future__ import annotations
 
 from vram.setup import TrainingSetup
-
-MIB = 2**20
-GIB = 2**30
+from vram.units import MIB
 
 #: The CUDA context as nvidia-smi counts it: about 0.5 GiB with lazy module loading (CUDA >= 11.7),
 #: 1.3 GiB without (HF's perf guide measures 1,343 MiB on a V100), plus cuBLAS/cuDNN workspaces.
