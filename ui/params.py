@@ -66,9 +66,9 @@ def field_value(knob: SetupKnob, value: Any) -> object:
 def options(key: str) -> tuple[Any, ...]:
     """The values a knob's control offers, in the order it shows them."""
     knob = KNOBS[key]
-    if knob.meta.app_options:
-        return tuple(knob.meta.app_options)
     auto: tuple[Any, ...] = (AUTO,) if knob.optional else ()
+    if knob.meta.app_options:
+        return (*auto, *knob.meta.app_options)
     if knob.kind == "bool":
         return (*auto, True, False)
     if knob.kind == "targets":
@@ -82,6 +82,8 @@ def label(key: str, value: object) -> str:
     if knob is None:
         return str(value)
     text = "true" if value is True else "false" if value is False else str(value)
+    if text == AUTO and AUTO not in knob.labels:
+        return "default"
     return knob.labels.get(text, text)
 
 

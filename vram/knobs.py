@@ -27,6 +27,7 @@ import annotated_types
 from pydantic import ValidationError
 
 from vram.errors import VramError
+from vram.knob_rules import checkpoint_is_reentrant, effective_fsdp_version
 from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
@@ -313,3 +314,32 @@ def error_lines(exc: ValidationError, name_of: Callable[[SetupKnob], str]) -> li
             message = f"{str(error.get('input'))[:40]!r} is not {knob.range_text()}"
         lines.append(f"{name_of(knob)}: {message}")
     return lines
+
+
+def _resolved(setup: TrainingSetup) -> dict[str, object]:
+    """Fields whose None means "the stack's default", resolved to what the run does."""
+    sharded = setup.sharding.value in ("zero2", "zero3")
+    return {
+        "quant": setup.effective_quant,
+        "loss": setup.effective_loss,
+        "compile": setup.effective_compile,
+        "ckpt_reentrant": checkpoint_is_reentrant(setup) if setup.grad_ckpt else None,
+        "fsdp_version": effective_fsdp_version(setup) if sharded else None,
+    }
+
+
+def setup_record(setup: TrainingSetup) -> dict[str, object]:
+    """The resolved setup in the case-file vocabulary (validation/README.md): each knob under
+    its column (or field name), defaults of the stack resolved, JSON-ready values. This is the
+    `setup` of `estimate --json` (design.md), so a run can be written back as a case row."""
+    resolved = _resolved(setup)
+    record: dict[str, object] = {}
+    for knob in setup_knobs():
+        value = resolved.get(knob.name, getattr(setup, knob.name))
+        value = knob.outer(value)
+        if isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = ";".join(value)
+        record[knob.column or knob.name] = value
+    return record

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vram.knob_rules import checkpoint_is_reentrant, fsdp_keeps_frozen_unsharded
 from vram.setup import Framework, Method, Precision, Sharding, TrainingSetup
 
 
@@ -120,9 +121,9 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         keeps_previous_graph=litgpt,
         casts_output_to_fp32=litgpt,
         dequantizes_via_fp16=litgpt and qlora and setup.precision is not Precision.FP16_MIXED,
-        checkpoint_keeps_ctx_attributes=not (hf_like and sharded_qlora),
+        checkpoint_keeps_ctx_attributes=not checkpoint_is_reentrant(setup),
         norm_keeps_fp32_normalized=litgpt,
-        fsdp_keeps_frozen_unsharded=litgpt,
+        fsdp_keeps_frozen_unsharded=fsdp_keeps_frozen_unsharded(setup),
         compiled=setup.effective_compile,
         fused_activations=litgpt or torchtune,
         quantized_linear_keeps_input=qlora and not torchtune,
