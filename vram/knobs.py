@@ -92,7 +92,8 @@ class SetupKnob:
         if self.low is not None and self.high is not None:
             low, high = _num(self.low), _num(self.high)
             return f"at least {low} and below {high}" if self.high_open else f"{low} to {high}"
-        return "text"
+        examples = [str(o) for o in self.meta.app_options[:1]]
+        return "text" + (f" such as {examples[0]}" if examples else "")
 
     def outer(self, value: object) -> object:
         """The field's value as people state it (inverse knobs state the opposite)."""
@@ -343,3 +344,18 @@ def setup_record(setup: TrainingSetup) -> dict[str, object]:
             value = ";".join(value)
         record[knob.column or knob.name] = value
     return record
+
+
+def markdown_table() -> str:
+    """Every knob with its surfaces and default, as docs/knobs.md shows it (a test keeps the
+    two equal)."""
+    lines = ["| field | CLI flag | URL key | case-file column | default | allowed |",
+             "|---|---|---|---|---|---|"]
+    for knob in setup_knobs():
+        default = (knob.labels.get(AUTO, "the stack's") if knob.default is None
+                   else f"`{knob.text(knob.default)}`")
+        flags = ", ".join(f"`{f}`" for f in (knob.flag, *knob.meta.flag_aliases))
+        column = f"`{knob.column}`" if knob.column else ""
+        lines.append(f"| `{knob.name}` | {flags} | `{knob.key}` | {column} | {default} | "
+                     f"{knob.range_text()} |")
+    return "\n".join(lines)

@@ -163,3 +163,11 @@ def test_fit_uses_each_gpus_own_cuda_context() -> None:
     own_peak = vram.estimate(model, own).device_peak_bytes
     assert own_peak == peak - (1024 - 500) * 2**20
     assert {o.device_peak_bytes for o in vram.fit(model, own).fits if o.count == 1} == {own_peak}
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    """docs/knobs.md lists every knob as declared (regenerate it with `markdown_table()`)."""
+    from vram.knobs import markdown_table
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
+    assert markdown_table() in docs.read_text(encoding="utf-8")
