@@ -27,8 +27,9 @@ import annotated_types
 from pydantic import ValidationError
 
 from vram.errors import VramError
-from vram.knob_rules import checkpoint_is_reentrant, effective_fsdp_version
+from vram.knob_rules import effective_fsdp_version
 from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
+from vram.stack import ckpt_reentrant, stack_row
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
 #: What a None value is called on every surface ("the stack's default").
@@ -324,8 +325,9 @@ def _resolved(setup: TrainingSetup) -> dict[str, object]:
         "quant": setup.effective_quant,
         "loss": setup.effective_loss,
         "compile": setup.effective_compile,
-        "ckpt_reentrant": checkpoint_is_reentrant(setup) if setup.grad_ckpt else None,
-        "fsdp_version": effective_fsdp_version(setup) if sharded else None,
+        "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
+        "fsdp_version": (effective_fsdp_version(setup, stack_row(setup.framework)
+                                                .default_fsdp_version) if sharded else None),
     }
 
 
