@@ -60,6 +60,8 @@ class SetupKnob:
     high: int | float | None = None
     #: Whether `high` itself is excluded (dropout < 1).
     high_open: bool = False
+    #: The enum its choices come from (`Optimizer`), if any.
+    enum_name: str = ""
 
     @property
     def flag(self) -> str:
@@ -219,6 +221,7 @@ def _resolve(name: str) -> SetupKnob:
             metadata += more
     kind: Kind
     choices: tuple[object, ...] = ()
+    enum_name = ""
     if name == "lora_targets":
         kind = "targets"
     elif annotation is bool:
@@ -229,6 +232,7 @@ def _resolve(name: str) -> SetupKnob:
         kind = "float"
     elif isinstance(annotation, type) and issubclass(annotation, Enum):
         kind, choices = "choice", tuple(member.value for member in annotation)
+        enum_name = annotation.__name__
     elif get_origin(annotation) is Literal:
         kind, choices = "choice", get_args(annotation)
     elif annotation is str:
@@ -247,7 +251,8 @@ def _resolve(name: str) -> SetupKnob:
             high, high_open = _bound(item.lt), True
     default = info.default.value if isinstance(info.default, Enum) else info.default
     return SetupKnob(name=name, meta=metas[0], kind=kind, optional=optional, default=default,
-                     choices=choices, low=low, high=high, high_open=high_open)
+                     choices=choices, low=low, high=high, high_open=high_open,
+                     enum_name=enum_name)
 
 
 @cache
@@ -358,6 +363,9 @@ def markdown_table() -> str:
                    else f"`{knob.text(knob.default)}`")
         flags = ", ".join(f"`{f}`" for f in (knob.flag, *knob.meta.flag_aliases))
         column = f"`{knob.column}`" if knob.column else ""
+        # An enum's members grow with the estimator (stacks, optimizers): name the enum.
+        allowed = (f"a `vram.{knob.enum_name}` value" + (" or auto" if knob.optional else "")
+                   if knob.enum_name else knob.range_text())
         lines.append(f"| `{knob.name}` | {flags} | `{knob.key}` | {column} | {default} | "
-                     f"{knob.range_text()} |")
+                     f"{allowed} |")
     return "\n".join(lines)
