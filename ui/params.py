@@ -16,6 +16,7 @@ from typing import Any
 
 from vram.knobs import (
     AUTO,
+    MAX_NUMBER_CHARS,
     TARGET_ORDER,
     KnobError,
     SetupKnob,
@@ -124,7 +125,9 @@ def _bool(text: str) -> bool:
 
 def _size(text: str) -> float:
     try:
-        value = float(text.strip()[:40])
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ValueError(text)
+        value = float(text.strip())
     except ValueError:
         raise ValueError(f"{text[:40]!r} is not a number of billions of parameters") from None
     if not math.isfinite(value) or not 0.01 <= value <= 10_000:

@@ -316,7 +316,7 @@ def error_lines(exc: ValidationError, name_of: Callable[[SetupKnob], str]) -> li
             lines.append(message)
             continue
         if str(error.get("type", "")).startswith(("greater_than", "less_than")):
-            message = f"{error.get('input')!r} is outside {knob.range_text()}"
+            message = f"{str(error.get('input'))[:40]} is outside {knob.range_text()}"
         elif str(error.get("type", "")).endswith(("_type", "enum", "literal_error")):
             message = f"{str(error.get('input'))[:40]!r} is not {knob.range_text()}"
         lines.append(f"{name_of(knob)}: {message}")
