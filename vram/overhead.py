@@ -32,8 +32,11 @@ def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
     return allocated_bytes * 3 // 100 + activation_bytes * 20 // 100
 
 
-def cuda_context_bytes() -> int:
-    """The CUDA context as nvidia-smi counts it, before any tensor."""
+def cuda_context_bytes(setup: TrainingSetup | None = None) -> int:
+    """The CUDA context as nvidia-smi counts it: the setup's `context_mib` when given (measured
+    on the run's machine), else the constant (a GPU's own figure is applied by `vram.gpus`)."""
+    if setup is not None and setup.context_mib is not None:
+        return setup.context_mib * MIB
     return CUDA_CONTEXT_BYTES
 
 
