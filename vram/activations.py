@@ -172,7 +172,8 @@ def _hidden(stack: Stack) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trains: bool) -> int:
+def _norm_bytes_per_token(stack: Stack, n: Numerics, profile: StackProfile, *,
+                          weight_trains: bool) -> int:
     """One norm, per token.
 
     RMSNorm (HF LlamaRMSNorm, LitGPT RMSNorm) upcasts its input to fp32 and keeps that copy; a
@@ -197,12 +198,14 @@ def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trai
 
 
 def norms_term(c: LayerContext) -> Term:
-    """Every norm of the layer (see `_norm_bytes`; its weight trains in a full fine-tune)."""
-    norms = _norm_bytes(c.stack, c.n, c.profile, weight_trains=c.full) * c.stack.n_norms
+    """Every norm of the layer (see `_norm_bytes_per_token`; weights train in a full
+    fine-tune)."""
+    one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
+    norms = one * c.stack.n_norms
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
 
 
-def _consumers_input_bytes(n: Numerics, n_linears: int) -> int:
+def _input_bytes_per_hidden_unit(n: Numerics, n_linears: int) -> int:
     """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
 
     Without autocast the Linears share one input tensor; under autocast (or with bnb's own
@@ -226,12 +229,12 @@ def linear_inputs_term(c: LayerContext) -> Term | None:
     attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
     mlp_in = [ln for ln in stack.linears
               if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
-    kept = _consumers_input_bytes(n, len(attn_in)) * h
+    kept = _input_bytes_per_hidden_unit(n, len(attn_in)) * h
     # a shared norm's output is kept once, unless each Linear makes its own cast of it
     if not c.shared_norm or n.input_copy_per_linear or n.autocast:
-        kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
+        kept += _input_bytes_per_hidden_unit(n, max(1, len(mlp_in))) * h
     if stack.cross_attention:
-        kept += _consumers_input_bytes(n, 1) * h  # the cross-attention query's input
+        kept += _input_bytes_per_hidden_unit(n, 1) * h  # the cross-attention query's input
     return Term("linear_inputs", "Linear inputs (attention in, MLP in)",
                 "e·h per norm output (one copy per call under autocast)", kept,
                 ctx_kept_per_token=kept if c.bnb_kept else 0)
@@ -459,7 +462,8 @@ def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> i
     return sum(widths[role] for role in selected)
 
 
-def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Numerics) -> int:
+def _lora_branch_bytes_per_token(setup: TrainingSetup, lora_bytes: int, d_in: int,
+                                 n: Numerics) -> int:
     """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`, per token.
 
     Dropout keeps its 1-byte mask (CUDA's fused kernel). lora_A's matmul keeps its input for
@@ -475,8 +479,9 @@ def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Nume
 
 
 def lora_term(c: LayerContext) -> Term | None:
-    """Every adapted Linear's LoRA branch (see `_lora_branch_bytes`); without dropout and in
-    the input's dtype, A reads the Linear's own input, kept once per input tensor."""
+    """Every adapted Linear's LoRA branch (see `_lora_branch_bytes_per_token`); without
+    dropout and in the input's dtype, A reads the Linear's own input, kept once per input
+    tensor."""
     setup, profile, e = c.setup, c.profile, c.e
     if not setup.trains_adapters:
         return None
@@ -497,7 +502,7 @@ def lora_term(c: LayerContext) -> Term | None:
                 continue
             fused_seen = True
         if copies_input:
-            branch = _lora_branch_bytes(setup, lora_bytes, linear.d_in, c.n)
+            branch = _lora_branch_bytes_per_token(setup, lora_bytes, linear.d_in, c.n)
             extra += branch * tokens_share
             continue
         # No dropout, same dtype: A keeps the Linear's own input, once per input tensor
@@ -688,7 +693,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         else moe.freed_minus_inflight_per_token * tokens,
         moe_loop=moe is not None and moe.loop,
         mask_bytes=mask_bytes(model, setup, profile, n),
-        previous_step_bytes=_previous_step_bytes(model, setup, profile, layers) * tokens,
+        previous_step_bytes=_previous_step_bytes_per_token(model, setup, profile, layers) * tokens,
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved_per_token * tokens,
@@ -701,7 +706,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     )
 
 
-def _previous_step_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+def _previous_step_bytes_per_token(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                          layers: list[LayerActivations]) -> int:
     """Per token: the bitsandbytes inputs the previous step's graph still holds while the next
     forward runs (LitGPT keeps `loss` bound until it is reassigned; backward releases saved
