@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup import ALL_LINEAR, Framework, Method, Precision, TrainingSetup
+from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
+from vram.stack import profile_for, stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
 
 #: Config keys that hold the number of repeated blocks.
@@ -277,7 +278,8 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         target_modules=target_patterns(model_type, setup),
         lora_dropout=setup.lora_dropout, task_type=task,
     )
-    keep_dtype = setup.framework in (Framework.TORCHTUNE, Framework.LITGPT)
+    # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stack).
+    keep_dtype = not stack_row(setup.framework).fp32_adapters
     peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
     if keep_dtype:
         dtype = weight_dtype(setup)
@@ -310,8 +312,9 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
         use_uniform_experts(model)
     lists = layer_lists(model, n_layers)
     if setup.method is Method.QLORA:
-        _quantize(model, lists, setup, quant_head=setup.framework is Framework.LITGPT)
-        if setup.framework in (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE):
+        profile = profile_for(setup)
+        _quantize(model, lists, setup, quant_head=profile.quantizes_head)
+        if profile.upcasts_frozen_to_fp32:
             from peft import prepare_model_for_kbit_training
 
             prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
