@@ -58,17 +58,22 @@ def registry() -> params.Registry:
     )
 
 
+@st.cache_resource(show_spinner=False)
+def _catalog_labels() -> dict[str, str]:
+    return {
+        e.slug: (f"{e.teaching_size} · " if e.teaching_size else "") + e.display_name
+        for e in catalog()
+    }
+
+
 def model_label(slug: str) -> str:
     """What the model list shows: ``8B · Llama 3.1 8B`` for teaching sizes, else the name."""
     if slug == params.UPLOAD:
         return "Upload a config.json…"
     if slug == params.BY_SIZE:
         return "Any size (parameter count)…"
-    for entry in catalog():
-        if entry.slug == slug:
-            size = f"{entry.teaching_size} · " if entry.teaching_size else ""
-            return f"{size}{entry.display_name}"
-    return slug
+    # One dict lookup: the model list formats every catalog entry on every rerun.
+    return _catalog_labels().get(slug, slug)
 
 
 @st.cache_resource(show_spinner=False)

@@ -6,7 +6,6 @@ Everything here displays what `vram` computed; no memory arithmetic happens in t
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,7 +99,7 @@ def notes(est: Estimate) -> None:
         st.caption(note)
 
 
-def fit_tables(report: Any, unit: Unit) -> None:
+def fit_frames(report: Any, unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame]:
     """GPUs that hold the run (cheapest first) and those that do not, by how much."""
     fits = pd.DataFrame(
         [
@@ -127,9 +126,14 @@ def fit_tables(report: Any, unit: Unit) -> None:
             for o in report.misses
         ]
     )
+    return fits, misses
+
+
+def fit_tables(fits: pd.DataFrame, misses: pd.DataFrame) -> None:
+    """The two tables of `fit_frames`, side by side."""
     left, right = st.columns([3, 2])
     with left:
-        st.subheader(f"GPUs that hold it ({len(report.fits)})")
+        st.subheader(f"GPUs that hold it ({len(fits)})")
         if fits.empty:
             st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
         else:
@@ -139,7 +143,7 @@ def fit_tables(report: Any, unit: Unit) -> None:
                 column_config={"$ per hour": st.column_config.NumberColumn(format="$%.2f")},
             )
     with right:
-        st.subheader(f"Too small ({len(report.misses)})")
+        st.subheader(f"Too small ({len(misses)})")
         if misses.empty:
             st.write("Every GPU in the list holds it.")
         else:
@@ -216,17 +220,11 @@ def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def download(est: Estimate, report: Any) -> None:
-    payload = {
-        "estimate": est.model_dump(mode="json"),
-        "cheapest": [
-            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
-            for o in report.fits[:10]
-        ],
-    }
+def download(payload_json: str) -> None:
+    """The button offering the estimate as JSON (`ui.results.download_json`)."""
     st.download_button(
         "Download the estimate (JSON)",
-        json.dumps(payload, indent=2),
+        payload_json,
         file_name="vram-estimate.json",
         mime="application/json",
         on_click="ignore",
