@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import data, inputs, render, results, verify
+from ui import inputs, render, results, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
@@ -37,9 +37,9 @@ def main() -> None:
         st.subheader("Training against inference")
         render.plot(results.inference_figure(state, unit), key="inference")
     render.notes(est)
-    render.fit_tables(*results.fit_frames(state, unit))
+    render.fit_tables(*results.fit_tables(state, unit))
     render.show_math(est, unit)
-    verify.panel(est, data.model_config(state), unit)
+    verify.panel(est, results.model_config(state), unit)
     render.download(results.download_json(state))
 
 

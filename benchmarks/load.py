@@ -70,6 +70,7 @@ class Wave:
     wall_s: float
     cpu_s: float
     rss_mib: list[float]
+    loadavg: float
     results: list[SessionResult] = field(default_factory=list)
 
     @property
@@ -186,7 +187,7 @@ async def wave(url: str, pids: Sequence[int], n: int, mode: str, index: int) -> 
     cpu0, t0 = cpu_seconds(pids), time.perf_counter()
     results = await asyncio.gather(*(session(url, query, b) for b in batches))
     wall, cpu = time.perf_counter() - t0, cpu_seconds(pids) - cpu0
-    return Wave(n, mode, wall, cpu, [rss_mib(p) for p in pids], list(results))
+    return Wave(n, mode, wall, cpu, [rss_mib(p) for p in pids], os.getloadavg()[0], list(results))
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -209,7 +210,7 @@ def report(w: Wave) -> str:
         f"{w.sessions:4d} sessions, {w.mode:8s}: first render {ms(first)}; "
         f"widget change {ms(change)}; errors {len(w.errors)}; "
         f"server CPU {per_run:5.1f} ms per script run ({w.runs} runs, {w.wall_s:.1f} s wall); "
-        f"RSS {rss} MiB"
+        f"RSS {rss} MiB; load average {w.loadavg:.1f}"
     )
 
 

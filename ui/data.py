@@ -6,6 +6,7 @@ Streamlit reruns the whole page script on every widget change, so file reads are
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,8 +59,10 @@ def registry() -> params.Registry:
     )
 
 
-@st.cache_resource(show_spinner=False)
+@functools.cache
 def _catalog_labels() -> dict[str, str]:
+    # functools, not st.cache_resource: this runs once per option of the model list, and a
+    # Streamlit cache lookup (hashing, a lock) costs more than the lookup itself.
     return {
         e.slug: (f"{e.teaching_size} · " if e.teaching_size else "") + e.display_name
         for e in catalog()

@@ -129,12 +129,12 @@ def fit_frames(report: Any, unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame]:
     return fits, misses
 
 
-def fit_tables(fits: pd.DataFrame, misses: pd.DataFrame) -> None:
-    """The two tables of `fit_frames`, side by side."""
+def fit_tables(fits: Any, misses: Any) -> None:
+    """The two tables of `fit_frames` (pandas or Arrow), side by side."""
     left, right = st.columns([3, 2])
     with left:
         st.subheader(f"GPUs that hold it ({len(fits)})")
-        if fits.empty:
+        if len(fits) == 0:
             st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
         else:
             st.dataframe(
@@ -144,7 +144,7 @@ def fit_tables(fits: pd.DataFrame, misses: pd.DataFrame) -> None:
             )
     with right:
         st.subheader(f"Too small ({len(misses)})")
-        if misses.empty:
+        if len(misses) == 0:
             st.write("Every GPU in the list holds it.")
         else:
             st.dataframe(misses, hide_index=True)

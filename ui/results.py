@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import pandas as pd
 import plotly.graph_objects as go
+import pyarrow as pa
 
 import vram
 from ui import data, params, render
@@ -30,13 +30,21 @@ from vram.charts import Unit
 #: Distinct states kept; an entry (estimate, fit, two figures, tables) is well under 1 MB.
 MAX_STATES = 256
 
+#: State that changes how a page looks, not the estimate or the fit: left out of the key, so
+#: switching units or opening the math reuses the result.
+DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins"})
+
 StateKey = tuple[tuple[str, Any], ...]
 
 
 def state_key(state: Mapping[str, Any]) -> StateKey:
-    """A hashable, order-free key for a state dict (lists become tuples)."""
+    """A hashable, order-free key for the state an estimate depends on (lists become tuples)."""
     return tuple(
-        sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in state.items())
+        sorted(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in state.items()
+            if k not in DISPLAY_KEYS
+        )
     )
 
 
@@ -129,10 +137,23 @@ def download_json(state: Mapping[str, Any]) -> str:
 
 
 @functools.lru_cache(maxsize=MAX_STATES)
-def _fit_frames(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pd.DataFrame, ...]:
-    return render.fit_frames(_result(key, gpu_list).report, unit)
+def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
+    # Arrow tables: st.dataframe sends them as they are, a pandas frame it converts each run.
+    fits, misses = render.fit_frames(_result(key, gpu_list).report, unit)
+    return (pa.Table.from_pandas(fits, preserve_index=False),
+            pa.Table.from_pandas(misses, preserve_index=False))
 
 
-def fit_frames(state: Mapping[str, Any], unit: Unit) -> tuple[pd.DataFrame, ...]:
-    """The tables of GPUs that hold the run and of those too small (read-only: shared)."""
-    return _fit_frames(state_key(state), _gpu_list_path(), unit)
+def fit_tables(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, pa.Table]:
+    """The tables of GPUs that hold the run and of those too small (immutable, shared)."""
+    return _fit_tables(state_key(state), _gpu_list_path(), unit)
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _model_config(key: StateKey) -> dict[str, Any] | None:
+    return data.model_config(dict(key))
+
+
+def model_config(state: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config.json behind the chosen model, for the exact trace (read-only: shared)."""
+    return _model_config(state_key(state))
