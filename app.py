@@ -40,7 +40,7 @@ def main() -> None:
     render.fit_tables(*results.fit_tables(state, unit))
     render.show_math(est, unit)
     verify.panel(est, results.model_config(state), unit)
-    render.download(results.download_json(state))
+    render.download(lambda: results.download_json(state))
 
 
 main()

@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import os
 import platform
+import signal
 import socket
 import statistics
 import subprocess
@@ -135,6 +136,9 @@ async def session(url: str, query: str, batch: int) -> SessionResult:
         async with websockets.connect(
             url, subprotocols=[websockets.Subprotocol("streamlit")], max_size=2**26,
             open_timeout=STEP_TIMEOUT_S, compression=None,
+            # No keepalive pings: a starved server answers them late, and the client would
+            # then close a session the server is still serving (every wait is bounded anyway).
+            ping_interval=None,
         ) as ws:
             start = time.perf_counter()
             await ws.send(rerun(query, ""))
@@ -205,10 +209,12 @@ def report(w: Wave) -> str:
         return f"median {1000 * statistics.median(xs):6.0f} ms, p95 {1000 * pct(xs, 0.95):6.0f} ms"
 
     rss = " + ".join(f"{r:.0f}" for r in w.rss_mib)
+    kinds = sorted({e.split(":")[0] for e in w.errors})
     per_run = 1000 * w.cpu_s / w.runs if w.runs else float("nan")
     return (
         f"{w.sessions:4d} sessions, {w.mode:8s}: first render {ms(first)}; "
-        f"widget change {ms(change)}; errors {len(w.errors)}; "
+        f"widget change {ms(change)}; errors {len(w.errors)}"
+        f"{' (' + ', '.join(kinds) + ')' if kinds else ''}; "
         f"server CPU {per_run:5.1f} ms per script run ({w.runs} runs, {w.wall_s:.1f} s wall); "
         f"RSS {rss} MiB; load average {w.loadavg:.1f}"
     )
@@ -271,6 +277,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--pid", type=int, action="append", default=[],
                     help="server process(es) to measure with --url")
     args = ap.parse_args(argv)
+    # Stopped from outside: unwind, so that a server this client started is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if any(n < 1 or n > 500 for n in args.sessions):
         raise SystemExit("--sessions: each between 1 and 500")
     modes = args.mode or ["same", "distinct"]

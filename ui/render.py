@@ -6,7 +6,7 @@ Everything here displays what `vram` computed; no memory arithmetic happens in t
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -220,8 +220,9 @@ def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def download(payload_json: str) -> None:
-    """The button offering the estimate as JSON (`ui.results.download_json`)."""
+def download(payload_json: Callable[[], str]) -> None:
+    """The button offering the estimate as JSON, made only when someone clicks it (a deferred
+    download: the page does not build and store a file nobody asked for on every rerun)."""
     st.download_button(
         "Download the estimate (JSON)",
         payload_json,
