@@ -23,9 +23,12 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 import vram
-from ui import data, params, render
+from ui import data, params, render, server
 from vram import charts
 from vram.charts import Unit
+
+# The first page run imports this module, after Streamlit, pandas and plotly are loaded.
+server.tune_gc()
 
 #: Distinct states kept; an entry (estimate, fit, two figures, tables) is well under 1 MB.
 MAX_STATES = 256
