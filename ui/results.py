@@ -23,9 +23,9 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 import vram
-from ui import data, params, render, server
-from vram import charts
-from vram.charts import Unit
+from ui import charts, data, params, render, server
+from ui.charts import Unit
+from vram.gpus import FitReport
 
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
 server.tune_gc()
@@ -55,10 +55,10 @@ def state_key(state: Mapping[str, Any]) -> StateKey:
 class Result:
     """The model, setup, estimate and GPU fit for one state, or the messages saying why not."""
 
-    model: Any | None
+    model: vram.ModelSpec | None
     setup: vram.TrainingSetup | None
     estimate: vram.Estimate | None
-    report: Any | None
+    report: FitReport | None
     errors: tuple[str, ...]
 
 
@@ -142,7 +142,9 @@ def download_json(state: Mapping[str, Any]) -> str:
 @functools.lru_cache(maxsize=MAX_STATES)
 def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
     # Arrow tables: st.dataframe sends them as they are, a pandas frame it converts each run.
-    fits, misses = render.fit_frames(_result(key, gpu_list).report, unit)
+    report = _result(key, gpu_list).report
+    assert report is not None
+    fits, misses = render.fit_frames(report, unit)
     return (pa.Table.from_pandas(fits, preserve_index=False),
             pa.Table.from_pandas(misses, preserve_index=False))
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vram.cli import main
+from vram.cli import build_parser, main, setup_from_args
+from vram.knobs import setup_knobs
+from vram.setup import TrainingSetup
 
 ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--method", "qlora", "--optimizer", "adamw",
             "--precision", "bf16-mixed", "--batch", "1", "--seq", "2048"]
@@ -103,3 +105,67 @@ def test_single_longest_batch_drops_the_previous_step(capsys: pytest.CaptureFixt
     assert main([*base, "--single-longest-batch"]) == 0
     single = json.loads(capsys.readouterr().out)["allocated_peak_bytes"]
     assert single < repeats
+
+
+def test_flags_default_to_the_library_defaults() -> None:
+    """One source of defaults: no setup flag gives exactly `TrainingSetup()`."""
+    args = build_parser().parse_args(["estimate", "--model", "llama-3.2-1b"])
+    assert setup_from_args(args) == TrainingSetup()
+
+
+def test_every_knob_has_its_flag() -> None:
+    """Each knob's flag takes its default's text (`--quant auto`, `--no-grad-ckpt`)."""
+    parser = build_parser()
+    for knob in setup_knobs():
+        if knob.kind != "bool":
+            flag = [knob.flag, knob.text(knob.default)]
+        elif knob.default is None:
+            continue  # `--compile` / `--no-compile`, or neither for the stack's default
+        else:
+            flag = [knob.flag if knob.outer(knob.default) else f"--no-{knob.flag[2:]}"]
+        args = parser.parse_args(["estimate", "--model", "x", *flag])
+        assert setup_from_args(args) == TrainingSetup(), flag
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--batch", "0"], "--batch: 0 is outside 1 to 4,096"),
+    (["--lora-dropout", "1"], "--lora-dropout: 1 is outside at least 0 and below 1"),
+    (["--gpus", "8"], "--sharding: 8 GPUs need a strategy"),
+    (["--method", "full", "--quant", "nf4"], "--quant: nf4 is for QLoRA"),
+])
+def test_errors_name_the_flag_and_the_range(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(["estimate", "--model", "llama-3.2-1b", *argv]))
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_estimate_json_setup_speaks_the_case_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """design.md: `estimate --json` includes the resolved setup in the case-file vocabulary."""
+    argv = ["estimate", "--model", "llama-3.2-1b", "--grad-ckpt", "--gpus", "2", "--sharding",
+            "fsdp-full", "--framework", "litgpt", "--torch-version", "2.1.0", "--json"]
+    assert main(argv) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    contract = {"method", "lora_rank", "lora_targets", "quant", "optimizer", "precision",
+                "micro_batch", "seq_len", "grad_accum", "grad_ckpt", "ckpt_reentrant",
+                "fsdp_version", "attention", "loss", "compile", "n_gpus", "sharding", "offload",
+                "framework"}
+    assert contract <= set(setup)
+    # the stack's defaults, resolved: LitGPT QLoRA is NF4, chunked loss, eager, FSDP1,
+    # non-reentrant checkpointing
+    assert (setup["quant"], setup["loss"], setup["compile"], setup["fsdp_version"],
+            setup["ckpt_reentrant"], setup["torch_version"]) == (
+        "nf4", "chunked", False, 1, False, "2.1")
+    assert setup["longest_batch_once"] is False and setup["lora_targets"] == "all-linear"
+
+
+def test_new_knob_flags_reach_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "--model", "llama-3.2-1b", "--grad-ckpt", "--json"]
+    peaks = {}
+    for extra in ([], ["--ckpt-reentrant"], ["--context-mib", "2048"]):
+        assert main([*base, *extra]) == 0
+        peaks[tuple(extra)] = json.loads(capsys.readouterr().out)["device_peak_bytes"]
+    assert peaks[("--ckpt-reentrant",)] < peaks[()]
+    assert peaks[("--context-mib", "2048")] - peaks[()] == 1024 * 2**20
