@@ -22,6 +22,7 @@ from vram.catalog import load_config, load_model, model_catalog
 from vram.errors import VramError
 from vram.estimate import estimate
 from vram.gpus import fit, load_gpus
+from vram.readers import cli_hook
 from vram.report import estimate_json, estimate_table, gpus_table
 from vram.setup import (
     Attention,
@@ -62,9 +63,9 @@ def _values(enum: type[Any]) -> list[str]:
     return [member.value for member in enum]
 
 
-def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
-                        help="catalog name, path to a config.json, or a size such as 7B")
+def _add_setup_flags(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    parser.add_argument("--model", required=model_required,
+                        help="catalog name, Hub id, path to a config.json, or a size such as 7B")
     parser.add_argument("--method", choices=_values(Method), default="full")
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--lora-targets", default="all-linear",
@@ -97,7 +98,9 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m vram", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_setup_flags(commands.add_parser("estimate", help="memory of one training step"))
+    estimate_parser = commands.add_parser("estimate", help="memory of one training step")
+    _add_setup_flags(estimate_parser, model_required=False)
+    cli_hook.add_from_flags(estimate_parser)
     trace = commands.add_parser("trace", help="exact trace on fake tensors (needs vram[trace])")
     _add_setup_flags(trace)
     trace.add_argument("--layers", type=int, help="trace this many layers exactly (no "
@@ -148,6 +151,10 @@ def _fail(prog: str, message: str) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    if args.from_file:
+        return _estimate_from_file(args)
+    if not args.model:
+        raise VramError("--model: required (or give a training config with --from FILE)")
     setup = setup_from_args(args)
     model = load_model(args.model)
     result = estimate(model, setup)
@@ -155,6 +162,19 @@ def _estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(estimate_json(result, report), indent=2))
     else:
+        print(estimate_table(result, report))
+    return 0
+
+
+def _estimate_from_file(args: argparse.Namespace) -> int:
+    model, setup, loaded = cli_hook.from_file(args, build_parser(), args.argv)
+    result = estimate(model, setup)
+    report = fit(model, setup)
+    if args.json:
+        payload = cli_hook.add_to_json(estimate_json(result, report), setup, loaded)
+        print(json.dumps(payload, indent=2))
+    else:
+        print("\n".join(loaded.report.lines()) + "\n")
         print(estimate_table(result, report))
     return 0
 
@@ -209,6 +229,7 @@ def _validate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
                 "validate": _validate}

@@ -112,9 +112,18 @@ def _method(m: Mapper) -> str:
         if eight:
             raise TrainingConfigError("load_in_8bit", "contradicts adapter: qlora (4-bit)")
         m.set("method", "qlora", "adapter", adapter)
-        m.set("quant", "nf4-dq", "load_in_4bit", four,
-              "axolotl's 4-bit config: nf4, double quantization "
-              "(bnb_4bit_use_double_quant=True, src/axolotl/loaders/model.py@067b021)")
+        kwargs = m.get("bnb_config_kwargs")
+        if kwargs is not None and not isinstance(kwargs, dict):
+            raise TrainingConfigError("bnb_config_kwargs", "must be a mapping")
+        double = (kwargs or {}).get("bnb_4bit_use_double_quant")
+        if double is not None:
+            on = m.bool_key("bnb_config_kwargs.bnb_4bit_use_double_quant", double)
+            m.set("quant", "nf4-dq" if on else "nf4",
+                  "bnb_config_kwargs.bnb_4bit_use_double_quant", double)
+        else:
+            m.set("quant", "nf4-dq", "load_in_4bit", four,
+                  "axolotl's 4-bit config: nf4, double quantization "
+                  "(bnb_4bit_use_double_quant=True, src/axolotl/loaders/model.py@067b021)")
         return "qlora"
     if adapter == "lora" and eight:
         m.set("method", "qlora", "adapter", adapter, "LoRA on a quantized base (load_in_8bit)")

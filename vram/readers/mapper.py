@@ -94,6 +94,10 @@ def split_fields(fields: Mapping[str, Any]) -> tuple[dict[str, Any], list[NotMod
         accepted["optimizer"] = "adamw"
         notes.append(f"optimizer {fields['optimizer']} is not modelled yet; estimated as adamw "
                      "(two fp32 moments), which may be more than it holds")
+    if accepted.get("n_gpus", 1) > 1 and accepted.get("sharding", "none") == "none":
+        accepted["sharding"] = "ddp"
+        notes.append("several GPUs and no sharding in the file: data parallel (DDP), what "
+                     "accelerate/torchrun launch by default")
     if accepted.get("sharding") in _MULTI_GPU_SHARDING and accepted.get("n_gpus", 1) == 1:
         sharding = accepted.pop("sharding")
         waiting.append(NotModelled(field="sharding", value=sharding,

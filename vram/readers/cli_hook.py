@@ -1,0 +1,96 @@
+"""`python -m vram estimate --from FILE`: the CLI side of the readers, kept apart from cli.py.
+
+Flags typed on the command line override what the file set; flags left at their defaults do
+not. `--json` adds the mapped `setup` and the mapping report to the estimate's JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vram.architecture import ModelSpec
+from vram.catalog import load_model
+from vram.errors import ConfigError
+from vram.readers import FORMATS, LoadedTrainingConfig, load_training_config
+from vram.readers.mapper import setup_from_fields
+from vram.setup import TrainingSetup
+
+#: argparse dests whose setup field has another name; the rest are the same name.
+FIELD_FOR_DEST: dict[str, str] = {"batch": "micro_batch", "seq": "seq_len", "gpus": "n_gpus"}
+#: Flags that are not setup fields.
+NOT_SETUP = frozenset({"model", "json", "from_file", "format", "override", "command", "layers",
+                       "argv", "gpu", "gpu_count", "tokens"})
+
+
+def add_from_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--from", dest="from_file", metavar="FILE",
+                        help="a training config to read: axolotl, torchtune, LLaMA-Factory or "
+                             "TRL YAML/JSON (other flags override it)")
+    parser.add_argument("--format", choices=FORMATS,
+                        help="the config's tool (default: inferred from its keys)")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="torchtune override, as `tune run` takes it (repeatable)")
+
+
+def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The dests of the options typed in `argv` (exact spellings or `--flag=value`)."""
+    typed = {token.split("=", 1)[0] for token in argv if token.startswith("-")}
+    dests: set[str] = set()
+    for action in _all_actions(parser):
+        if any(option in typed for option in action.option_strings):
+            dests.add(action.dest)
+    return dests
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    actions = list(parser._actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                actions.extend(sub._actions)
+    return actions
+
+
+def flag_overrides(args: argparse.Namespace, dests: set[str]) -> dict[str, Any]:
+    """Setup fields from the flags that were typed."""
+    fields: dict[str, Any] = {}
+    for dest in sorted(dests - NOT_SETUP):
+        if not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        if dest == "single_longest_batch":
+            fields["longest_batch_repeats"] = not value
+            continue
+        fields[FIELD_FOR_DEST.get(dest, dest)] = value
+    return fields
+
+
+def from_file(args: argparse.Namespace, parser: argparse.ArgumentParser,
+              argv: Sequence[str]) -> tuple[ModelSpec, TrainingSetup, LoadedTrainingConfig]:
+    """Model and setup for `--from FILE`, with typed flags on top. Raises VramError or
+    pydantic's ValidationError naming the field (the CLI turns it into the flag)."""
+    loaded = load_training_config(args.from_file, format=args.format,
+                                  overrides=tuple(args.override))
+    dests = explicit_dests(parser, argv)
+    overrides = flag_overrides(args, dests)
+    setup = setup_from_fields(loaded.fields, overrides)
+    if "model" in dests and args.model:
+        model = load_model(args.model)
+    elif loaded.model is not None:
+        model = loaded.model
+    else:
+        raise ConfigError("--model", (loaded.model_problem or "the file names no model")
+                          + " (or give --model)")
+    return model, setup, loaded
+
+
+def add_to_json(payload: Mapping[str, Any], setup: TrainingSetup,
+                loaded: LoadedTrainingConfig) -> dict[str, Any]:
+    """The estimate's JSON with the mapped setup and the mapping report."""
+    out = dict(payload)
+    out.setdefault("setup", setup.model_dump(mode="json"))
+    out["from"] = {"format": loaded.format, "model_ref": loaded.model_ref,
+                   "fields": loaded.fields, "mapping": loaded.report.model_dump(mode="json")}
+    return out
