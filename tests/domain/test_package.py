@@ -15,7 +15,7 @@ EXPECTED_API = {
     "Loss", "Method", "ModelSpec", "Offload", "Optimizer", "ParamCounts", "Phase", "Precision",
     "Quant", "Sharding", "TrainingSetup", "VramError", "estimate", "fit", "load_gpus",
     "load_model", "model_catalog", "model_from_config", "model_from_param_count",
-    "teaching_models",
+    "teaching_models", "LoadedTrainingConfig", "load_training_config",
 }
 
 
@@ -25,7 +25,7 @@ def test_public_api_is_pinned() -> None:
 
 
 def test_vram_never_imports_streamlit() -> None:
-    code = ("import sys, vram, vram.cli, vram.charts, vram.validate, vram.trace; "
+    code = ("import sys, vram, vram.cli, vram.charts, vram.validate, vram.trace, vram.export; "
             "print('streamlit' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -79,9 +79,15 @@ def read_training_config(data: Mapping[str, Any], *, format: Format | None = Non
     raise TrainingConfigError("format", f"{format!r}: one of {', '.join(FORMATS)}")
 
 
+def _is_file(text: str) -> bool:
+    try:
+        return "\n" not in text and len(text) < 4096 and Path(text).is_file()
+    except OSError:  # a name too long for the file system is text, not a path
+        return False
+
+
 def _source_text(source: str | Path) -> tuple[str | bytes, Path | None]:
-    if isinstance(source, Path) or ("\n" not in source and len(source) < 4096
-                                    and Path(source).is_file()):
+    if isinstance(source, Path) or _is_file(source):
         path = Path(source)
         if not path.is_file():
             raise TrainingConfigError("file", f"{path} does not exist")

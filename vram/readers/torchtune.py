@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vram.catalog import resolve_hub_id
 from vram.errors import TrainingConfigError
 from vram.readers.mapper import Mapper, shown
 from vram.readers.report import ReadResult
+from vram.readers.safe_yaml import parse_mapping
 from vram.readers.vocab import TORCHTUNE_OPTIMIZERS, map_targets
 
 VERSION = "torchtune@bd2a0fc (main after v0.6.1)"
@@ -105,12 +104,12 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
             raise TrainingConfigError(text[:40] or "override",
                                       "an override is key=value (dotted keys, e.g. "
                                       "model.lora_rank=16)")
+        if len(raw) > 2000:
+            raise TrainingConfigError(key, "override value too long (at most 2,000 characters)")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            raise TrainingConfigError(key, f"value {shown(raw)} is not a YAML scalar") from None
-        if isinstance(value, dict | list) and len(raw) > 2000:
-            raise TrainingConfigError(key, "override value too long")
+            value = parse_mapping(f"value: {raw}")["value"] if raw.strip() else None
+        except TrainingConfigError:
+            raise TrainingConfigError(key, f"value {shown(raw)} is not a YAML value") from None
         _assign(result, key, value)
     return result
 
