@@ -13,7 +13,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, params, render
+from ui import data, import_config, params, render
 from vram.architecture import read_config_text
 from vram.charts import Unit
 from vram.errors import VramError
@@ -123,6 +123,7 @@ def sidebar() -> dict[str, Any]:
     reg = data.registry()
     with st.sidebar:
         st.header("Training setup")
+        import_config.panel()
         st.selectbox(
             "Model",
             reg.model_options,

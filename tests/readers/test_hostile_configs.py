@@ -132,7 +132,7 @@ def test_torchtune_override_values_are_data() -> None:
     recipe = ("model:\n  _component_: torchtune.models.llama3_1.lora_llama3_1_8b\n"
               "  lora_attn_modules: [q_proj, v_proj]\n  lora_rank: 8\n"
               "optimizer:\n  _component_: torch.optim.AdamW\nbatch_size: 2\ndtype: bf16\n")
-    with pytest.raises(TrainingConfigError, match="batch_size: value .* is not a YAML value"):
+    with pytest.raises(TrainingConfigError, match=r"batch_size: value .* is not a YAML value"):
         load_training_config(recipe, overrides=["batch_size=!!python/object/apply:os.getpid []"])
     with pytest.raises(TrainingConfigError, match="key=value"):
         load_training_config(recipe, overrides=["no equals sign"])

@@ -45,7 +45,7 @@ def test_unknown_hub_id_asks_for_its_config(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(catalog.urllib.request, "urlopen", no_network)
     with pytest.raises(ConfigError, match=r"^model: 'acme/Widget-7B' is not in vram's catalog"):
         vram.load_model("acme/Widget-7B")
-    with pytest.raises(ConfigError, match="config.json"):
+    with pytest.raises(ConfigError, match=r"config\.json"):
         vram.load_model("acme/Widget-7B")
 
 

@@ -47,6 +47,8 @@ class LoadedTrainingConfig(BaseModel):
 
     format: Format
     model_ref: str | None
+    #: The catalog entry the file's model resolved to, if any.
+    model_slug: str | None
     #: None when the file's model is not in the catalog: `model_problem` says what to give.
     model: ModelSpec | None
     model_problem: str | None
@@ -128,7 +130,8 @@ def load_training_config(source: str | Path, *, format: Format | None = None,
         except VramError as exc:
             problem = str(exc)
     return LoadedTrainingConfig(
-        format=result.format, model_ref=result.model_ref, model=model, model_problem=problem,
+        format=result.format, model_ref=result.model_ref, model_slug=result.model_slug,
+        model=model, model_problem=problem,
         setup=setup, fields=result.fields, report=result.report)
 
 
