@@ -2,6 +2,8 @@
 
     python -m vram estimate --model llama-3.1-8b --method qlora --optimizer adamw \\
         --precision bf16-mixed --batch 1 --seq 2048 --json
+    python -m vram estimate --from axolotl.yml --gpus 2 --json
+    python -m vram export --to trl --from axolotl.yml
     python -m vram gpus
     python -m vram validate ../shared/validation/cases.csv
 
@@ -105,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_setup_flags(trace)
     trace.add_argument("--layers", type=int, help="trace this many layers exactly (no "
                        "extrapolation)")
+    cli_hook.add_export_command(commands, _add_setup_flags)
     gpus = commands.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
     models = commands.add_parser("models", help="list the model catalog")
@@ -179,6 +182,10 @@ def _estimate_from_file(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    return cli_hook.run_export(args, build_parser(), setup_from_args)
+
+
 def _trace(args: argparse.Namespace) -> int:
     from vram.trace import TraceUnavailable, trace_step
 
@@ -232,7 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate}
+                "validate": _validate,
+                "export": _export}
     try:
         return commands[args.command](args)
     except ValidationError as exc:

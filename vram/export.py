@@ -99,6 +99,12 @@ def _parallel(setup: TrainingSetup, fields: dict[str, Any], out: dict[str, Any],
     notes.append(f"sharding {setup.sharding.value} written as an inline DeepSpeed ZeRO config")
 
 
+def _stack_note(setup: TrainingSetup, tool: str, notes: list[str]) -> None:
+    if setup.framework.value not in ("hf-trainer", "peft-accelerate", "other"):
+        notes.append(f"the setup's stack was {setup.framework.value}; {tool} runs Transformers' "
+                     "Trainer, whose memory differs (estimate the file again to see it)")
+
+
 def _gpu_note(setup: TrainingSetup, notes: list[str]) -> None:
     if setup.n_gpus > 1:
         notes.append(f"launch on {setup.n_gpus} GPUs (e.g. accelerate launch --num_processes "
@@ -155,6 +161,7 @@ def to_axolotl(setup: TrainingSetup, model: str,
         else:
             notes.append("axolotl offloads activations only with checkpointing; not written")
     _parallel(setup, fields, out, notes, version_key="fsdp_version")
+    _stack_note(setup, "axolotl", notes)
     _gpu_note(setup, notes)
     return out, notes
 
@@ -221,6 +228,7 @@ def to_trl(setup: TrainingSetup, model: str,
     if setup.offload is Offload.ACTIVATIONS:
         out["activation_offloading"] = True
     _parallel(setup, fields, out, notes, version_key=None)
+    _stack_note(setup, "TRL", notes)
     _gpu_note(setup, notes)
     return out, notes
 

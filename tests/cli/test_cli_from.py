@@ -73,3 +73,20 @@ def test_bad_file_is_one_line_exit_2(capsys: pytest.CaptureFixture[str],
     assert err.count("\n") == 1
     code, _, err = run(capsys, "estimate")
     assert code == 2 and "--model" in err
+
+
+def test_export_command_round_trips(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    out_file = tmp_path / "run.yml"
+    code, _, _ = run(capsys, "export", "--to", "axolotl", "--model", "llama-3.1-8b",
+                     "--method", "qlora", "--quant", "nf4", "--lora-rank", "64", "--batch", "4",
+                     "--seq", "4096", "--grad-ckpt", "--precision", "bf16-mixed",
+                     "--out", str(out_file))
+    assert code == 0
+    code, out, _ = run(capsys, "estimate", "--from", str(out_file), "--json")
+    setup = json.loads(out)["setup"]
+    assert (setup["method"], setup["quant"], setup["lora_rank"], setup["micro_batch"],
+            setup["seq_len"], setup["grad_ckpt"]) == ("qlora", "nf4", 64, 4, 4096, True)
+    code, out, _ = run(capsys, "export", "--to", "trl", "--from",
+                       str(CONFIGS / "torchtune/llama3_1-8B_qlora_single_device.yaml"))
+    assert code == 0 and "model_name_or_path: meta-llama/Llama-3.1-8B-Instruct" in out
+    assert "stack was torchtune" in out

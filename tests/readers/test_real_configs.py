@@ -233,6 +233,16 @@ def test_trl_dpo_and_liger() -> None:
     check(smol, seq_len=65536, micro_batch=1, precision="bf16-true")
 
 
+def test_trl_grpo_open_r1() -> None:
+    loaded = load("trl/open-r1-qwen2.5-1.5b-grpo.yaml")
+    assert loaded.model is not None and loaded.model.name == "Qwen2.5 1.5B Instruct"
+    check(loaded, method="full", micro_batch=16, grad_accum=4, seq_len=512 + 1024,
+          precision="bf16-true", attention="flash", loss="standard")
+    assert "GRPO" in mapped(loaded, "(trainer)")
+    assert mapped(loaded, "num_generations").startswith("RL generation")
+    assert mapped(loaded, "use_vllm").startswith("RL generation")
+
+
 @pytest.mark.parametrize("rel", sorted(p.relative_to(CONFIGS).as_posix()
                                        for p in CONFIGS.glob("*/*.y*ml")))
 def test_every_real_file_is_inferred_and_estimated(rel: str) -> None:

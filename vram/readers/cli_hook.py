@@ -7,7 +7,7 @@ not. `--json` adds the mapped `setup` and the mapping report to the estimate's J
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vram.architecture import ModelSpec
@@ -94,3 +94,36 @@ def add_to_json(payload: Mapping[str, Any], setup: TrainingSetup,
     out["from"] = {"format": loaded.format, "model_ref": loaded.model_ref,
                    "fields": loaded.fields, "mapping": loaded.report.model_dump(mode="json")}
     return out
+
+
+def add_export_command(commands: Any, add_setup_flags: Callable[..., None]) -> None:
+    """`python -m vram export --to axolotl|trl (--from FILE | setup flags) [--out PATH]`."""
+    export = commands.add_parser("export", help="write a setup as an axolotl or TRL config")
+    add_setup_flags(export, model_required=False)
+    add_from_flags(export)
+    export.add_argument("--to", choices=("axolotl", "trl"), required=True)
+    export.add_argument("--out", help="write here instead of printing")
+
+
+def run_export(args: argparse.Namespace, parser: argparse.ArgumentParser,
+               setup_from_args: Callable[[argparse.Namespace], TrainingSetup]) -> int:
+    from vram.export import to_axolotl_yaml, to_trl_yaml
+
+    fields: dict[str, Any] = {}
+    if args.from_file:
+        _, setup, loaded = from_file(args, parser, args.argv)
+        fields = loaded.fields
+        model = args.model or loaded.model_slug or loaded.model_ref or "MODEL"
+    else:
+        if not args.model:
+            raise ConfigError("--model", "required (or give a training config with --from)")
+        setup = setup_from_args(args)
+        model = args.model
+    writer = to_axolotl_yaml if args.to == "axolotl" else to_trl_yaml
+    text, _ = writer(setup, model, fields)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    else:
+        print(text, end="")
+    return 0

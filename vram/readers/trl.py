@@ -39,6 +39,7 @@ IRRELEVANT = HF_IRRELEVANT | frozenset({
     "average_tokens_across_devices", "padding_free", "pad_to_multiple_of", "eval_packing",
     "shuffle_dataset", "max_grad_norm", "reward_funcs", "reward_weights", "system_prompt",
     "log_completions", "num_completions_to_print", "callbacks", "benchmarks", "hub_model_revision",
+    "dataset_prompt_column", "wandb_log_unique_prompts", "scale_rewards", "generation_kwargs",
 })
 
 _GRPO_KEYS = ("num_generations", "max_completion_length", "use_vllm", "vllm_mode",
