@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, inputs, params, render, verify
+from ui import data, import_config, inputs, params, render, verify
 from vram import charts
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
@@ -48,6 +48,7 @@ def main() -> None:
     render.show_math(est, unit)
     verify.panel(est, data.model_config(state), unit)
     render.download(est, report)
+    import_config.export_downloads(setup, state["model"])
 
 
 main()

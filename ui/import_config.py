@@ -13,9 +13,10 @@ from typing import Any
 import streamlit as st
 
 from ui import data, params
+from vram.catalog import catalog_entry
 from vram.errors import VramError
 from vram.readers import FORMATS, LoadedTrainingConfig, load_training_config
-from vram.setup import ALL_LINEAR
+from vram.setup import ALL_LINEAR, TrainingSetup
 
 MAX_IMPORT_BYTES = 512_000
 _REPORT = "_import_report"
@@ -140,3 +141,17 @@ def panel() -> None:
                 st.dataframe([i.model_dump() for i in report.ignored], hide_index=True)
             for note in [*report.notes, *shown["notes"]]:
                 st.caption(note)
+
+
+def export_downloads(setup: TrainingSetup, model_choice: str) -> None:
+    """Download buttons: this run as an axolotl YAML and as a TRL config."""
+    from vram.export import to_axolotl_yaml, to_trl_yaml
+
+    model = model_choice if catalog_entry(model_choice) else "YOUR-ORG/YOUR-MODEL"
+    axolotl_text, _ = to_axolotl_yaml(setup, model)
+    trl_text, _ = to_trl_yaml(setup, model)
+    left, right = st.columns(2)
+    left.download_button("This run as an axolotl config", axolotl_text, "axolotl.yml",
+                         mime="application/yaml", key="export_axolotl")
+    right.download_button("This run as a TRL config", trl_text, "trl_sft.yml",
+                          mime="application/yaml", key="export_trl")

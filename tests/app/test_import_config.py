@@ -54,3 +54,11 @@ def test_bad_import_shows_a_message(app: AppTest) -> None:
     assert any("micro_batch_size: must be a whole number" in e.value for e in app.error)
     _import(app, "a: !!python/object/apply:os.system [echo]\n", "axolotl")
     assert any("not valid YAML" in e.value for e in app.error)
+
+
+def test_export_buttons_are_offered(app: AppTest) -> None:
+    app.run()
+    assert not app.exception
+    labels = [e.proto.label for e in app.get("download_button")]
+    assert "This run as an axolotl config" in labels
+    assert "This run as a TRL config" in labels
