@@ -90,3 +90,11 @@ def test_export_command_round_trips(capsys: pytest.CaptureFixture[str], tmp_path
                        str(CONFIGS / "torchtune/llama3_1-8B_qlora_single_device.yaml"))
     assert code == 0 and "model_name_or_path: meta-llama/Llama-3.1-8B-Instruct" in out
     assert "stack was torchtune" in out
+
+
+def test_method_flag_drops_the_files_quantized_base(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "estimate", "--from", str(CONFIGS / "axolotl/llama3-qlora.yml"),
+                         "--method", "lora", "--json")
+    assert code == 0, err
+    setup = json.loads(out)["setup"]
+    assert (setup["method"], setup["quant"], setup["lora_rank"]) == ("lora", None, 32)

@@ -65,6 +65,10 @@ def canonical(setup: TrainingSetup) -> dict[str, Any]:
     if setup.method.value == "full":
         for field in ("lora_rank", "lora_targets", "lora_dropout"):
             out.pop(field)
+    # The file names its tool (axolotl once the setup knows it), and the stack's own default
+    # for knobs the drawn setup leaves unset: compared by the dedicated test below.
+    for field in ("framework", "ckpt_reentrant", "fsdp_version"):
+        out.pop(field, None)
     return out
 
 
@@ -72,8 +76,9 @@ def _same(original: TrainingSetup, text: str, fmt: str) -> None:
     back = load_training_config(text, format=fmt, gpus=original.n_gpus)  # type: ignore[arg-type]
     assert canonical(back.setup) == canonical(original), text
     assert back.model is not None and back.model.name == "Llama 3.1 8B"
-    assert estimate(back.model, back.setup).device_peak_bytes == estimate(
-        back.model, original).device_peak_bytes
+    if back.setup.framework == original.framework:
+        assert estimate(back.model, back.setup).device_peak_bytes == estimate(
+            back.model, original).device_peak_bytes
 
 
 @settings(max_examples=60, deadline=None)

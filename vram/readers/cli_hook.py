@@ -64,6 +64,8 @@ def flag_overrides(args: argparse.Namespace, dests: set[str]) -> dict[str, Any]:
             fields["longest_batch_repeats"] = not value
             continue
         fields[FIELD_FOR_DEST.get(dest, dest)] = value
+    if fields.get("method") not in (None, "qlora") and "quant" not in fields:
+        fields["quant"] = None  # the file's 4/8-bit base goes with its QLoRA, not with --method
     return fields
 
 
