@@ -9,8 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, import_config, inputs, params, render, verify
-from vram import charts
+from ui import charts, data, import_config, inputs, params, render, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 

@@ -15,40 +15,17 @@ import streamlit as st
 from ui import data, params
 from vram.catalog import catalog_entry
 from vram.errors import VramError
+from vram.knobs import setup_knobs
 from vram.readers import FORMATS, LoadedTrainingConfig, load_training_config
-from vram.setup import ALL_LINEAR, TrainingSetup
+from vram.setup import TrainingSetup
 
 MAX_IMPORT_BYTES = 512_000
 _REPORT = "_import_report"
 _ERROR = "_import_error"
 
-#: setup field -> state key (the app's controls), for fields the app shows.
-KEY_FOR_FIELD: dict[str, str] = dict(params.FIELD_TO_KEY)
-
-_NUMERIC_OPTIONS: dict[str, tuple[Any, ...]] = {
-    "batch": tuple(range(1, params.BATCH_MAX + 1)),
-    "seq": params.SEQ_OPTIONS,
-    "rank": params.RANK_OPTIONS,
-    "accum": params.ACCUM_OPTIONS,
-    "dropout": params.DROPOUT_OPTIONS,
-    "gpus": params.GPU_OPTIONS,
-}
-
-
-def _nearest(options: tuple[Any, ...], value: float) -> Any:
-    return min(options, key=lambda option: (abs(option - value), option))
-
-
-def _state_value(key: str, value: Any) -> Any:
-    if key == "targets":
-        return [ALL_LINEAR] if value == ALL_LINEAR else list(value)
-    if key == "compile":
-        return {None: "auto", True: "on", False: "off"}[value]
-    if key == "loss":
-        return "auto" if value is None else value
-    if key == "quant" and value in (None, "none"):
-        return None
-    return value
+def _nearest(offered: tuple[Any, ...], value: float) -> Any:
+    numbers = [v for v in offered if isinstance(v, int | float) and not isinstance(v, bool)]
+    return min(numbers, key=lambda option: (abs(option - value), option))
 
 
 def state_from_loaded(loaded: LoadedTrainingConfig,
@@ -56,21 +33,20 @@ def state_from_loaded(loaded: LoadedTrainingConfig,
     """Widget values for a read config, and notes on values the controls had to round."""
     state: dict[str, Any] = {}
     notes: list[str] = []
-    setup = loaded.setup.model_dump(mode="json")
-    for field, value in setup.items():
-        key = KEY_FOR_FIELD.get(field)
-        if key is None or key not in keys:
+    for knob in setup_knobs():
+        if knob.key not in keys:
             continue
-        value = _state_value(key, value)
-        if value is None:
-            continue
-        options = _NUMERIC_OPTIONS.get(key)
-        if options is not None and value not in options:
-            near = _nearest(options, value)
-            notes.append(f"{field} {value} is not on the {key} control: set to {near}; the "
-                         "CLI takes the exact value (`--from`)")
+        value = params.app_value(knob, getattr(loaded.setup, knob.name))
+        offered = params.options(knob.key)
+        if knob.kind in ("int", "float") and value not in offered:
+            near = _nearest(offered, value)
+            notes.append(f"{knob.name} {value} is not on the {knob.label} control: set to "
+                         f"{near}; the CLI takes the exact value (`--from`)")
             value = near
-        state[key] = value
+        elif knob.kind == "choice" and value not in offered:
+            notes.append(f"{knob.name} {value} is not offered by the app; left as it was")
+            continue
+        state[knob.key] = value
     if loaded.model_slug is not None:
         state["model"] = loaded.model_slug
     elif loaded.model_problem:

@@ -13,15 +13,10 @@ from typing import Any
 from vram.architecture import ModelSpec
 from vram.catalog import load_model
 from vram.errors import ConfigError
+from vram.knobs import build_setup, setup_knobs
 from vram.readers import FORMATS, LoadedTrainingConfig, load_training_config
-from vram.readers.mapper import setup_from_fields
+from vram.readers.mapper import split_fields
 from vram.setup import TrainingSetup
-
-#: argparse dests whose setup field has another name; the rest are the same name.
-FIELD_FOR_DEST: dict[str, str] = {"batch": "micro_batch", "seq": "seq_len", "gpus": "n_gpus"}
-#: Flags that are not setup fields.
-NOT_SETUP = frozenset({"model", "json", "from_file", "format", "override", "command", "layers",
-                       "argv", "gpu", "gpu_count", "tokens"})
 
 
 def add_from_flags(parser: argparse.ArgumentParser) -> None:
@@ -54,16 +49,15 @@ def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def flag_overrides(args: argparse.Namespace, dests: set[str]) -> dict[str, Any]:
-    """Setup fields from the flags that were typed."""
+    """Setup fields from the flags that were typed (a flag's dest is its knob's field)."""
     fields: dict[str, Any] = {}
-    for dest in sorted(dests - NOT_SETUP):
-        if not hasattr(args, dest):
+    for knob in setup_knobs():
+        if knob.name not in dests:
             continue
-        value = getattr(args, dest)
-        if dest == "single_longest_batch":
-            fields["longest_batch_repeats"] = not value
-            continue
-        fields[FIELD_FOR_DEST.get(dest, dest)] = value
+        value = getattr(args, knob.name, None)
+        if value is not None and knob.kind == "choice":
+            value = knob.parse(str(value))
+        fields[knob.name] = knob.outer(value) if value is not None else None
     if fields.get("method") not in (None, "qlora") and "quant" not in fields:
         fields["quant"] = None  # the file's 4/8-bit base goes with its QLoRA, not with --method
     return fields
@@ -71,13 +65,14 @@ def flag_overrides(args: argparse.Namespace, dests: set[str]) -> dict[str, Any]:
 
 def from_file(args: argparse.Namespace, parser: argparse.ArgumentParser,
               argv: Sequence[str]) -> tuple[ModelSpec, TrainingSetup, LoadedTrainingConfig]:
-    """Model and setup for `--from FILE`, with typed flags on top. Raises VramError or
-    pydantic's ValidationError naming the field (the CLI turns it into the flag)."""
+    """Model and setup for `--from FILE`, with typed flags on top. Raises VramError naming the
+    file's key or the flag."""
     loaded = load_training_config(args.from_file, format=args.format,
                                   overrides=tuple(args.override))
     dests = explicit_dests(parser, argv)
     overrides = flag_overrides(args, dests)
-    setup = setup_from_fields(loaded.fields, overrides)
+    accepted, _, _ = split_fields({**loaded.fields, **overrides})
+    setup = build_setup(accepted, lambda knob: knob.flag)
     if "model" in dests and args.model:
         model = load_model(args.model)
     elif loaded.model is not None:
