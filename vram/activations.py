@@ -267,7 +267,8 @@ def attention_layout(c: LayerContext) -> AttentionLayout:
     16-bit inputs to fp32 and keeps the fp32 probabilities for its matmul.
     """
     stack, n, setup, kernel = c.stack, c.n, c.setup, c.kernel
-    hf_eager = c.hf and kernel is Kernel.EAGER
+    # torch's nn.MultiheadAttention is the model's own code, whatever the stack
+    hf_eager = c.hf and kernel is Kernel.EAGER and not stack.torch_multihead_attention
     expand = (c.profile.expands_kv and setup.attention is not Attention.FLASH) or (
         kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads) or (
         hf_eager and (not stack.eager_broadcasts_kv or setup.micro_batch > 1))
@@ -358,7 +359,7 @@ def mlp_term(c: LayerContext) -> Term:
         mlp = act_kept * e * inter + down_kept
         formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
     ctx_kept = down_in * inter * experts if c.bnb_kept else 0
-    if stack.hidden_dropout > 0:
+    if stack.hidden_dropout > 0 and stack.mlp_inner_dropout:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
     mlp *= experts
     if stack.n_experts:
@@ -492,7 +493,9 @@ def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
     if not a.kernel.explicit_scores:
         return 0
     stack, s = c.stack, c.setup.seq_len
-    scores = stack.n_heads * s * 2 * (2 if c.n.autocast else a.qkv_bytes)  # q·kᵀ, + mask
+    # q·kᵀ and the masked scores; nn.MultiheadAttention adds no mask: q·kᵀ only
+    score_copies = 1 if stack.torch_multihead_attention else 2
+    scores = stack.n_heads * s * score_copies * (2 if c.n.autocast else a.qkv_bytes)
     kept_scores = stack.n_heads * s * (a.softmax_bytes + a.probs_copy_bytes)
     transient = scores + (kept_scores if c.setup.grad_ckpt else 0)
     if stack.returns_attention_probs and a.kernel is Kernel.EAGER and c.setup.grad_ckpt:
@@ -528,8 +531,11 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
         attention_transient = e * (c.q_out + a.kv_width) + stack.n_heads * c.setup.seq_len * (
             2 * a.softmax_bytes - a.probs_copy_bytes)
     # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
-    # too; a parallel block's shared norm waits for both branches.
+    # too; a parallel block's shared norm waits for both branches; post-norm blocks have run
+    # both norms' backward (the one after the MLP and the one after the attention).
     mlp_norm = norms_per_token // stack.n_norms if stack.n_norms >= 2 else 0
+    if stack.post_norm:
+        mlp_norm = norms_per_token
     after_mlp = attention_transient - mlp_per_token - mlp_norm
     return BackwardPeak(max(mlp_transient, after_mlp), after_mlp > mlp_transient)
 

@@ -38,6 +38,8 @@ class Optimizer(StrEnum):
     ADAFACTOR = "adafactor"
     LION = "lion"
     ADAMW_IN_BACKWARD = "adamw-in-backward"
+    ADAMW_4BIT = "adamw-4bit"
+    GALORE_ADAMW8BIT_PER_LAYER = "galore-adamw8bit-per-layer"
 
 
 class Precision(StrEnum):
@@ -82,6 +84,10 @@ class Framework(StrEnum):
     PEFT_ACCELERATE = "peft-accelerate"
     FSDP_QLORA = "fsdp-qlora"
     UNSLOTH = "unsloth"
+    TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
+    AXOLOTL = "axolotl"
+    LLAMA_FACTORY = "llama-factory"
     OTHER = "other"
 
 
@@ -181,7 +187,9 @@ class TrainingSetup(BaseModel):
         labels=(("adamw", "AdamW"), ("adamw-8bit", "AdamW 8-bit"),
                 ("paged-adamw", "Paged AdamW"), ("paged-adamw-8bit", "Paged AdamW 8-bit"),
                 ("sgd", "SGD"), ("sgd-momentum", "SGD + momentum"), ("adafactor", "Adafactor"),
-                ("lion", "Lion"), ("adamw-in-backward", "AdamW fused in backward")),
+                ("lion", "Lion"), ("adamw-in-backward", "AdamW fused in backward"),
+                ("adamw-4bit", "AdamW 4-bit (torchao)"),
+                ("galore-adamw8bit-per-layer", "GaLore AdamW 8-bit, per layer")),
     )] = Optimizer.ADAMW
     precision: Annotated[Precision, Knob(
         "Precision recipe", key="prec", flag="--precision", column="precision",
@@ -256,7 +264,9 @@ class TrainingSetup(BaseModel):
         "Training stack", key="stack", flag="--framework", column="framework",
         labels=(("hf-trainer", "HF Trainer"), ("litgpt", "LitGPT"), ("torchtune", "torchtune"),
                 ("peft-accelerate", "PEFT + Accelerate"), ("fsdp-qlora", "FSDP-QLoRA"),
-                ("unsloth", "Unsloth"), ("other", "other")),
+                ("unsloth", "Unsloth"), ("torchtitan", "torchtitan"),
+                ("deepspeed", "DeepSpeed"), ("axolotl", "axolotl"),
+                ("llama-factory", "LLaMA-Factory"), ("other", "other")),
     )] = Framework.HF_TRAINER
 
     @field_validator(
@@ -339,21 +349,17 @@ class TrainingSetup(BaseModel):
 
     @property
     def effective_loss(self) -> Loss:
-        """Chunked cross-entropy where the stack does it by default: LitGPT fine-tuning
-        (lm_head_chunk_size=128 + chunked_cross_entropy) and torchtune's recipes
-        (CEWithChunkedOutputLoss, the configs' default since v0.3)."""
-        if self.loss is not None:
-            return self.loss
-        chunked = self.framework in (Framework.LITGPT, Framework.TORCHTUNE)
-        return Loss.CHUNKED if chunked else Loss.STANDARD
+        """The loss: this setup's, else the stack's default (`vram.stack.STACKS`)."""
+        from vram.stack import effective_loss  # the stack table imports this module
+
+        return effective_loss(self)
 
     @property
     def effective_compile(self) -> bool:
-        """torch.compile: torchtune's published memory tables are all measured with
-        `compile=True`; other stacks run eagerly unless asked."""
-        if self.compile is not None:
-            return self.compile
-        return self.framework is Framework.TORCHTUNE
+        """torch.compile: this setup's, else the stack's default (`vram.stack.STACKS`)."""
+        from vram.stack import effective_compile  # the stack table imports this module
+
+        return effective_compile(self)
 
     @property
     def trains_adapters(self) -> bool:

@@ -129,9 +129,20 @@ class Stack(BaseModel):
     #: Transformers' code always passes SDPA a 4-D mask and k/v with fewer heads and no
     #: `enable_gqa` (Falcon), so CUDA's flash and efficient kernels refuse it: SDPA runs math.
     hf_sdpa_runs_math: bool = False
+    #: The layer is torch's `nn.MultiheadAttention` called with `need_weights=True` (its
+    #: default): an explicit softmax(q·kᵀ) whatever kernel the setup asks for, the packed
+    #: q, k, v buffer and the scaled q kept, no mask (torch/nn/functional.py@v2.13.0
+    #: multi_head_attention_forward, `if need_weights:` branch). DeepSpeed's examples use it.
+    torch_multihead_attention: bool = False
+    #: Post-LayerNorm blocks (a norm after each residual add, the original Transformer's
+    #: order): a layer's backward runs both norms' backward before its attention's.
+    post_norm: bool = False
     #: Dropout in training: on attention probabilities and on the residual branches.
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    #: `hidden_dropout` also drops inside the MLP, between the activation and the down
+    #: projection (T5's DenseReluDense; counted for BERT too). GPT-2 drops only the residuals.
+    mlp_inner_dropout: bool = False
     #: I-wide tensors the MLP activation keeps for backward in Transformers' implementation:
     #: 1 for fused kernels (SiLU, F.gelu), 4 for the Python tanh formula of `gelu_new` /
     #: `gelu_fast` (its input, tanh output, 0.5·x and 1 + tanh), 2 for `quick_gelu`.
