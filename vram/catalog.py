@@ -110,9 +110,11 @@ def resolve_hub_id(text: str) -> str | None:
     trailing revision are dropped), or None."""
     name = text.strip().removeprefix("https://huggingface.co/").split("@")[0].strip("/")
     key = name.lower()
-    for entry in model_catalog():
-        if entry.hf_repo.lower() == key or entry.slug == key:
-            return entry.slug
+    by_repo = [e for e in model_catalog() if e.hf_repo.lower() == key]
+    if len(by_repo) == 1:  # a repo shared by several entries (example code) names none
+        return by_repo[0].slug
+    if any(e.slug == key for e in model_catalog()):
+        return key
     return next((h.slug for h in hub_ids() if h.hub_id.lower() == key), None)
 
 

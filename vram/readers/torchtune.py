@@ -48,7 +48,7 @@ BUILDERS: dict[str, str] = {
     "llama3_3_70b": "llama-3.3-70b-instruct", "llama2_7b": "llama-2-7b",
     "llama2_13b": "llama-2-13b", "llama2_70b": "llama-2-70b", "mistral_7b": "mistral-7b-v0.1",
     "gemma_2b": "gemma-2b", "gemma_7b": "gemma-7b", "gemma2_2b": "gemma-2-2b",
-    "gemma2_9b": "gemma-2-9b", "gemma2_27b": "gemma-2-27b", "qwen2_7b": "qwen2-7b-instruct",
+    "gemma2_9b": "gemma-2-9b", "gemma2_27b": "gemma-2-27b", "qwen2_7b": "qwen2-7b",
     "qwen2_5_0_5b": "qwen2.5-0.5b-instruct", "qwen2_5_1_5b": "qwen2.5-1.5b-instruct",
     "qwen2_5_7b": "qwen2.5-7b-instruct", "qwen2_5_14b": "qwen2.5-14b-instruct",
     "qwen2_5_32b": "qwen2.5-32b-instruct", "qwen2_5_72b": "qwen2.5-72b-instruct",
