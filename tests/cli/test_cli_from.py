@@ -26,7 +26,7 @@ def test_from_file_json_has_setup_and_mapping(capsys: pytest.CaptureFixture[str]
     assert payload["setup"]["method"] == "qlora" and payload["setup"]["seq_len"] == 4096
     assert payload["setup"]["micro_batch"] == 2
     assert payload["from"]["format"] == "axolotl"
-    assert payload["from"]["fields"]["ckpt_reentrant"] is False
+    assert payload["from"]["fields"]["ckpt_reentrant"] is True  # axolotl normalize_config
     assert any(r["key"] == "sequence_len" for r in payload["from"]["mapping"]["mapped"])
     assert payload["device_peak_bytes"] > 0
 

@@ -62,8 +62,8 @@ def test_axolotl_qlora() -> None:
           precision="bf16-mixed", attention="flash", sharding="none",
           framework=in_setup("framework", "axolotl"))
     assert loaded.fields["framework"] == "axolotl"
-    assert loaded.fields["ckpt_reentrant"] is False
-    assert "core/builders/base.py@067b021" in default_source(loaded, "ckpt_reentrant")
+    assert loaded.fields["ckpt_reentrant"] is True
+    assert "utils/config/__init__.py@067b021" in default_source(loaded, "ckpt_reentrant")
 
 
 def test_axolotl_lora_on_8bit_base() -> None:
@@ -95,6 +95,8 @@ def test_axolotl_qlora_fsdp_70b_is_reentrant() -> None:
 def test_axolotl_dpo_is_recorded() -> None:
     loaded = load("axolotl/llama3-instruct-dpo-lora-8b.yml")
     assert "RL algorithm dpo" in mapped(loaded, "rl")
+    assert loaded.fields["ckpt_reentrant"] is False  # RL runs keep the builder's False
+    assert "core/builders/base.py" in default_source(loaded, "ckpt_reentrant")
     check(loaded, method="qlora", quant="int8", micro_batch=2)
 
 

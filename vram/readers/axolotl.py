@@ -2,7 +2,9 @@
 
 Defaults and behaviours are read at axolotl@067b021 (main, after v0.18.0):
 `src/axolotl/utils/schemas/{config,training,peft}.py` (key defaults),
-`src/axolotl/core/builders/base.py` (`use_reentrant` False when no kwargs are given),
+`src/axolotl/utils/config/__init__.py` (`normalize_config`: `use_reentrant: True` when
+checkpointing without kwargs, except RL and `unfrozen_parameters` runs, which the trainer
+builder `src/axolotl/core/builders/base.py` gives False),
 `src/axolotl/utils/config/__init__.py` (`bf16: auto` -> bf16 on Ampere+, and the model is loaded
 in that dtype: `cfg.torch_dtype = torch.bfloat16`).
 """
@@ -178,9 +180,17 @@ def _checkpointing(m: Mapper) -> None:
     else:
         m.set("grad_ckpt", m.bool_key("gradient_checkpointing"), "gradient_checkpointing")
     if m.fields.get("grad_ckpt"):
-        map_reentrant(m, "gradient_checkpointing_kwargs", False,
-                      "use_reentrant False when unset "
-                      "(axolotl src/axolotl/core/builders/base.py@067b021)")
+        # normalize_config sets {"use_reentrant": True} unless the run is RL or unfreezes
+        # parameters; the trainer builder then passes False for what is still unset.
+        if m.has("rl") or m.has("unfrozen_parameters"):
+            map_reentrant(m, "gradient_checkpointing_kwargs", False,
+                          "use_reentrant False for RL / unfrozen_parameters runs "
+                          "(axolotl src/axolotl/core/builders/base.py@067b021)")
+        else:
+            map_reentrant(m, "gradient_checkpointing_kwargs", True,
+                          "use_reentrant True when unset "
+                          "(axolotl src/axolotl/utils/config/__init__.py@067b021 "
+                          "normalize_config)")
     else:
         m.seen("gradient_checkpointing_kwargs")
 
