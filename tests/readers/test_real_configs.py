@@ -272,3 +272,14 @@ def test_every_real_file_is_inferred_and_estimated(rel: str) -> None:
         result = vram.estimate(loaded.model, loaded.setup)
         assert result.device_peak_bytes > 0
     assert loaded.report.lines()[0].startswith(f"Read as {loaded.format}")
+
+
+def test_trl_dpo_peft_under_zero3_is_reentrant(tmp_path: Path) -> None:
+    text = (CONFIGS / "trl/zephyr-7b-beta-dpo-qlora.yaml").read_text()
+    text = text.replace("gradient_checkpointing_kwargs:\n  use_reentrant: false\n", "")
+    plain = load_training_config(text, format="trl")
+    assert plain.fields["ckpt_reentrant"] is False
+    zero3 = load_training_config(text + "\ndeepspeed: {zero_optimization: {stage: 3}}\n",
+                                 format="trl", gpus=4)
+    assert zero3.fields["ckpt_reentrant"] is True
+    assert "dpo_trainer.py@f2cd577" in default_source(zero3, "ckpt_reentrant")

@@ -37,6 +37,7 @@ __all__ = [
     "load_training_config",
     "read_training_config",
     "setup_from_fields",
+    "split_fields",
 ]
 
 
@@ -134,6 +135,3 @@ def load_training_config(source: str | Path, *, format: Format | None = None,
         model=model, model_problem=problem,
         setup=setup, fields=result.fields, report=result.report)
 
-
-# Kept importable for callers that filter fields themselves.
-_ = split_fields

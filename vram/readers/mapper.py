@@ -31,10 +31,6 @@ from vram.setup import TrainingSetup
 FALLBACKS: dict[tuple[str, str], tuple[str, str]] = {
     ("loss", "fused-linear"): (
         "chunked", "fused linear+cross-entropy never holds the full logits; modelled as chunked"),
-    ("framework", "axolotl"): ("hf-trainer", "axolotl trains with Transformers' Trainer + PEFT"),
-    ("framework", "llama-factory"): (
-        "hf-trainer", "LLaMA-Factory trains with Transformers' Trainer + PEFT"),
-    ("framework", "deepspeed"): ("hf-trainer", "DeepSpeed under Transformers' Trainer"),
 }
 
 #: A base that every setup field can be checked against one at a time.
@@ -214,6 +210,14 @@ class Mapper:
             return
         self.fields[field] = value
         self._defaults.append(AppliedDefault(field=field, value=shown(value), source=source))
+
+    def redefault(self, field: str, value: Any, source: str) -> None:
+        """Replace a default applied earlier, when a later key changes what the tool does."""
+        if field in self._key_for_field:
+            return  # the file set it
+        self._defaults = [d for d in self._defaults if d.field != field]
+        self.fields.pop(field, None)
+        self.default(field, value, source)
 
     def ignore(self, key: str, reason: str) -> None:
         self._seen.add(key)

@@ -92,6 +92,10 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None,
     uses_deepspeed = map_deepspeed(m, "deepspeed", base_dir)
     if map_fsdp(m) and uses_deepspeed:
         raise TrainingConfigError("fsdp", "contradicts deepspeed: use one of them")
+    if (kind in ("dpo", "grpo") and uses_deepspeed and method != "full"
+            and m.fields.get("sharding") == "zero3" and m.fields.get("grad_ckpt")):
+        m.redefault("ckpt_reentrant", True, f"trl/trainer/{kind}_trainer.py@f2cd577 forces "
+                    "use_reentrant=True for PEFT under DeepSpeed ZeRO-3")
     _rl(m, kind)
     return m.finish(model_ref, slug)
 
