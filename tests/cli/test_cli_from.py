@@ -98,3 +98,12 @@ def test_method_flag_drops_the_files_quantized_base(capsys: pytest.CaptureFixtur
     assert code == 0, err
     setup = json.loads(out)["setup"]
     assert (setup["method"], setup["quant"], setup["lora_rank"]) == ("lora", None, 32)
+
+
+def test_abbreviated_flags_override_too() -> None:
+    from vram.cli import build_parser
+    from vram.readers.cli_hook import explicit_dests
+    parser = build_parser()
+    dests = explicit_dests(parser, ["estimate", "--from", "x.yml", "--bat", "4",
+                                    "--seq=8192", "--json"])
+    assert {"micro_batch", "seq_len", "from_file", "json"} <= dests

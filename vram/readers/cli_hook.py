@@ -30,12 +30,20 @@ def add_from_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def explicit_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
-    """The dests of the options typed in `argv` (exact spellings or `--flag=value`)."""
+    """The dests of the options typed in `argv`: exact spellings, `--flag=value`, and the
+    unambiguous prefixes argparse accepts (`--batc 4`)."""
     typed = {token.split("=", 1)[0] for token in argv if token.startswith("-")}
+    actions = _all_actions(parser)
+    options = {option: action.dest for action in actions for option in action.option_strings}
     dests: set[str] = set()
-    for action in _all_actions(parser):
-        if any(option in typed for option in action.option_strings):
-            dests.add(action.dest)
+    for token in typed:
+        if token in options:
+            dests.add(options[token])
+            continue
+        matches = {dest for option, dest in options.items()
+                   if token.startswith("--") and option.startswith(token)}
+        if len(matches) == 1:
+            dests |= matches
     return dests
 
 
