@@ -127,7 +127,7 @@ def _knob_control(key: str, method: str) -> None:
         st.toggle(knob.label, **common)
     elif knob.kind == "targets":
         st.multiselect(knob.label, choices, **common)
-    elif knob.kind in ("int", "float") and knob.meta.app_options:
+    elif knob.kind in ("int", "float") and knob.meta.app_options and not knob.optional:
         st.select_slider(knob.label, choices, format_func=_number_label, **common)
     else:
         st.selectbox(knob.label, choices, format_func=lambda v: params.label(key, v), **common)

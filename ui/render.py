@@ -15,7 +15,8 @@ import streamlit as st
 
 from ui import charts, data
 from ui.charts import Unit, format_bytes
-from vram.result import BUCKET_ORDER, Estimate
+from vram.gpus import FitOption, FitReport, Gpu
+from vram.result import BUCKET_ORDER, Estimate, LineItem
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """
@@ -44,11 +45,11 @@ def gpu_price(usd_per_hour: float | None) -> str:
     return "price unknown" if usd_per_hour is None else f"${usd_per_hour:,.2f}/h"
 
 
-def gpu_choice(option: Any) -> str:
+def gpu_choice(option: FitOption) -> str:
     return f"{option.count}× {data.short_gpu_name(option.gpu.name)}"
 
 
-def metrics(est: Estimate, report: Any, unit: Unit) -> None:
+def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
     """Peak per GPU, the cheapest GPUs that hold it, and the training ÷ inference multiple."""
     peak, cheapest, multiple = st.columns(3)
     peak.metric(
@@ -99,7 +100,7 @@ def notes(est: Estimate) -> None:
         st.caption(note)
 
 
-def fit_tables(report: Any, unit: Unit) -> None:
+def fit_tables(report: FitReport, unit: Unit) -> None:
     """GPUs that hold the run (cheapest first) and those that do not, by how much."""
     fits = pd.DataFrame(
         [
@@ -161,7 +162,7 @@ def _formula(text: str) -> str:
     return text.replace("`", "'").replace("|", "/")
 
 
-def _items_markdown(items: Sequence[Any]) -> str:
+def _items_markdown(items: Sequence[LineItem]) -> str:
     """Line items as a Markdown table (cheaper to send than a dataframe, and it wraps)."""
     lines = ["| item | formula | inputs | bytes |", "|---|---|---|---:|"]
     for item in items:
@@ -215,7 +216,7 @@ def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def download(est: Estimate, report: Any) -> None:
+def download(est: Estimate, report: FitReport) -> None:
     payload = {
         "estimate": est.model_dump(mode="json"),
         "cheapest": [
@@ -234,10 +235,10 @@ def download(est: Estimate, report: Any) -> None:
 
 
 def gpu_table(
-    gpus: Sequence[Any], report: Any | None, unit: Unit, *, only_fits: bool
+    gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *, only_fits: bool
 ) -> pd.DataFrame:
     """The catalog with what the current run needs on each GPU (count, total price, headroom)."""
-    options: dict[str, tuple[bool, Any]] = {}
+    options: dict[str, tuple[bool, FitOption | None]] = {}
     if report is not None:
         for option in report.misses:
             options.setdefault(option.gpu.id, (False, option))
@@ -245,7 +246,7 @@ def gpu_table(
             options[option.gpu.id] = (True, option)
     rows: list[dict[str, Any]] = []
     for gpu in gpus:
-        fits, option = options.get(gpu.id, (False, None))
+        fits, found = options.get(gpu.id, (False, None))
         if only_fits and not fits:
             continue
         rows.append(
@@ -256,11 +257,11 @@ def gpu_table(
                 "bf16 TFLOPS": gpu.bf16_dense_tflops,
                 "bandwidth (GB/s)": gpu.memory_bandwidth_gbps,
                 "$ per GPU-hour": gpu.usd_per_hour,
-                "holds it": "yes" if fits else ("no" if option is not None else "?"),
-                "GPUs needed": option.count if fits else None,
-                "$ per hour, all": option.usd_per_hour if fits else None,
+                "holds it": "yes" if fits else ("no" if found is not None else "?"),
+                "GPUs needed": found.count if fits and found else None,
+                "$ per hour, all": found.usd_per_hour if fits and found else None,
                 f"headroom ({unit})": (
-                    round(charts.to_unit(option.headroom_bytes, unit), 1) if option else None
+                    round(charts.to_unit(found.headroom_bytes, unit), 1) if found else None
                 ),
             }
         )

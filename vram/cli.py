@@ -59,8 +59,12 @@ def _add_knob_flag(parser: argparse.ArgumentParser, knob: SetupKnob) -> None:
     """One flag from the knob's declaration; its default is the library's (`TrainingSetup`)."""
     names = [knob.flag, *knob.meta.flag_aliases]
     default = None if knob.optional else knob.outer(knob.default)
-    shown = "the stack's" if knob.optional else knob.text(knob.default)
-    help_text = f"{knob.meta.help or knob.label} (default: {shown})".replace("%", "%%")
+    shown = knob.labels.get(AUTO, "the stack's") if knob.optional else knob.text(knob.default)
+    help_text = knob.meta.help or knob.label
+    if "default" not in help_text:
+        help_text += f" (default: {shown})"
+    help_text = help_text.replace("%", "%%")
+    metavar = knob.flag.removeprefix("--").upper().replace("-", "_")
     if knob.kind == "bool":
         parser.add_argument(*names, dest=knob.name, action=argparse.BooleanOptionalAction,
                             default=default, help=help_text)
@@ -71,7 +75,7 @@ def _add_knob_flag(parser: argparse.ArgumentParser, knob: SetupKnob) -> None:
                             help=help_text)
     else:
         parser.add_argument(*names, dest=knob.name, type=_flag_type(knob), default=default,
-                            help=help_text)
+                            metavar=metavar, help=help_text)
 
 
 def _add_setup_flags(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:

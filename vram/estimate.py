@@ -756,7 +756,7 @@ def _overhead_items(setup: TrainingSetup, slack: int, paged: int,
                  formula="reserved − allocated", inputs={}, bytes=slack,
                  source="PyTorch CUDA caching allocator; see vram.overhead"),
         LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
-                 formula="constant", inputs={}, bytes=cuda_context_bytes(),
+                 formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
                  source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
     ]
     nccl = nccl_bytes(setup)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vram.gpus import FitReport, Gpu
+from vram.knobs import setup_record
 from vram.result import Estimate
 from vram.units import format_gib, size_text
 
@@ -17,7 +18,7 @@ def estimate_json(result: Estimate, report: FitReport | None = None) -> dict[str
     """The estimate as the JSON object the CLI contract names (design.md), plus line items."""
     payload: dict[str, Any] = {
         "model": result.model_name,
-        "setup": result.setup.model_dump(mode="json"),
+        "setup": setup_record(result.setup),
         "params": result.params.model_dump(),
         "buckets": result.bucket_bytes,
         "allocated_peak_bytes": result.allocated_peak_bytes,

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from vram.errors import VramError
+from vram.knob_rules import fsdp1_keeps_frozen_unsharded
 from vram.precision import PrecisionPolicy, precision_policy
 from vram.setup import Framework, Loss, Method, Sharding, TrainingSetup
 from vram.units import Dtype
@@ -463,9 +464,8 @@ def effective_compile(setup: TrainingSetup) -> bool:
 def ckpt_reentrant(setup: TrainingSetup) -> bool:
     """Reentrant activation checkpointing: the setup's choice, else the stack's default (its
     sharded-QLoRA recipe's when the QLoRA base is sharded)."""
-    explicit: bool | None = getattr(setup, "ckpt_reentrant", None)
-    if explicit is not None:
-        return explicit
+    if setup.ckpt_reentrant is not None:
+        return setup.ckpt_reentrant
     row = stack_row(setup.framework)
     if _sharded_qlora(setup):
         return row.sharded_qlora_ckpt_reentrant
@@ -492,7 +492,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         adapts_fused_slices=row.adapts_fused_slices,
         quantized_linear_keeps_input=row.quantized_linear_keeps_input and qlora,
         norm_keeps_fp32_normalized=row.norm_keeps_fp32_normalized,
-        fsdp_keeps_frozen_unsharded=row.fsdp_keeps_frozen_unsharded,
+        fsdp_keeps_frozen_unsharded=fsdp1_keeps_frozen_unsharded(setup, row.default_fsdp_version),
         fused_activations=row.fused_activations,
         compiled=effective_compile(setup),
         checkpoint_keeps_ctx_attributes=not ckpt_reentrant(setup),

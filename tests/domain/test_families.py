@@ -132,3 +132,33 @@ def test_olmoe_counts_its_safetensors_total() -> None:
     spec = load_model("olmoe-1b-7b-0924")
     assert spec.n_params == 6_919_161_856
     assert (spec.decoder.n_experts, spec.decoder.experts_per_token) == (64, 8)
+
+
+def test_deepseek_v2_lite_counts_mla_and_its_experts() -> None:
+    """deepseek-ai/DeepSeek-V2-Lite: 15,706,484,224 parameters. MLA per layer: q_proj
+    h x 16·192, kv_a_proj_with_mqa h x (512 + 64), kv_a_layernorm 512, kv_b_proj 512 x
+    16·(128 + 128), o_proj 16·128 x h; layer 0 has a dense MLP of 10,944, layers 1-26 a router
+    (64 x h), 64 experts of three h x 1,408 matrices and 2 shared experts (one MLP of 2,816)."""
+    h, vocab = 2048, 102400
+    attention = h * 16 * 192 + h * 576 + 512 + 512 * 16 * 256 + 16 * 128 * h + 2 * h
+    dense = 3 * h * 10944
+    moe = 64 * h + 64 * 3 * h * 1408 + 3 * h * 2816
+    assert 2 * vocab * h + 27 * attention + dense + 26 * moe + h == 15_706_484_224
+    spec = load_model("deepseek-v2-lite")
+    assert spec.n_params == 15_706_484_224
+    assert [(st.name, st.count) for st in spec.stacks] == [("dense", 1), ("moe", 26)]
+
+
+def test_mla_attention_keeps_q_k_and_v_at_their_own_widths() -> None:
+    """SDPA's flash kernel keeps q and k (heads·192), v and the output (heads·128) and a
+    logsumexp; o_proj reads the output as it is. v is a view of kv_b_proj's output, whose
+    k_nope half (heads·128) stays alive with it."""
+    spec = load_model("deepseek-v2-lite")
+    setup = TrainingSetup(method="full", precision="bf16-true", micro_batch=1, seq_len=4096,
+                          attention="flash", framework="hf-trainer")
+    layer = layer_activations(spec, spec.stacks[0], setup, profile_for(setup))
+    terms = {t.key: t.bytes_per_token for t in layer.terms}
+    heads = 16
+    assert terms["attention"] == 2 * (heads * 192 * 2 + heads * 128 * 2) + 4 * heads
+    # latent norm (fp32 copy + normalized), kv_b's input, the k_nope half, the rotated k_pe
+    assert terms["mla"] == 4 * 512 + 2 * 512 + 2 * 512 + 2 * heads * 128 + 2 * 64

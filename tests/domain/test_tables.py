@@ -134,15 +134,36 @@ _SETUPS = [
 
 @pytest.mark.parametrize("setup", _SETUPS, ids=lambda s: "-".join(
     (s.method, s.precision, s.sharding, s.framework)))
-def test_precision_record_agrees_with_the_activation_numerics(setup: TrainingSetup) -> None:
-    """The record's activation dtypes are those `vram.activations` computes on its own (until
-    it reads the record)."""
+def test_precision_record_is_consistent(setup: TrainingSetup) -> None:
+    """Gradients and states follow the trained parameters; a master copy means fp32 states of
+    16-bit parameters; a 16-bit engine has no autocast over a 16-bit base; activations read
+    the same record."""
     profile = profile_for(setup)
-    n = numerics(setup, profile)
     p = profile.precision
-    assert (p.compute, p.residual, p.attention, p.autocast, p.input_copy_per_linear) == (
-        n.compute, n.residual, n.attention, n.autocast, n.input_copy_per_linear)
+    trained = p.adapters if setup.method != "full" else p.weights
+    assert p.gradients == trained
+    assert (p.master, p.states) == ((4, 4) if p.master else (0, trained))
+    if not profile.upcasts_frozen_to_fp32:  # (an upcast QLoRA base keeps autocast under ZeRO)
+        assert not (p.half_model and p.autocast)
     assert p.half_model is zero_half_model(setup)
+    n = numerics(setup)
+    assert (n.compute, n.residual, n.attention) == (p.compute, p.residual, p.attention)
+
+
+def test_activation_dtypes_by_recipe() -> None:
+    """(compute, residual, attention, autocast) per recipe, as the trace measures them."""
+    def dtypes(**fields: object) -> tuple[int, int, int, bool]:
+        p = profile_for(TrainingSetup(**fields)).precision  # type: ignore[arg-type]
+        return p.compute, p.residual, p.attention, p.autocast
+
+    assert dtypes(method="full", precision="fp32") == (4, 4, 4, False)
+    assert dtypes(method="full", precision="bf16-mixed") == (2, 4, 2, True)
+    assert dtypes(method="full", precision="bf16-true") == (2, 2, 2, False)
+    assert dtypes(method="full", precision="bf16-mixed", n_gpus=2, sharding="zero3") == (
+        2, 2, 2, False)
+    assert dtypes(method="qlora", precision="bf16-mixed") == (4, 4, 2, True)  # HF upcast
+    assert dtypes(method="qlora", precision="bf16-mixed", framework="torchtune") == (
+        2, 4, 2, True)
 
 
 def test_zero_with_a_mixed_recipe_runs_a_16_bit_model() -> None:

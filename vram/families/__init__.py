@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vram.families.base import ArchitectureFamily
 from vram.families.bert import Bert
+from vram.families.deepseek import DeepseekV2
 from vram.families.falcon import Falcon
 from vram.families.gpt2 import Gpt2
 from vram.families.llama import VARIANTS, LlamaLike, MistralOrMixtral
@@ -34,6 +35,7 @@ FAMILIES: dict[str, ArchitectureFamily] = {
     "bert": Bert(),
     "gpt2": Gpt2(),
     "qwen": QwenV1(),
+    "deepseek_v2": DeepseekV2(),
 }
 
 #: Accepted spellings that the list of supported families does not show.

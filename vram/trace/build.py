@@ -42,7 +42,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"
 
 #: Families the trace knows: model_type -> kind of head.
 SEQ2SEQ = {"t5", "mt5", "bart"}
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe"}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"}
 CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
 
 #: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
