@@ -16,6 +16,7 @@ import yaml
 
 from vram.catalog import catalog_entry
 from vram.setup import ALL_LINEAR, Loss, Method, Offload, Precision, Sharding, TrainingSetup
+from vram.stack import ckpt_reentrant as stack_ckpt_reentrant
 
 #: setup optimizer -> Transformers `optim` / axolotl `optimizer` name.
 OPTIMIZER_NAMES: dict[str, str] = {
@@ -58,8 +59,12 @@ def _knob(setup: TrainingSetup, fields: dict[str, Any], name: str) -> Any:
 
 
 def _reentrant(setup: TrainingSetup, fields: dict[str, Any]) -> dict[str, Any]:
+    """The checkpointing the estimate assumed, written out: the setup's choice, else the
+    reader's, else the stack's default (`vram.stack.ckpt_reentrant`)."""
     value = _knob(setup, fields, "ckpt_reentrant")
-    return {"use_reentrant": value} if isinstance(value, bool) else {}
+    if not isinstance(value, bool):
+        value = stack_ckpt_reentrant(setup)
+    return {"use_reentrant": value}
 
 
 def _deepspeed(setup: TrainingSetup) -> dict[str, Any]:
