@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import inputs, render, results, verify
+from ui import import_config, inputs, render, results, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
@@ -41,6 +41,7 @@ def main() -> None:
     render.show_math(est, unit)
     verify.panel(est, results.model_config(state), unit)
     render.download(lambda: results.download_json(state))
+    import_config.export_downloads(est.setup, state["model"])
 
 
 main()
