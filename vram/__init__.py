@@ -5,6 +5,7 @@
     >>> result = vram.estimate(model, vram.TrainingSetup(method="qlora", seq_len=2048))
     >>> result.device_peak_bytes, result.bucket_bytes
     >>> vram.fit(model, result.setup).cheapest
+    >>> vram.plan(model, result.setup, hardware=vram.Hardware(gpu="rtx-4090"), tokens=1e9)
 """
 
 from vram.architecture import ModelSpec, model_from_config, model_from_param_count
@@ -12,6 +13,7 @@ from vram.catalog import CatalogEntry, load_model, model_catalog, teaching_model
 from vram.errors import CatalogError, ConfigError, VramError
 from vram.estimate import estimate
 from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
+from vram.plan import Hardware, Plan, plan  # `vram.plan` is the function; the package is
 from vram.result import (
     Bucket,
     BucketName,
@@ -47,6 +49,7 @@ __all__ = [
     "FitReport",
     "Framework",
     "Gpu",
+    "Hardware",
     "InferenceEstimate",
     "LineItem",
     "Loss",
@@ -57,6 +60,7 @@ __all__ = [
     "Optimizer",
     "ParamCounts",
     "Phase",
+    "Plan",
     "Precision",
     "Quant",
     "Sharding",
@@ -69,5 +73,6 @@ __all__ = [
     "model_catalog",
     "model_from_config",
     "model_from_param_count",
+    "plan",
     "teaching_models",
 ]

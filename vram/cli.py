@@ -22,6 +22,7 @@ from vram.catalog import load_config, load_model, model_catalog
 from vram.errors import VramError
 from vram.estimate import estimate
 from vram.gpus import fit, load_gpus
+from vram.plan import cli as plan_cli
 from vram.report import estimate_json, estimate_table, gpus_table
 from vram.setup import (
     Attention,
@@ -108,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     validate = commands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
+    plan_cli.register(commands, _add_setup_flags)  # plan, validate-speed
     return parser
 
 
@@ -211,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate}
+                "validate": _validate, **plan_cli.register_handlers()}
     try:
         return commands[args.command](args)
     except ValidationError as exc:

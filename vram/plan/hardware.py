@@ -34,14 +34,14 @@ class Hardware(BaseModel):
         return self.count * self.nodes
 
 
-def find_gpu(gpu_id: str, gpus: Sequence[Gpu]) -> Gpu:
+def find_gpu(gpu_id: str, gpus: Sequence[Gpu], field: str = "gpu") -> Gpu:
     """The catalog GPU with this id; an unknown id names the ones that exist."""
     wanted = gpu_id.strip().lower()
     for gpu in gpus:
         if gpu.id == wanted:
             return gpu
     allowed = ", ".join(g.id for g in gpus)
-    raise VramError(f"gpu: unknown GPU {gpu_id!r}; allowed: {allowed}")
+    raise VramError(f"{field}: unknown GPU {gpu_id!r}; allowed: {allowed}")
 
 
 def setup_on(setup: TrainingSetup, n_gpus: int) -> TrainingSetup:
