@@ -10,7 +10,11 @@ import pytest
 import vram
 from vram.gpus import load_gpus
 from vram.plan.calibration import calibrate, check_runs, read_runs
-from vram.plan.flops import attention_flops_per_token_forward, flops_per_token, matmul_params_per_token
+from vram.plan.flops import (
+    attention_flops_per_token_forward,
+    flops_per_token,
+    matmul_params_per_token,
+)
 from vram.plan.hardware import find_gpu, setup_on
 from vram.plan.levers import LEVERS, applied
 from vram.plan.planner import _apply_all
