@@ -9,14 +9,17 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, inputs, params, render, verify
+from ui import data, inputs, params, plan_panel, render, verify
 from vram import charts
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
 
 def main() -> None:
+    plan_panel.read_url()  # before the shared URL registry reads the query string
     state, unit = inputs.page_start("How much GPU memory does this training run need?")
+    plan_panel.sidebar()
+    plan_panel.write_url()
 
     model, model_error = data.resolve_model(state)
     setup, setup_errors = params.build_setup(state)
@@ -45,6 +48,7 @@ def main() -> None:
         render.plot(charts.inference_figure(est, unit=unit), key="inference")
     render.notes(est)
     render.fit_tables(report, unit)
+    plan_panel.panel(model, setup, unit)
     render.show_math(est, unit)
     verify.panel(est, data.model_config(state), unit)
     render.download(est, report)
