@@ -35,49 +35,73 @@ class Proof(BaseModel):
     usable_bytes: NonNegativeInt
 
 
-def _narrow(peak_at: Callable[[int], int], usable: int, low: int, high: int
-            ) -> tuple[int, int]:
-    """Shrink a bracket (`low` fits, `high` does not) until its ends are neighbours.
+def _narrow(peak_at: Callable[[int], int], usable: int, fit: int, miss: int,
+            axis: Callable[[int], float]) -> tuple[int, int]:
+    """Shrink a bracket (`fit` fits, `miss` does not; either order) to neighbours.
 
-    Probes cycle: interpolation on the peak (memory grows almost linearly in batch and
-    sequence, so it lands near the answer), the neighbour of that probe, then a bisection,
-    which bounds the search at three probes per halving."""
-    def fits(value: int) -> bool:
-        return peak_at(value) <= usable
-
-    last: int | None = None
+    Probes cycle: a secant through the two latest probes along `axis` (memory is close to
+    linear in batch and sequence, and in 1/GPUs under sharding, so it lands near the answer),
+    the neighbour of that probe, then a bisection, which bounds the search at three probes
+    per halving."""
+    step = 1 if miss > fit else -1
+    # the two most recent points with their peaks: a secant through them
+    recent = [(fit, peak_at(fit)), (miss, peak_at(miss))]
     last_fit = False
     turn = 0
-    while high - low > 1:
-        if turn == 0:
-            p_low, p_high = peak_at(low), peak_at(high)
-            span = p_high - p_low
-            guess = low + (usable - p_low) * (high - low) // span if span else (low + high) // 2
-        elif turn == 1 and last is not None:
-            guess = last + 1 if last_fit else last - 1
+    while abs(miss - fit) > 1:
+        (x0, p0), (x1, p1) = recent[-2], recent[-1]
+        if turn == 0 and p0 != p1 and axis(x0) != axis(x1):
+            x = axis(x1) + (usable - p1) * (axis(x1) - axis(x0)) / (p1 - p0)
+            guess = _nearest_value(x, fit, miss, axis)
+        elif turn == 1:
+            guess = x1 + step if last_fit else x1 - step
         else:
-            guess = (low + high) // 2
+            guess = (fit + miss) // 2
         turn = (turn + 1) % 3
-        probe = max(low + 1, min(high - 1, guess))
-        last, last_fit = probe, fits(probe)
+        lo, hi = min(fit, miss), max(fit, miss)
+        probe = max(lo + 1, min(hi - 1, guess))
+        peak = peak_at(probe)
+        recent.append((probe, peak))
+        last_fit = peak <= usable
         if last_fit:
-            low = probe
+            fit = probe
         else:
-            high = probe
-    return low, high
+            miss = probe
+    return fit, miss
+
+
+def _nearest_value(x: float, fit: int, miss: int, axis: Callable[[int], float]) -> int:
+    """The integer between the bracket's ends whose `axis` value is nearest x, on the
+    fitting side (axis is monotone)."""
+    lo, hi = min(fit, miss), max(fit, miss)
+    while hi - lo > 1:  # bisection on the axis: no estimate, just arithmetic
+        middle = (lo + hi) // 2
+        if (axis(middle) - x) * (axis(hi) - axis(lo)) <= 0:
+            lo = middle
+        else:
+            hi = middle
+    return lo if miss > fit else hi
+
+
+def _identity(value: int) -> float:
+    return float(value)
+
+
+def _inverse(value: int) -> float:
+    return 1.0 / value
 
 
 def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limit: int
                     ) -> Proof:
-    """The largest v in [1, limit] with peak_at(v) <= usable, found from `start`."""
+    """The largest v in [1, limit] with peak_at(v) <= usable, searched from `start`."""
     def fits(value: int) -> bool:
         return peak_at(value) <= usable
 
     start = max(1, min(start, limit))
     if fits(start):
-        low, high = start, None
+        low, high = start, 0
         step = start
-        while high is None:
+        while not high:
             candidate = min(limit, low + step)
             if candidate == low:
                 return Proof(value=low, value_peak_bytes=peak_at(low), past=None,
@@ -87,17 +111,11 @@ def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limi
             else:
                 high = candidate
     else:
-        high, low = start, 0
-        while high > 1:
-            candidate = high // 2
-            if fits(candidate):
-                low = candidate
-                break
-            high = candidate
-        if low == 0:
+        if start == 1 or not fits(1):
             return Proof(value=0, value_peak_bytes=None, past=1, past_peak_bytes=peak_at(1),
                          usable_bytes=usable)
-    low, high = _narrow(peak_at, usable, low, high)
+        low, high = 1, start
+    low, high = _narrow(peak_at, usable, low, high, _identity)
     return Proof(value=low, value_peak_bytes=peak_at(low), past=high,
                  past_peak_bytes=peak_at(high), usable_bytes=usable)
 
@@ -105,25 +123,13 @@ def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limi
 def smallest_fitting(peak_at: Callable[[int], int], usable: int, limit: int) -> Proof:
     """The smallest v in [1, limit] with peak_at(v) <= usable; `past` is v - 1 (or None at 1).
     value 0 means no v up to `limit` fits (`past` is then `limit`)."""
-    def fits(value: int) -> bool:
-        return peak_at(value) <= usable
-
-    if fits(1):
+    if peak_at(1) <= usable:
         return Proof(value=1, value_peak_bytes=peak_at(1), past=None, past_peak_bytes=None,
                      usable_bytes=usable)
-    low, high = 1, 2  # low does not fit
-    while not fits(min(high, limit)):
-        if high >= limit:
-            return Proof(value=0, value_peak_bytes=None, past=limit,
-                         past_peak_bytes=peak_at(limit), usable_bytes=usable)
-        low, high = high, high * 2
-    high = min(high, limit)
-    while high - low > 1:  # counts are few: plain bisection (`low` misses, `high` fits)
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle
+    if limit == 1 or peak_at(limit) > usable:
+        return Proof(value=0, value_peak_bytes=None, past=limit,
+                     past_peak_bytes=peak_at(limit), usable_bytes=usable)
+    high, low = _narrow(peak_at, usable, limit, 1, _inverse)
     return Proof(value=high, value_peak_bytes=peak_at(high), past=low,
                  past_peak_bytes=peak_at(low), usable_bytes=usable)
 
