@@ -15,8 +15,8 @@ import streamlit as st
 
 import vram
 from ui import data, render
-from vram.charts import Unit, format_bytes
-from vram.plan.chart import path_figure
+from ui.charts import Unit, format_bytes
+from ui.plan_chart import path_figure
 
 ANY = "any"
 #: key -> default; tokens are in millions.

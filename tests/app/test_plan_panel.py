@@ -6,7 +6,7 @@ from __future__ import annotations
 from streamlit.testing.v1 import AppTest
 
 import vram
-from vram.charts import format_bytes
+from ui.charts import format_bytes
 
 
 def _metric(at: AppTest, label_start: str) -> tuple[str, str]:
@@ -18,6 +18,7 @@ def test_my_gpu_from_the_link_gives_the_plan(app: AppTest) -> None:
     app.query_params["mygpu"] = "rtx-4090"
     app.query_params["seq"] = "4096"
     app.query_params["batch"] = "4"
+    app.query_params["ckpt"] = "1"
     app.query_params["tokens"] = "1000"
     app.run()
     assert not app.exception, [e.value for e in app.exception]
@@ -52,3 +53,16 @@ def test_changing_my_gpu_moves_the_verdict(app: AppTest) -> None:
     assert not app.exception
     value, _ = _metric(app, "On 1× h100-sxm")
     assert value == "fits"
+
+
+def test_path_chart_rows_add_up() -> None:
+    from ui.plan_chart import path_figure, path_rows
+
+    setup = vram.TrainingSetup(method="qlora", seq_len=4096, micro_batch=4, grad_ckpt=True)
+    result = vram.plan(vram.load_model("llama-3.1-8b"), setup,
+                       hardware=vram.Hardware(gpu="rtx-4090"))
+    rows = path_rows(result)
+    assert rows[0]["bytes"] == result.device_peak_bytes
+    assert rows[0]["bytes"] + sum(r["bytes"] for r in rows[1:-1]) == rows[-1]["bytes"]
+    assert rows[-1]["bytes"] == result.path[-1].device_peak_bytes <= result.usable_bytes
+    assert len(path_figure(result).data[0].x) == len(result.path) + 2

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vram.errors import VramError
+from vram.setup import TrainingSetup
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -48,7 +49,7 @@ def _positive(name: str, value: float | None, *, upper: float) -> None:
         raise VramError(f"{name}: must be above 0 and at most {upper:g} (got {value:g})")
 
 
-def tokens_from(args: argparse.Namespace, n_gpus: int) -> float | None:
+def tokens_from(args: argparse.Namespace, setup: TrainingSetup, n_gpus: int) -> float | None:
     """Tokens to train from --tokens, --steps or --dataset-tokens x --epochs."""
     _positive("--tokens", args.tokens, upper=1e16)
     _positive("--steps", args.steps, upper=1e12)
@@ -61,7 +62,8 @@ def tokens_from(args: argparse.Namespace, n_gpus: int) -> float | None:
     if args.tokens:
         return float(args.tokens)
     if args.steps:
-        return float(args.steps * args.batch * args.grad_accum * n_gpus * args.seq)
+        return float(args.steps * setup.micro_batch * setup.grad_accum * n_gpus
+                     * setup.seq_len)
     if args.dataset_tokens:
         return float(args.dataset_tokens * args.epochs)
     return None
@@ -87,7 +89,7 @@ def _plan(args: argparse.Namespace) -> int:
                             nodes=args.nodes)
     total = hardware.total if hardware else setup.n_gpus
     result = plan(load_model(args.model), setup, hardware=hardware,
-                  tokens=tokens_from(args, total), gpus=gpus)
+                  tokens=tokens_from(args, setup, total), gpus=gpus)
     if args.json:
         print(json.dumps(plan_json(result), indent=2))
     else:

@@ -1,4 +1,5 @@
-"""The path as a waterfall of memory per GPU, with the card's capacity as a line (pure plotly).
+"""The plan's path as a waterfall of memory per GPU, the card's capacity as a line (pure
+plotly, no Streamlit; tested on its data).
 
     >>> fig = path_figure(plan, unit="GB")
 """
@@ -9,7 +10,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from vram.charts import FONT_FAMILY, FONT_SIZE, SMALL_FONT_SIZE, Unit, format_bytes, to_unit
+from ui.charts import FONT_FAMILY, FONT_SIZE, SMALL_FONT_SIZE, Unit, format_bytes, to_unit
 from vram.plan.planner import Plan
 
 SAVED_COLOR = "#009E73"  # Okabe-Ito bluish green: memory given back
