@@ -8,7 +8,8 @@ setup it was measured under and its source (`file@commit`). For each row the ach
 and a cell's MFU is the median over its rows (method x desktop/datacenter), falling back to
 its GPU class's median scaled by the method's (classes: desktop, datacenter, compute-heavy
 datacenter; `vram.plan.throughput.GpuClass`). Rows measured with CPU offload of parameters or
-optimizer are predicted but not used to calibrate (their time is the host link's, not MFU's).
+optimizer, and rows marked `calibrate=no` (the notes say why), are predicted but not used to
+calibrate.
 
     python -m vram validate-speed      # the time model's error on every row
 """
@@ -50,10 +51,13 @@ class MeasuredRun:
     work: Workload
     tokens_per_second_per_gpu: float
     source: str
+    #: False for rows kept to check the model but not to calibrate it (the notes say why).
+    use_for_calibration: bool = True
 
     @property
     def calibrates(self) -> bool:
-        return self.work.setup.offload not in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
+        offloaded = self.work.setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
+        return self.use_for_calibration and not offloaded
 
     def achieved_mfu(self) -> float:
         peak = peak_flops(self.work.gpu)
@@ -112,6 +116,9 @@ def read_runs(path: str | Path | None = None, gpus: Sequence[Gpu] | None = None,
                 gpu = by_id[row["gpu"].strip()]
                 result = estimate(model, setup)
                 measured = float(row["tokens_per_second_per_gpu"])
+                calibrate = (row.get("calibrate") or "yes").strip().lower()
+                if calibrate not in ("yes", "no"):
+                    raise ValueError(f"calibrate: {calibrate!r}; allowed: yes, no")
             except (KeyError, ValueError) as exc:
                 raise CatalogError(
                     f"{csv_path.name} line {line}: {str(exc).splitlines()[0]}") from None
@@ -120,7 +127,8 @@ def read_runs(path: str | Path | None = None, gpus: Sequence[Gpu] | None = None,
                 work=Workload(model=model, setup=setup, gpu=gpu,
                               trainable_params=result.params.trainable, recompute=recompute,
                               offloaded_activation_bytes=offloaded_activations(setup, result)),
-                tokens_per_second_per_gpu=measured, source=row.get("source", "")))
+                tokens_per_second_per_gpu=measured, source=row.get("source", ""),
+                use_for_calibration=calibrate == "yes"))
     return tuple(runs)
 
 
@@ -205,10 +213,12 @@ def summary_line(label: str, errors: list[float]) -> str:
 def report_lines(runs: Sequence[MeasuredRun]) -> list[str]:
     """One line per row (predicted vs measured tokens/s per GPU), the MFU table, summaries."""
     checks = check_runs(runs)
+    used = {run.id for run in runs if run.calibrates}
     lines = [f"{'id':<28} {'predicted':>10} {'measured':>10} {'error':>8} {'held-out':>9}"]
     for check in checks:
         lines.append(f"{check.id:<28} {check.predicted:10.1f} {check.measured:10.1f} "
-                     f"{check.error_pct:+7.1f}% {check.loo_error_pct:+8.1f}%")
+                     f"{check.error_pct:+7.1f}% {check.loo_error_pct:+8.1f}%"
+                     + ("" if check.id in used else "  (check only)"))
     table = calibrate(runs)
     lines.append("MFU by method and GPU class (median of the rows):")
     for (method, cls), value in sorted(table.cells.items()):
