@@ -36,6 +36,14 @@ def test_steps_give_the_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     assert json.loads(capsys.readouterr().out)["tokens"] == 1000 * 4 * 2 * 1 * 4096
 
 
+def test_dataset_tokens_times_epochs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--dataset-tokens", "5e7", "--epochs", "3", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["tokens"] == 1.5e8
+    assert payload["hardware"]["given"] is False  # no --gpu: the cheapest option that fits
+    assert payload["hardware"]["gpu"] == payload["options"][0]["gpu"]
+
+
 def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*PLAN, "--gpu", "rtx-4090", "--tokens", "1e9"]) == 0
     out = capsys.readouterr().out

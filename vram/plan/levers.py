@@ -62,6 +62,8 @@ def describe_change(before: TrainingSetup, after: TrainingSetup) -> str:
 
 
 def _text(value: Any) -> str:
+    if value is None:
+        return "the stack's default"
     if isinstance(value, list | tuple):
         return ",".join(str(v) for v in value)
     return str(value)
