@@ -8,9 +8,9 @@ query string before the registry reads it, and `write_url` puts them back after 
 
 from __future__ import annotations
 
+import html
 from typing import Any
 
-import pandas as pd
 import streamlit as st
 
 import vram
@@ -138,20 +138,34 @@ def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
     with chart:
         render.plot(path_figure(result, unit=unit), key="plan_path")
     with side:
-        st.dataframe(pd.DataFrame([
-            {"step": s.name, "saves": format_bytes(s.saved_bytes, unit),
-             "time": f"{(s.time_factor - 1) * 100:+.0f} %"}
-            for s in result.path]), hide_index=True)
-        st.dataframe(pd.DataFrame([
-            {"GPUs": f"{o.count}× {data.short_gpu_name(o.name)}", "hours": o.hours,
-             "$ per run": o.usd_per_run}
-            for o in result.options if o.fits][:8]), hide_index=True,
-            column_config={"$ per run": st.column_config.NumberColumn(format="$%.2f"),
-                           "hours": st.column_config.NumberColumn(format="%.1f")})
+        # Markdown tables: lighter for the browser than data grids, and they wrap.
+        if result.path:
+            st.markdown(_table(["step", "saves", "time"], [
+                [s.name, format_bytes(s.saved_bytes, unit), _pct(s.time_factor)]
+                for s in result.path]))
+        st.markdown(_table(["cheapest runs", "hours", "$ per run"], [
+            [f"{o.count}× {data.short_gpu_name(o.name)}", _hours(o.hours),
+             _money(o.usd_per_run)]
+            for o in result.options if o.fits][:8]))
     with st.expander(f"Every lever ({len(result.levers)}), by memory saved"):
-        st.dataframe(pd.DataFrame([
-            {"lever": lever.name, "saves": format_bytes(lever.saved_bytes, unit)
-             if lever.saved_bytes >= 0 else "+" + format_bytes(-lever.saved_bytes, unit),
-             "time": f"{(lever.time_factor - 1) * 100:+.0f} %", "fits": lever.fits,
-             "quality": lever.quality_note, "change": lever.setup_change}
-            for lever in result.levers]), hide_index=True)
+        st.markdown(_table(["lever", "saves", "time", "fits", "quality (source)"], [
+            [lever.name, _saved(lever.saved_bytes, unit), _pct(lever.time_factor),
+             "yes" if lever.fits else "no", lever.quality_note]
+            for lever in result.levers]))
+
+
+def _pct(factor: float) -> str:
+    return f"{(factor - 1) * 100:+.0f} %"
+
+
+def _saved(n_bytes: int, unit: Unit) -> str:
+    return format_bytes(n_bytes, unit) if n_bytes >= 0 else "+" + format_bytes(-n_bytes, unit)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    def cell(text: str) -> str:
+        return html.escape(text).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
