@@ -124,10 +124,11 @@ def export_downloads(setup: TrainingSetup, model_choice: str) -> None:
     from vram.export import to_axolotl_yaml, to_trl_yaml
 
     model = model_choice if catalog_entry(model_choice) else "YOUR-ORG/YOUR-MODEL"
-    axolotl_text, _ = to_axolotl_yaml(setup, model)
-    trl_text, _ = to_trl_yaml(setup, model)
     left, right = st.columns(2)
-    left.download_button("This run as an axolotl config", axolotl_text, "axolotl.yml",
+    # Deferred: the YAML is written when someone clicks, not stored on every rerun.
+    left.download_button("This run as an axolotl config",
+                         lambda: to_axolotl_yaml(setup, model)[0], "axolotl.yml",
                          mime="application/yaml", key="export_axolotl")
-    right.download_button("This run as a TRL config", trl_text, "trl_sft.yml",
+    right.download_button("This run as a TRL config",
+                          lambda: to_trl_yaml(setup, model)[0], "trl_sft.yml",
                           mime="application/yaml", key="export_trl")
