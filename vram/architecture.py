@@ -20,7 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from vram.errors import ConfigError
+from vram.config_checks import checked_model
+from vram.errors import ConfigError, FileReadError
+from vram.files import read_limited
 
 #: Largest config.json accepted: real ones are a few KB; anything bigger is not a config.
 MAX_CONFIG_BYTES = 1_000_000
@@ -674,6 +676,10 @@ SUPPORTED_FAMILIES: tuple[str, ...] = tuple(sorted(
 
 def model_from_config(config: Mapping[str, Any], name: str = "custom model") -> ModelSpec:
     """Read a Hugging Face config dict. Raises ConfigError naming the key that is wrong."""
+    return checked_model(config, lambda: _read_model(config, name))  # vram.config_checks
+
+
+def _read_model(config: Mapping[str, Any], name: str) -> ModelSpec:
     if not isinstance(config, Mapping):
         raise ConfigError("config.json", "must be a JSON object")
     r = _Reader(config)
@@ -712,23 +718,23 @@ def read_config_text(text: str | bytes) -> dict[str, Any]:
         data = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError("config.json", f"not valid JSON ({str(exc)[:80]})") from None
+    except ConfigError:
+        raise
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise ConfigError("config.json", "a number is too long (no config value has more "
+                          "than 4,300 digits)") from None
     if not isinstance(data, dict):
         raise ConfigError("config.json", "must be a JSON object")
     return data
 
 
 def model_from_config_file(path: str | Path, name: str | None = None) -> ModelSpec:
-    """Read a config.json file (size-capped before it is read)."""
-    file = Path(path)
+    """Read a config.json file: a regular file of at most MAX_CONFIG_BYTES (vram.files)."""
     try:
-        size = file.stat().st_size
-    except OSError:
-        raise ConfigError("model", f"no such file: {str(path)[:200]}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            "config.json", f"too large ({size:,} bytes; at most {MAX_CONFIG_BYTES:,})"
-        )
-    return model_from_config(read_config_text(file.read_bytes()), name or file.stem)
+        data = read_limited(path, MAX_CONFIG_BYTES, what="config.json")
+    except FileReadError as exc:
+        raise ConfigError("model", str(exc)) from None
+    return model_from_config(read_config_text(data), name or Path(path).stem)
 
 
 def config_for_param_count(n_params: int) -> dict[str, Any]:

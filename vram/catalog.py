@@ -7,6 +7,8 @@ count ("7e9", "70B") and always returns a `ModelSpec` or raises a `VramError` na
 from __future__ import annotations
 
 import csv
+import math
+import os
 import re
 from collections.abc import Mapping
 from functools import cache
@@ -24,7 +26,9 @@ from vram.architecture import (
     model_from_param_count,
     read_config_text,
 )
-from vram.errors import CatalogError, ConfigError
+from vram.config_checks import config_name
+from vram.errors import CatalogError, ConfigError, FileReadError
+from vram.files import read_limited
 from vram.paths import data_dir
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]|e\d+)?\s*$", re.IGNORECASE)
@@ -78,24 +82,37 @@ def _catalog_model(slug: str) -> ModelSpec:
     return model_from_config_file(data_dir() / "models" / f"{slug}.json", name)
 
 
+#: Largest exponent a size may carry ("7e9"); anything past 1e30 is not a model size, and a
+#: huge exponent would make the integer arithmetic itself run for minutes.
+_MAX_SIZE_EXPONENT = 30
+
+
 def parse_param_count(text: str) -> int | None:
-    """'7e9', '7B', '1.5b', '70000000000' -> an integer, or None if it is not a size."""
+    """'7e9', '7B', '1.5b', '70000000000' -> an integer, or None if it is not a size.
+
+    Sizes beyond 1e30 raise ConfigError (the range check in `config_for_param_count` then
+    names the real bounds for anything smaller)."""
     match = _SIZE.match(text)
     if not match:
         return None
-    value = float(match.group(1))
     suffix = (match.group(2) or "").lower()
+    exponent = int(suffix[1:]) if suffix.startswith("e") and len(suffix) <= 6 else None
+    value = float(match.group(1)) if len(match.group(1)) <= 40 else math.inf
     if suffix.startswith("e"):
-        value *= 10 ** int(suffix[1:])
+        value = value * 10.0 ** exponent if exponent is not None and \
+            exponent <= _MAX_SIZE_EXPONENT else math.inf
     elif suffix:
         value *= _SCALE[suffix]
+    if not value < 10.0 ** _MAX_SIZE_EXPONENT:
+        raise ConfigError("model", f"{text.strip()[:40]!r} is too large a size; sizes are "
+                          "between 10 million and 10 trillion parameters")
     return int(value)
 
 
 def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
     """A ModelSpec from a catalog slug, a config.json path, a config dict or a parameter count."""
     if isinstance(model, Mapping):
-        return model_from_config(model)
+        return model_from_config(model, config_name(model, "custom model"))
     if isinstance(model, int) and not isinstance(model, bool):
         return model_from_param_count(model)
     if isinstance(model, Path):
@@ -108,12 +125,12 @@ def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
     if catalog_entry(text) is not None:
         return _catalog_model(text)
     if text.startswith("{"):
-        return model_from_config(read_config_text(text))
+        return load_model(read_config_text(text))
     count = parse_param_count(text)
     if count is not None:
         return model_from_param_count(count)
     path = Path(text)
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or os.path.lexists(path):  # lexists: report a symlink loop
         return model_from_config_file(path)
     slugs = ", ".join(e.slug for e in model_catalog()[:6])
     raise ConfigError(
@@ -138,6 +155,7 @@ def load_config(model: str | Path | Mapping[str, Any] | int) -> dict[str, Any]:
         return config_for_param_count(count)
     path = Path(text)
     load_model(path)  # validates, with the same messages
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError("config.json", "too large")
-    return read_config_text(path.read_bytes())
+    try:
+        return read_config_text(read_limited(path, MAX_CONFIG_BYTES, what="config.json"))
+    except FileReadError as exc:
+        raise ConfigError("model", str(exc)) from None
