@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, inputs, params, render, verify
+from ui import data, inputs, params, render, text, verify
 from vram import charts
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
@@ -21,15 +21,15 @@ def main() -> None:
     model, model_error = data.resolve_model(state)
     setup, setup_errors = params.build_setup(state)
     if model_error or setup_errors:
-        st.error("\n\n".join(([model_error] if model_error else []) + setup_errors))
+        text.error(([model_error] if model_error else []) + setup_errors)
         return
     assert model is not None and setup is not None
 
     est = vram.estimate(model, setup)
     report = vram.fit(model, setup, data.gpus())
     st.caption(
-        f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} trained. "
-        "Figures are per GPU."
+        f"{text.plain(model.name)}: {est.params.total:,} parameters, "
+        f"{est.params.trainable:,} trained. Figures are per GPU."
     )
     render.metrics(est, report, unit)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, inputs, params, render
+from ui import data, inputs, params, render, text
 
 st.set_page_config(page_title="vram · GPUs", page_icon="🧮", layout="wide")
 
@@ -18,12 +18,12 @@ def main() -> None:
     setup, errors = params.build_setup(state)
     report = None
     if model is None or setup is None:
-        st.error("\n\n".join(([model_error] if model_error else []) + errors))
+        text.error(([model_error] if model_error else []) + errors)
     else:
         est = vram.estimate(model, setup)
         report = vram.fit(model, setup, gpus)
         st.markdown(
-            f"**{model.name}**, {params.label('method', state['method'])}: needs "
+            f"**{text.plain(model.name)}**, {params.label('method', state['method'])}: needs "
             f"**{render.format_bytes(est.device_peak_bytes, unit)}** per GPU "
             f"with {setup.n_gpus} GPU(s). Click a column header to sort."
         )

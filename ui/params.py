@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ui import urlpack
 from vram.setup import (
     ALL_LINEAR,
     Attention,
@@ -212,7 +213,7 @@ def _targets(text: str) -> list[str]:
 def _config(text: str) -> str:
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"too large ({len(text):,} characters; at most {MAX_CONFIG_BYTES:,})")
-    return text
+    return urlpack.unpack(text, MAX_CONFIG_BYTES)  # links carry it compressed (ui/urlpack.py)
 
 
 @dataclass(frozen=True)
@@ -293,7 +294,7 @@ def registry(model_slugs: tuple[str, ...], default_model: str, *,
         params=(
             Param("model", default_model, _choice(options), title="Model"),
             Param("size", 7.0, _size, _dump_size, title="Parameters (billions)"),
-            Param("config", "", _config, title="Uploaded config.json"),
+            Param("config", "", _config, dump=urlpack.pack, title="Uploaded config.json"),
             Param("method", Method.QLORA.value, _choice(_enum_values(Method)), title="Method"),
             Param(
                 "opt", Optimizer.ADAMW.value, _choice(_enum_values(Optimizer)), title="Optimizer"

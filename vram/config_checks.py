@@ -84,9 +84,10 @@ def checked_model(config: Mapping[str, Any], build: Callable[[], ModelSpec]) -> 
 
 
 def config_name(config: Mapping[str, Any], default: str) -> str:
-    """The name a config gives itself (`_name_or_path`), printable and at most 80 characters."""
+    """The name a config gives itself (`_name_or_path`): printable, at most 80 characters."""
     raw = config.get("_name_or_path")
     if not isinstance(raw, str):
         return default
-    text = "".join(ch for ch in raw if ch.isprintable()).strip()
+    # Printable, and no angle brackets: chart labels (plotly) render a subset of HTML.
+    text = "".join(ch for ch in raw if ch.isprintable() and ch not in "<>").strip()
     return text[-80:] if text else default

@@ -115,6 +115,6 @@ def read_csv_rows(
         for row in reader:
             rows.append((reader.line_num, row))
     except csv.Error as exc:
-        raise FileReadError(what, _shown(path), f"line {reader.line_num}: not CSV "
+        raise FileReadError(what, _shown(path), f"line {reader.line_num + 1}: not CSV "
                             f"({str(exc)[:80]})") from None
     return rows
