@@ -9,8 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, inputs, params, render, text, verify
-from vram import charts
+from ui import charts, data, inputs, params, render, text, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import data, inputs, learn, params, render, text
-from vram import charts
+from ui import charts, data, inputs, learn, params, render, text
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 

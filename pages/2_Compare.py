@@ -5,8 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import compare, data, inputs, render, text
-from vram import charts
+from ui import charts, compare, data, inputs, render, text
 
 st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide")
 

@@ -32,7 +32,7 @@ COMMON_GPU_IDS: tuple[str, ...] = (
 
 
 @st.cache_resource(show_spinner=False)
-def catalog() -> tuple[Any, ...]:
+def catalog() -> tuple[vram.CatalogEntry, ...]:
     """The model catalog: teaching sizes first (1B, 8B, 13B, 70B), then by parameters."""
     order = {"1B": 0, "8B": 1, "13B": 2, "70B": 3}
     entries = vram.model_catalog()
@@ -73,11 +73,11 @@ def model_label(slug: str) -> str:
 
 
 @st.cache_resource(show_spinner=False)
-def gpus_from(path: str | None) -> tuple[Any, ...]:
+def gpus_from(path: str | None) -> tuple[vram.Gpu, ...]:
     return tuple(vram.load_gpus(path))
 
 
-def gpus() -> tuple[Any, ...]:
+def gpus() -> tuple[vram.Gpu, ...]:
     """The GPU catalog, or the team's own list named by VRAM_GPUS_CSV (read once per path)."""
     return gpus_from(os.environ.get("VRAM_GPUS_CSV") or None)
 
@@ -97,8 +97,8 @@ def stop_if_gpu_list_is_bad() -> None:
         raise FragmentHandledException from None
 
 
-def filter_gpus(gpu_list: Sequence[Any], vendors: Sequence[str],
-                segments: Sequence[str]) -> list[Any]:
+def filter_gpus(gpu_list: Sequence[vram.Gpu], vendors: Sequence[str],
+                segments: Sequence[str]) -> list[vram.Gpu]:
     """The GPUs of the chosen vendors and segments (nothing chosen keeps every one)."""
     return [g for g in gpu_list
             if (not vendors or g.vendor in vendors) and (not segments or g.segment in segments)]
@@ -119,12 +119,12 @@ def capacities() -> list[tuple[str, int]]:
 
 
 @st.cache_resource(show_spinner=False, max_entries=256)
-def catalog_model(slug: str) -> Any:
+def catalog_model(slug: str) -> vram.ModelSpec:
     return vram.load_model(slug)
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def config_model(text: str) -> Any:
+def config_model(text: str) -> vram.ModelSpec:
     """A model from config.json text; vram parses it as JSON (nothing is executed)."""
     config = read_config_text(text)
     name = str(config.get("_name_or_path") or "uploaded config.json")[:80]
@@ -133,11 +133,11 @@ def config_model(text: str) -> Any:
 
 
 @st.cache_resource(show_spinner=False, max_entries=64)
-def sized_model(n_params: int) -> Any:
+def sized_model(n_params: int) -> vram.ModelSpec:
     return vram.model_from_param_count(n_params)
 
 
-def resolve_model(state: Mapping[str, Any]) -> tuple[Any | None, str | None]:
+def resolve_model(state: Mapping[str, Any]) -> tuple[vram.ModelSpec | None, str | None]:
     """The ModelSpec a state points at, or None and a message naming what is wrong."""
     choice = state["model"]
     try:

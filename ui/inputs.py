@@ -9,15 +9,15 @@ rewritten from it, so a copied link reproduces the view.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import streamlit as st
 
 from ui import data, params, render, text
+from ui.charts import Unit
 from vram.architecture import read_config_text
-from vram.charts import Unit
 from vram.errors import VramError
-from vram.setup import ALL_LINEAR
 
 #: Bigger than the default 1 MB cap would allow for nothing: a real config.json is a few KB.
 MAX_UPLOAD_BYTES = params.MAX_CONFIG_BYTES
@@ -113,14 +113,41 @@ def _on_upload() -> None:
     st.session_state["config"] = json.dumps(config, separators=(",", ":"))
 
 
-def _select(key: str, title: str, options: tuple[Any, ...], **kwargs: Any) -> Any:
-    return st.selectbox(
-        title, options, key=key, format_func=lambda v: params.label(key, v), **kwargs
-    )
+def _knob_control(key: str, method: str) -> None:
+    """The control of one setup knob, built from its declaration on `TrainingSetup`."""
+    knob = params.KNOBS[key]
+    choices = params.options(key)
+    common: dict[str, Any] = {
+        "key": key,
+        "help": knob.meta.help or None,
+        "disabled": not params.applies(key, method),
+    }
+    if key in _ON_CHANGE:
+        common["on_change"] = _ON_CHANGE[key]
+    if knob.kind == "bool" and not knob.optional:
+        st.toggle(knob.label, **common)
+    elif knob.kind == "targets":
+        st.multiselect(knob.label, choices, **common)
+    elif knob.kind in ("int", "float") and knob.meta.app_options:
+        st.select_slider(knob.label, choices, format_func=_number_label, **common)
+    else:
+        st.selectbox(knob.label, choices, format_func=lambda v: params.label(key, v), **common)
+
+
+def _number_label(value: Any) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+#: Controls that adjust another when they move.
+_ON_CHANGE: dict[str, Callable[[], None]] = {"gpus": _on_gpus_change}
 
 
 def sidebar() -> dict[str, Any]:
-    """Draw the setup controls in the sidebar; return the state dict they produce."""
+    """Draw the setup controls in the sidebar; return the state dict they produce.
+
+    Method, optimizer, batch and sequence come first; every other knob of `TrainingSetup`
+    is drawn under Advanced from its declaration, so a new knob appears there by itself.
+    """
     reg = data.registry()
     with st.sidebar:
         st.header("Training setup")
@@ -152,62 +179,22 @@ def sidebar() -> dict[str, Any]:
                 key="size",
                 help="A Llama-shaped model of this size (approximate).",
             )
-        method_options = tuple(params.LABELS["method"])
         st.radio(
-            "Method",
-            method_options,
+            params.title("method"),
+            params.options("method"),
             key="method",
             horizontal=True,
             format_func=lambda v: params.label("method", v),
         )
-        _select("opt", "Optimizer", tuple(params.LABELS["opt"]))
-        st.slider("Micro-batch size", 1, params.BATCH_MAX, key="batch")
-        st.select_slider(
-            "Sequence length (tokens)",
-            params.SEQ_OPTIONS,
-            key="seq",
-            format_func=lambda v: f"{v:,}",
-        )
-        full = st.session_state["method"] == "full"
+        method = str(st.session_state["method"])
+        _knob_control("opt", method)
+        batches = params.options("batch")
+        st.slider(params.title("batch"), batches[0], batches[-1], key="batch")
+        _knob_control("seq", method)
         with st.expander("Advanced", expanded=False):
-            _select("prec", "Precision recipe", tuple(params.LABELS["prec"]))
-            st.select_slider("LoRA rank", params.RANK_OPTIONS, key="rank", disabled=full)
-            st.multiselect(
-                "LoRA targets",
-                params.TARGET_OPTIONS,
-                key="targets",
-                disabled=full,
-                help=f"'{ALL_LINEAR}' adapts every linear layer of the decoder.",
-            )
-            _select(
-                "quant",
-                "Quantization of the base",
-                params.QUANT_OPTIONS,
-                disabled=st.session_state["method"] != "qlora",
-                help="Only QLoRA quantizes the frozen base model.",
-            )
-            st.select_slider(
-                "LoRA dropout", params.DROPOUT_OPTIONS, key="dropout", disabled=full,
-                help="PEFT keeps the dropped-out copy of each adapted Linear's input.",
-            )
-            st.toggle("Gradient checkpointing", key="ckpt")
-            st.select_slider(
-                "Gradient accumulation steps", params.ACCUM_OPTIONS, key="accum",
-                help="More than 1 keeps every gradient alive through the next micro-batches.",
-            )
-            st.toggle(
-                "Long batches can follow each other", key="repeats",
-                help="Off for runs whose longest batch comes once (lit-gpt's 2023 scripts put "
-                "it in the first step only): a stack that keeps the previous step's graph "
-                "then never holds two long steps.",
-            )
-            _select("compile", "torch.compile", params.COMPILE_OPTIONS)
-            _select("attn", "Attention kernel", tuple(params.LABELS["attn"]))
-            _select("loss", "Loss (cross-entropy)", params.LOSS_OPTIONS)
-            st.select_slider("GPUs", params.GPU_OPTIONS, key="gpus", on_change=_on_gpus_change)
-            _select("shard", "Sharding", tuple(params.LABELS["shard"]))
-            _select("offload", "Offload", tuple(params.LABELS["offload"]))
-            _select("stack", "Training stack", tuple(params.LABELS["stack"]))
+            for key, knob in params.KNOBS.items():
+                if not knob.meta.basic:
+                    _knob_control(key, method)
     return current()
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vram.charts import BUCKET_LABELS, format_bytes
+from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
 
 

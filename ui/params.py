@@ -14,22 +14,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from ui import urlpack
-from vram.setup import (
-    ALL_LINEAR,
-    Attention,
-    Framework,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    Precision,
-    Quant,
-    Sharding,
-    TrainingSetup,
+from vram.knobs import (
+    AUTO,
+    TARGET_ORDER,
+    KnobError,
+    SetupKnob,
+    setup_knobs,
 )
+from vram.knobs import build_setup as build_knob_setup
+from vram.setup import ALL_LINEAR, Sharding, TrainingSetup
 
 State = dict[str, Any]
 
@@ -38,107 +32,68 @@ MAX_CONFIG_BYTES = 256 * 1024
 #: Upload choice and bare parameter count, next to the catalog slugs in the model list.
 UPLOAD = "upload"
 BY_SIZE = "params"
-
-BATCH_MAX = 128
-SEQ_OPTIONS: tuple[int, ...] = tuple(2**k for k in range(7, 18))  # 128 .. 131,072
-RANK_OPTIONS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-GPU_OPTIONS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-TARGET_OPTIONS: tuple[str, ...] = (
-    ALL_LINEAR,
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-    "lm_head",
-)
-QUANT_OPTIONS: tuple[str, ...] = (Quant.NF4.value, Quant.NF4_DQ.value, Quant.INT8.value)
-LOSS_OPTIONS: tuple[str, ...] = ("auto", Loss.STANDARD.value, Loss.CHUNKED.value)
-COMPILE_OPTIONS: tuple[str, ...] = ("auto", "on", "off")
-ACCUM_OPTIONS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
-DROPOUT_OPTIONS: tuple[float, ...] = (0.0, 0.05, 0.1)
 UNITS: tuple[str, ...] = ("GB", "GiB")
 
-LABELS: dict[str, dict[str, str]] = {
-    "method": {"full": "Full fine-tuning", "lora": "LoRA", "qlora": "QLoRA (4-bit base)"},
-    "opt": {
-        "adamw": "AdamW",
-        "adamw-8bit": "AdamW 8-bit",
-        "paged-adamw": "Paged AdamW",
-        "paged-adamw-8bit": "Paged AdamW 8-bit",
-        "sgd": "SGD",
-        "sgd-momentum": "SGD + momentum",
-        "adafactor": "Adafactor",
-        "lion": "Lion",
-        "adamw-in-backward": "AdamW fused in backward",
-    },
-    "prec": {
-        "fp32": "fp32",
-        "fp16-mixed": "fp16 mixed (AMP)",
-        "bf16-mixed": "bf16 mixed (AMP)",
-        "bf16-true": "pure bf16",
-    },
-    "quant": {"nf4": "NF4", "nf4-dq": "NF4 + double quant", "int8": "int8"},
-    "attn": {"sdpa": "SDPA", "eager": "eager (keeps s×s scores)", "flash": "FlashAttention"},
-    "compile": {"auto": "stack default", "on": "compiled", "off": "eager (not compiled)"},
-    "loss": {
-        "auto": "stack default",
-        "standard": "standard (fp32 logits)",
-        "chunked": "chunked / fused",
-    },
-    "shard": {
-        "none": "none",
-        "ddp": "DDP",
-        "zero1": "ZeRO-1",
-        "zero2": "ZeRO-2",
-        "zero3": "ZeRO-3 / FSDP",
-    },
-    "offload": {
-        "none": "none",
-        "optimizer": "optimizer → CPU",
-        "params+optimizer": "params + optimizer → CPU",
-        "activations": "activations → CPU",
-    },
-    "stack": {
-        "hf-trainer": "HF Trainer",
-        "litgpt": "LitGPT",
-        "torchtune": "torchtune",
-        "peft-accelerate": "PEFT + Accelerate",
-        "fsdp-qlora": "FSDP-QLoRA",
-        "unsloth": "Unsloth",
-        "other": "other",
-    },
-}
+#: The setup's knobs by their app key (``batch``, ``opt``, ...), declared on `TrainingSetup`.
+KNOBS: dict[str, SetupKnob] = {knob.key: knob for knob in setup_knobs()}
 
-#: TrainingSetup field -> our key, so validation errors name what the person sees.
-FIELD_TO_KEY: dict[str, str] = {
-    "method": "method",
-    "lora_rank": "rank",
-    "lora_targets": "targets",
-    "quant": "quant",
-    "optimizer": "opt",
-    "precision": "prec",
-    "micro_batch": "batch",
-    "seq_len": "seq",
-    "grad_ckpt": "ckpt",
-    "grad_accum": "accum",
-    "lora_dropout": "dropout",
-    "longest_batch_repeats": "repeats",
-    "compile": "compile",
-    "attention": "attn",
-    "loss": "loss",
-    "n_gpus": "gpus",
-    "sharding": "shard",
-    "offload": "offload",
-    "framework": "stack",
-}
+
+# --------------------------------------------------------------------------------------------
+# A knob in the app: its value in the widget, its options and their labels
+# --------------------------------------------------------------------------------------------
+
+
+def app_value(knob: SetupKnob, value: object) -> Any:
+    """A field's value as the widget holds it: ``"auto"`` for None, a list of LoRA targets,
+    the opposite for inverse knobs, enum members as their text."""
+    value = knob.outer(value)
+    if value is None:
+        return AUTO
+    if knob.kind == "targets":
+        return [ALL_LINEAR] if value == ALL_LINEAR else list(value)  # type: ignore[call-overload]
+    return getattr(value, "value", value)
+
+
+def field_value(knob: SetupKnob, value: Any) -> object:
+    """The widget's value as the setup field takes it (`app_value` undone)."""
+    if value == AUTO and knob.optional:
+        return None
+    if knob.kind == "targets":
+        targets = list(value) or [ALL_LINEAR]
+        return ALL_LINEAR if ALL_LINEAR in targets else tuple(targets)
+    return knob.outer(value)
+
+
+def options(key: str) -> tuple[Any, ...]:
+    """The values a knob's control offers, in the order it shows them."""
+    knob = KNOBS[key]
+    if knob.meta.app_options:
+        return tuple(knob.meta.app_options)
+    auto: tuple[Any, ...] = (AUTO,) if knob.optional else ()
+    if knob.kind == "bool":
+        return (*auto, True, False)
+    if knob.kind == "targets":
+        return (ALL_LINEAR, *TARGET_ORDER)
+    return (*auto, *knob.choices)
 
 
 def label(key: str, value: object) -> str:
     """The human label of a choice (``"qlora"`` -> ``"QLoRA (4-bit base)"``)."""
-    return LABELS.get(key, {}).get(str(value), str(value))
+    knob = KNOBS.get(key)
+    if knob is None:
+        return str(value)
+    text = "true" if value is True else "false" if value is False else str(value)
+    return knob.labels.get(text, text)
+
+
+def title(key: str) -> str:
+    return KNOBS[key].label
+
+
+def applies(key: str, method: object) -> bool:
+    """Whether a knob means something for a method (LoRA knobs, quantization)."""
+    only = KNOBS[key].meta.only_for
+    return not only or method in only
 
 
 # --------------------------------------------------------------------------------------------
@@ -146,39 +101,15 @@ def label(key: str, value: object) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _choice(options: tuple[str, ...]) -> Callable[[str], Any]:
+def _choice(choices: tuple[str, ...]) -> Callable[[str], Any]:
     def parse(text: str) -> str:
         value = text.strip().lower()
-        if value not in options:
-            shown = ", ".join(options[:12]) + (", ..." if len(options) > 12 else "")
+        if value not in choices:
+            shown = ", ".join(choices[:12]) + (", ..." if len(choices) > 12 else "")
             raise ValueError(f"{text[:40]!r} is not one of: {shown}")
         return value
 
     return parse
-
-
-def _number_in(options: tuple[Any, ...] | range, cast: Callable[[str], Any],
-               noun: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = cast(text.strip())
-        except ValueError:
-            raise ValueError(f"{text[:40]!r} is not {noun}") from None
-        if value not in options:
-            if isinstance(options, range):
-                raise ValueError(f"{value} is outside {options.start}..{options.stop - 1}")
-            raise ValueError(f"{value} is not one of: {', '.join(map(str, options))}")
-        return value
-
-    return parse
-
-
-def _int_in(options: tuple[int, ...] | range) -> Callable[[str], Any]:
-    return _number_in(options, int, "a whole number")
-
-
-def _float_in(options: tuple[float, ...]) -> Callable[[str], Any]:
-    return _number_in(options, float, "a number")
 
 
 def _bool(text: str) -> bool:
@@ -192,7 +123,7 @@ def _bool(text: str) -> bool:
 
 def _size(text: str) -> float:
     try:
-        value = float(text.strip())
+        value = float(text.strip()[:40])
     except ValueError:
         raise ValueError(f"{text[:40]!r} is not a number of billions of parameters") from None
     if not math.isfinite(value) or not 0.01 <= value <= 10_000:
@@ -200,20 +131,33 @@ def _size(text: str) -> float:
     return value
 
 
-def _targets(text: str) -> list[str]:
-    parts = [p.strip().lower() for p in text.replace(";", ",").split(",") if p.strip()]
-    if not parts:
-        raise ValueError("give at least one module, or all-linear")
-    unknown = [p for p in parts if p not in TARGET_OPTIONS]
-    if unknown:
-        raise ValueError(f"{unknown[0][:40]!r} is not one of: {', '.join(TARGET_OPTIONS)}")
-    return [ALL_LINEAR] if ALL_LINEAR in parts else [t for t in TARGET_OPTIONS if t in parts]
-
-
 def _config(text: str) -> str:
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"too large ({len(text):,} characters; at most {MAX_CONFIG_BYTES:,})")
     return urlpack.unpack(text, MAX_CONFIG_BYTES)  # links carry it compressed (ui/urlpack.py)
+
+
+def _knob_parser(knob: SetupKnob) -> Callable[[str], Any]:
+    """The knob's own text parser, then the app's narrower choice of values."""
+    offered = options(knob.key)
+
+    def parse(text: str) -> Any:
+        value = app_value(knob, knob.parse(text))
+        if knob.kind == "targets" or value in offered:
+            return value
+        numbers = [v for v in offered if isinstance(v, int) and not isinstance(v, bool)]
+        if len(numbers) > 12 and numbers == list(range(numbers[0], numbers[-1] + 1)):
+            raise ValueError(f"{value} is outside {numbers[0]}..{numbers[-1]}")
+        raise ValueError(f"{value} is not one of: {', '.join(map(str, offered))}")
+
+    return parse
+
+
+def _knob_dumper(knob: SetupKnob) -> Callable[[Any], str]:
+    def dump(value: Any) -> str:
+        return knob.text(field_value(knob, value))
+
+    return dump
 
 
 @dataclass(frozen=True)
@@ -227,8 +171,10 @@ class Param:
     title: str = ""
 
 
-def _dump_targets(value: list[str]) -> str:
-    return ",".join(value)
+def _knob_param(knob: SetupKnob) -> Param:
+    """A setup knob as app state; its default is the library's."""
+    return Param(knob.key, app_value(knob, knob.default), _knob_parser(knob), _knob_dumper(knob),
+                 title=knob.label)
 
 
 def _dump_bool(value: bool) -> str:
@@ -237,10 +183,6 @@ def _dump_bool(value: bool) -> str:
 
 def _dump_size(value: float) -> str:
     return f"{value:g}"
-
-
-def _enum_values(enum: Any) -> tuple[str, ...]:
-    return tuple(member.value for member in enum)
 
 
 @dataclass(frozen=True)
@@ -268,15 +210,15 @@ def _copy(value: Any) -> Any:
     return list(value) if isinstance(value, list) else value
 
 
-def _names_in(options: tuple[str, ...]) -> Callable[[str], Any]:
-    """A comma-separated subset of `options` (the GPU page's filters; empty means all)."""
+def _names_in(choices: tuple[str, ...]) -> Callable[[str], Any]:
+    """A comma-separated subset of `choices` (the GPU page's filters; empty means all)."""
 
     def parse(text: str) -> list[str]:
         parts = [p.strip() for p in text.split(",") if p.strip()]
-        unknown = [p for p in parts if p not in options]
+        unknown = [p for p in parts if p not in choices]
         if unknown:
-            raise ValueError(f"{unknown[0][:40]!r} is not one of: {', '.join(options)}")
-        return [o for o in options if o in parts]
+            raise ValueError(f"{unknown[0][:40]!r} is not one of: {', '.join(choices)}")
+        return [o for o in choices if o in parts]
 
     return parse
 
@@ -287,57 +229,23 @@ def _dump_names(value: list[str]) -> str:
 
 def registry(model_slugs: tuple[str, ...], default_model: str, *,
              gpu_vendors: tuple[str, ...] = (), gpu_segments: tuple[str, ...] = ()) -> Registry:
-    """The parameters; `model_slugs` are the catalog's, in the order the list shows them;
+    """The parameters: the model, every setup knob (from its declaration on `TrainingSetup`),
+    then the view's own; `model_slugs` are the catalog's, in the order the list shows them;
     `gpu_vendors` and `gpu_segments` are the GPU list's (the GPU page filters by them)."""
-    options = (*model_slugs, UPLOAD, BY_SIZE)
+    model_options = (*model_slugs, UPLOAD, BY_SIZE)
     return Registry(
         params=(
-            Param("model", default_model, _choice(options), title="Model"),
+            Param("model", default_model, _choice(model_options), title="Model"),
             Param("size", 7.0, _size, _dump_size, title="Parameters (billions)"),
             Param("config", "", _config, dump=urlpack.pack, title="Uploaded config.json"),
-            Param("method", Method.QLORA.value, _choice(_enum_values(Method)), title="Method"),
-            Param(
-                "opt", Optimizer.ADAMW.value, _choice(_enum_values(Optimizer)), title="Optimizer"
-            ),
-            Param("batch", 1, _int_in(range(1, BATCH_MAX + 1)), title="Micro-batch"),
-            Param("seq", 2048, _int_in(SEQ_OPTIONS), title="Sequence length"),
-            Param(
-                "prec",
-                Precision.BF16_MIXED.value,
-                _choice(_enum_values(Precision)),
-                title="Precision",
-            ),
-            Param("rank", 16, _int_in(RANK_OPTIONS), title="LoRA rank"),
-            Param("targets", [ALL_LINEAR], _targets, _dump_targets, title="LoRA targets"),
-            Param("quant", Quant.NF4.value, _choice(QUANT_OPTIONS), title="Quantization"),
-            Param("ckpt", True, _bool, _dump_bool, title="Gradient checkpointing"),
-            Param("accum", 1, _int_in(ACCUM_OPTIONS), title="Gradient accumulation steps"),
-            Param("dropout", 0.05, _float_in(DROPOUT_OPTIONS), title="LoRA dropout"),
-            Param("repeats", True, _bool, _dump_bool, title="Long batches can follow each other"),
-            Param("compile", "auto", _choice(COMPILE_OPTIONS), title="torch.compile"),
-            Param(
-                "attn",
-                Attention.SDPA.value,
-                _choice(_enum_values(Attention)),
-                title="Attention kernel",
-            ),
-            Param("loss", "auto", _choice(LOSS_OPTIONS), title="Loss"),
-            Param("gpus", 1, _int_in(GPU_OPTIONS), title="GPUs"),
-            Param("shard", Sharding.NONE.value, _choice(_enum_values(Sharding)), title="Sharding"),
-            Param("offload", Offload.NONE.value, _choice(_enum_values(Offload)), title="Offload"),
-            Param(
-                "stack",
-                Framework.HF_TRAINER.value,
-                _choice(_enum_values(Framework)),
-                title="Training stack",
-            ),
+            *(_knob_param(knob) for knob in setup_knobs()),
             Param("vendor", [], _names_in(gpu_vendors), _dump_names, title="GPU vendors"),
             Param("segment", [], _names_in(gpu_segments), _dump_names, title="GPU segments"),
             Param("fits", False, _bool, _dump_bool, title="Only GPUs that hold this run"),
             Param("math", False, _bool, _dump_bool, title="Show the math"),
             Param("unit", "GB", _choice(("gb", "gib")), title="Units"),
         ),
-        model_options=options,
+        model_options=model_options,
     )
 
 
@@ -395,7 +303,7 @@ def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State]
     for n, text in enumerate(texts[:limit], start=1):
         try:
             raw = json.loads(text) if len(text) <= MAX_CONFIG_BYTES else None
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             raw = None
         if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
             errors.append(f"URL parameter `pin` #{n}: not a pinned setup; it was ignored.")
@@ -415,56 +323,24 @@ def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State]
 # --------------------------------------------------------------------------------------------
 
 
-def setup_kwargs(state: Mapping[str, Any]) -> dict[str, Any]:
-    """TrainingSetup arguments from a state dict (values the setup ignores are left out)."""
-    method = state["method"]
-    targets = list(state["targets"]) or [ALL_LINEAR]
-    return {
-        "method": method,
-        "lora_rank": int(state["rank"]),
-        "lora_targets": ALL_LINEAR if ALL_LINEAR in targets else tuple(targets),
-        "quant": state["quant"] if method == Method.QLORA.value else None,
-        "optimizer": state["opt"],
-        "precision": state["prec"],
-        "micro_batch": int(state["batch"]),
-        "seq_len": int(state["seq"]),
-        "grad_ckpt": bool(state["ckpt"]),
-        "grad_accum": int(state["accum"]),
-        "lora_dropout": float(state["dropout"]),
-        "longest_batch_repeats": bool(state["repeats"]),
-        "compile": {"auto": None, "on": True, "off": False}[state["compile"]],
-        "attention": state["attn"],
-        "loss": None if state["loss"] == "auto" else state["loss"],
-        "n_gpus": int(state["gpus"]),
-        "sharding": state["shard"],
-        "offload": state["offload"],
-        "framework": state["stack"],
-    }
+def setup_kwargs(state: Mapping[str, Any]) -> dict[str, object]:
+    """TrainingSetup arguments from a state dict. A knob that means nothing for the method
+    (LoRA's with full fine-tuning, quantization without QLoRA) keeps the library default."""
+    return {knob.name: field_value(knob, state[key]) for key, knob in KNOBS.items()
+            if key in state and applies(key, state.get("method"))}
 
 
-def validation_messages(exc: ValidationError) -> list[str]:
-    """One line per problem, naming the control (``Sharding (shard): ...``)."""
-    titles = {p.key: p.title for p in registry((), "").params}
-    lines: list[str] = []
-    for error in exc.errors():
-        message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
-        loc = error.get("loc") or ()
-        field_name = str(loc[0]) if loc else message.split(":", 1)[0].strip()
-        key = FIELD_TO_KEY.get(field_name, field_name)
-        if key in titles:
-            message = message.removeprefix(f"{field_name}: ")
-            lines.append(f"{titles[key]} (`{key}`): {message}")
-        else:
-            lines.append(message)
-    return lines
+def control_name(knob: SetupKnob) -> str:
+    """How an error names a control: its title and key (``Sharding (`shard`)``)."""
+    return f"{knob.label} (`{knob.key}`)"
 
 
 def build_setup(state: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:
     """A validated setup, or None and the messages that say what to change."""
     try:
-        return TrainingSetup(**setup_kwargs(state)), []
-    except ValidationError as exc:
-        return None, validation_messages(exc)
+        return build_knob_setup(setup_kwargs(state), control_name), []
+    except KnobError as exc:
+        return None, str(exc).splitlines()
 
 
 def sharding_for(gpus: int, shard: str) -> str:

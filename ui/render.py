@@ -13,9 +13,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from ui import data
-from vram import charts
-from vram.charts import Unit, format_bytes
+from ui import charts, data
+from ui.charts import Unit, format_bytes
 from vram.result import BUCKET_ORDER, Estimate
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).

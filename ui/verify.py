@@ -13,9 +13,8 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from ui import render, text
-from vram import charts
-from vram.charts import Unit
+from ui import charts, render, text
+from ui.charts import Unit
 from vram.result import Estimate
 from vram.setup import TrainingSetup
 from vram.trace import INSTALL_HINT, trace_available

@@ -13,42 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
-from typing import Any, NoReturn
-
-from pydantic import ValidationError
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from vram.catalog import load_config, load_model, model_catalog
 from vram.errors import VramError
 from vram.estimate import estimate
 from vram.gpus import fit, load_gpus
+from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
 from vram.report import estimate_json, estimate_table, gpus_table
-from vram.setup import (
-    Attention,
-    Framework,
-    Loss,
-    Method,
-    Offload,
-    Optimizer,
-    Precision,
-    Quant,
-    Sharding,
-    TrainingSetup,
-)
+from vram.setup import TrainingSetup
 from vram.validate import report_lines, run_cases
 
 EXIT_USAGE = 2
-
-#: Setup field -> the flag a person typed, for error messages.
-FLAG_FOR_FIELD: dict[str, str] = {
-    "method": "--method", "lora_rank": "--lora-rank", "lora_targets": "--lora-targets",
-    "lora_dropout": "--lora-dropout", "quant": "--quant", "optimizer": "--optimizer",
-    "precision": "--precision", "micro_batch": "--batch", "seq_len": "--seq",
-    "grad_accum": "--grad-accum", "grad_ckpt": "--grad-ckpt", "attention": "--attention",
-    "loss": "--loss", "n_gpus": "--gpus", "sharding": "--sharding", "offload": "--offload",
-    "framework": "--framework", "compile": "--compile",
-    "longest_batch_repeats": "--single-longest-batch",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,39 +35,47 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
-def _values(enum: type[Any]) -> list[str]:
-    return [member.value for member in enum]
+def _flag_name(knob: SetupKnob) -> str:
+    return knob.flag
+
+
+def _flag_type(knob: SetupKnob) -> Callable[[str], object]:
+    """The knob's own parser, reporting its allowed values the argparse way."""
+
+    def parse(text: str) -> object:
+        try:
+            return knob.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = knob.name
+    return parse
+
+
+def _add_knob_flag(parser: argparse.ArgumentParser, knob: SetupKnob) -> None:
+    """One flag from the knob's declaration; its default is the library's (`TrainingSetup`)."""
+    names = [knob.flag, *knob.meta.flag_aliases]
+    default = None if knob.optional else knob.outer(knob.default)
+    shown = "the stack's" if knob.optional else knob.text(knob.default)
+    help_text = f"{knob.meta.help or knob.label} (default: {shown})".replace("%", "%%")
+    if knob.kind == "bool":
+        parser.add_argument(*names, dest=knob.name, action=argparse.BooleanOptionalAction,
+                            default=default, help=help_text)
+    elif knob.kind == "choice":
+        choices = [str(c) for c in knob.choices] + list(knob.meta.aliases)
+        choices += [AUTO] if knob.optional else []
+        parser.add_argument(*names, dest=knob.name, choices=choices, default=default,
+                            help=help_text)
+    else:
+        parser.add_argument(*names, dest=knob.name, type=_flag_type(knob), default=default,
+                            help=help_text)
 
 
 def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="catalog name, path to a config.json, or a size such as 7B")
-    parser.add_argument("--method", choices=_values(Method), default="full")
-    parser.add_argument("--lora-rank", type=int, default=16)
-    parser.add_argument("--lora-targets", default="all-linear",
-                        help="q_proj,v_proj,... or all-linear")
-    parser.add_argument("--lora-dropout", type=float, default=0.05)
-    parser.add_argument("--quant", choices=_values(Quant))
-    parser.add_argument("--optimizer", choices=_values(Optimizer), default="adamw")
-    parser.add_argument("--precision", choices=_values(Precision), default="bf16-mixed")
-    parser.add_argument("--batch", type=int, default=1, help="micro-batch per GPU")
-    parser.add_argument("--seq", type=int, default=2048, help="tokens per sequence")
-    parser.add_argument("--grad-accum", type=int, default=1)
-    parser.add_argument("--grad-ckpt", action="store_true", help="activation checkpointing")
-    parser.add_argument("--single-longest-batch", action="store_true",
-                        help="only one step is as long as --seq (default: long steps can "
-                             "follow each other)")
-    parser.add_argument("--attention", choices=_values(Attention), default="sdpa")
-    parser.add_argument("--loss", choices=_values(Loss),
-                        help="standard or chunked cross-entropy (default: the stack's)")
-    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                        help="torch.compile (default: the stack's)")
-    parser.add_argument("--gpus", type=int, default=1)
-    parser.add_argument("--sharding", default="none",
-                        choices=[*_values(Sharding), "fsdp-full", "fsdp-grad-op",
-                                 "fsdp-no-shard"])
-    parser.add_argument("--offload", choices=_values(Offload), default="none")
-    parser.add_argument("--framework", choices=_values(Framework), default="hf-trainer")
+    for knob in setup_knobs():
+        _add_knob_flag(parser, knob)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -112,34 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def setup_from_args(args: argparse.Namespace) -> TrainingSetup:
-    """A TrainingSetup from parsed flags; raises ValidationError naming setup fields."""
-    fields: dict[str, Any] = {
-        "method": args.method, "lora_rank": args.lora_rank, "lora_targets": args.lora_targets,
-        "lora_dropout": args.lora_dropout, "optimizer": args.optimizer,
-        "precision": args.precision, "micro_batch": args.batch, "seq_len": args.seq,
-        "grad_accum": args.grad_accum, "grad_ckpt": args.grad_ckpt,
-        "longest_batch_repeats": not args.single_longest_batch,
-        "attention": args.attention, "n_gpus": args.gpus, "sharding": args.sharding,
-        "offload": args.offload, "framework": args.framework,
-    }
-    if args.quant is not None:
-        fields["quant"] = args.quant
-    if args.loss is not None:
-        fields["loss"] = args.loss
-    if args.compile is not None:
-        fields["compile"] = args.compile
-    return TrainingSetup.model_validate(fields)
-
-
-def validation_message(exc: ValidationError) -> str:
-    """One line: the flag and what is allowed."""
-    error = exc.errors()[0]
-    field = str(error["loc"][0]) if error["loc"] else ""
-    message = str(error["msg"]).removeprefix("Value error, ")
-    if not field and ": " in message:  # cross-field rules start with the field they are about
-        field, message = message.split(": ", 1)
-    flag = FLAG_FOR_FIELD.get(field, field or "setup")
-    return f"{flag}: {message}"
+    """A TrainingSetup from parsed flags; a bad one raises `KnobError` naming the flag."""
+    fields: dict[str, object] = {}
+    for knob in setup_knobs():
+        value = getattr(args, knob.name)
+        if value is None:
+            continue  # an optional knob left to the stack
+        if knob.kind == "choice":
+            value = knob.parse(str(value))
+        fields[knob.name] = knob.outer(value)
+    return build_setup(fields, _flag_name)
 
 
 def _fail(prog: str, message: str) -> int:
@@ -214,8 +181,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "validate": _validate}
     try:
         return commands[args.command](args)
-    except ValidationError as exc:
-        return _fail(prog, validation_message(exc))
     except VramError as exc:
         return _fail(prog, str(exc).splitlines()[0])
     except BrokenPipeError:

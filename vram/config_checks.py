@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from vram.errors import ConfigError
 
 if TYPE_CHECKING:
-    from vram.architecture import ModelSpec
+    from vram.spec import ModelSpec
 
 #: No count in a config is anywhere near this; bigger integers are refused before any use
 #: (their text alone would be thousands of digits in a message).

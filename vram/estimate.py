@@ -413,116 +413,215 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
                         bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts)
 
 
-def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-             grads: GradientPart,
-             working: dict[Stage, list[LineItem]], step_temp: int) -> list[Moment]:
-    """The candidate peaks of one step (see the module docstring). `working` holds the weight
-    copies alive at each stage."""
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """What every candidate moment of the step reads (built once by `_moments`)."""
+
+    model: ModelSpec
+    setup: TrainingSetup
+    plan: act.ActivationPlan
+    grads: GradientPart
+    #: The weight working copies alive at each stage (see `_working_items`).
+    working: dict[Stage, list[LineItem]]
+    step_temp_bytes: int
+    #: The optimizer steps inside backward (one parameter's gradient at a time).
+    in_backward: bool
+    #: Gradients accumulated over earlier micro-batches, alive through the whole step.
+    accumulated_bytes: int
+    #: What the layers keep for backward, as the loss and the backward see it.
+    layers: list[LineItem]
+    #: The same during the forward (with the causal mask, which backward may have freed).
+    forward_layers: list[LineItem]
+    #: The previous step's bitsandbytes inputs, still held in the forward (LitGPT's loop).
+    previous: list[LineItem]
+    #: An MoE layer's bank gradient write, a candidate for a layer's backward peak.
+    bank: BankWrite | None
+
+    @property
+    def head_inputs(self) -> dict[str, int]:
+        return {"tokens": self.plan.tokens, "vocab": self.model.vocab_size}
+
+
+_HEAD_SOURCE = "see vram.head.head_activations"
+
+
+def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
+                  grads: GradientPart, working: dict[Stage, list[LineItem]],
+                  step_temp: int) -> StepContext:
     in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
-    accumulated = grads.total if setup.grad_accum > 1 and not in_backward else 0
-    layers = _layer_items(model, setup, plan, forward=False)
-    forward_layers = _layer_items(model, setup, plan, forward=True)
-    in_forward = [*forward_layers, *working[Stage.FORWARD]]
-    tokens, vocab = plan.tokens, model.vocab_size
-    head = {"tokens": tokens, "vocab": vocab}
-    source = "see vram.activations.head_activations"
     previous = [LineItem(
         key="activations.previous_step", label="previous step's bitsandbytes inputs",
         formula="tokens × Σ layers × MatMul4Bit inputs (ctx attributes outlive backward)",
-        inputs={"tokens": tokens}, bytes=plan.previous_step_bytes,
+        inputs={"tokens": plan.tokens}, bytes=plan.previous_step_bytes,
         source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
     )] if plan.previous_step_bytes else []
-    forward = Moment(Phase.FORWARD, "end of forward", accumulated, [
-        *in_forward,
-        LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
-                 inputs=head, bytes=plan.head_saved_bytes, source=source), *previous])
-    inside = [Moment(Phase.FORWARD, "the last layer's forward", accumulated, [
-        *forward_layers, *working[Stage.LAYERS_FORWARD],
+    return StepContext(
+        model=model, setup=setup, plan=plan, grads=grads, working=working,
+        step_temp_bytes=step_temp, in_backward=in_backward,
+        accumulated_bytes=grads.total if setup.grad_accum > 1 and not in_backward else 0,
+        layers=_layer_items(model, setup, plan, forward=False),
+        forward_layers=_layer_items(model, setup, plan, forward=True), previous=previous,
+        bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
+    )
+
+
+def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
+             grads: GradientPart,
+             working: dict[Stage, list[LineItem]], step_temp: int) -> list[Moment]:
+    """The candidate peaks of one step (see the module docstring), in step order. `working`
+    holds the weight copies alive at each stage."""
+    c = _step_context(model, setup, plan, grads, working, step_temp)
+    # Order matters for ties: the allocator reaches a peak at its first moment.
+    return [*_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
+            _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
+            _optimizer_step(c)]
+
+
+def _last_layer_forward(c: StepContext) -> list[Moment]:
+    """Inside the last layer's forward: every layer's saved tensors, and the running layer's
+    attention scores (eager/math attention materializes s × s scores). None without scores."""
+    plan = c.plan
+    if not plan.forward_transient_bytes:
+        return []
+    return [Moment(Phase.FORWARD, "the last layer's forward", c.accumulated_bytes, [
+        *c.forward_layers, *c.working[Stage.LAYERS_FORWARD],
         LineItem(key="activations.layer_forward", label="attention scores of the layer running",
                  formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
-                 inputs={"tokens": tokens}, bytes=plan.forward_transient_bytes,
+                 inputs={"tokens": plan.tokens}, bytes=plan.forward_transient_bytes,
                  source="eager/math attention materializes s × s scores"),
-        *previous])] if plan.forward_transient_bytes else []
-    cast = [Moment(Phase.FORWARD, "the output cast to fp32", accumulated, [
-        *forward_layers,
+        *c.previous])]
+
+
+def _forward_end(c: StepContext) -> Moment:
+    """The end of the forward: every saved activation, the head's output and what it keeps."""
+    plan = c.plan
+    return Moment(Phase.FORWARD, "end of forward", c.accumulated_bytes, [
+        *c.forward_layers, *c.working[Stage.FORWARD],
         LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
-                 inputs=head, bytes=plan.head_cast_bytes,
+                 inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=_HEAD_SOURCE),
+        *c.previous])
+
+
+def _output_cast(c: StepContext) -> list[Moment]:
+    """Right after a stack casts the model's output to fp32 (Lightning Fabric); none else."""
+    plan = c.plan
+    if not plan.head_cast_bytes:
+        return []
+    return [Moment(Phase.FORWARD, "the output cast to fp32", c.accumulated_bytes, [
+        *c.forward_layers,
+        LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
+                 inputs=c.head_inputs, bytes=plan.head_cast_bytes,
                  source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
-        *previous])] if plan.head_cast_bytes else []
-    loss = Moment(Phase.BACKWARD, "the loss", accumulated, [
-        *layers, *working[Stage.LOSS],
+        *c.previous])]
+
+
+def _loss(c: StepContext) -> Moment:
+    """The loss's forward and backward: logits, log-softmax and their gradients at their
+    largest, with every layer's saved tensors still alive."""
+    plan = c.plan
+    return Moment(Phase.BACKWARD, "the loss", c.accumulated_bytes, [
+        *c.layers, *c.working[Stage.LOSS],
         LineItem(key="activations.loss", label="logits, loss and their gradients",
-                 formula=plan.head.formula, inputs=head, bytes=plan.head_peak_bytes,
-                 source=source)])
+                 formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
+                 source=_HEAD_SOURCE)])
+
+
+def _reducing(c: StepContext) -> list[LineItem]:
+    """With sharded gradients, the unit in backward holds its gradients whole until they are
+    reduce-scattered."""
+    if not c.grads.unsharded_unit:
+        return []
+    return [LineItem(
+        key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
+        formula="one layer's gradients before reduce-scatter",
+        inputs={"gpus": c.setup.n_gpus}, bytes=c.grads.unsharded_unit,
+        source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
+    )]
+
+
+def _top_layer_backward(c: StepContext) -> Moment:
+    """The top layer's backward: the head's gradient exists while every layer's activations
+    are still held (under checkpointing, the top layer is recomputed). An MoE layer with
+    trained banks peaks at its bank's gradient write, not at its MLP's start; its attention's
+    backward can still be larger."""
+    grads, plan, setup = c.grads, c.plan, c.setup
     # The layer in backward holds its gradients whole (the reduce item) when they are sharded.
     layer_grads = 0 if grads.unsharded_unit else grads.per_layer
     # Optimizer-in-backward keeps one parameter's gradient at a time (the head's is largest).
-    top_grads = grads.head if in_backward else max(accumulated, grads.head + layer_grads)
-    reducing = [LineItem(
-        key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
-        formula="one layer's gradients before reduce-scatter",
-        inputs={"gpus": setup.n_gpus}, bytes=grads.unsharded_unit,
-        source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
-    )] if grads.unsharded_unit else []
+    top_grads = grads.head if c.in_backward else max(c.accumulated_bytes,
+                                                     grads.head + layer_grads)
     head_left = LineItem(key="activations.head_left", label="logits kept into backward",
-                         formula="what the loss leaves for the layers' backward", inputs=head,
-                         bytes=plan.head_kept_bytes, source=source)
+                         formula="what the loss leaves for the layers' backward",
+                         inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=_HEAD_SOURCE)
+    vocab = c.model.vocab_size
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
-        *layers, *working[Stage.TOP_LAYER], head_left,
-        _backward_item(setup, plan), *_tied_pending(grads, vocab)], reducing)
-    bank = _bank_write(model, setup, plan, grads) if not in_backward else None
-    # An MoE layer with trained banks peaks at its bank's gradient write, not at its MLP's
-    # start; its attention's backward can still be larger.
-    if bank is not None:
-        top = _with_bank_write(top, plan, Moment(
-            Phase.BACKWARD, "the top layer's backward",
-            max(accumulated, grads.head + bank.done_in_layer), [
-                *layers, *working[Stage.TOP_LAYER], head_left,
-                bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
-                *_tied_pending(grads, vocab)]))
-    # In the first layer's backward every gradient exists but the embedding's and the one
-    # being written (the layer's largest, whole until it becomes .grad).
-    building = 0 if grads.unsharded_unit or in_backward else (
+        *c.layers, *c.working[Stage.TOP_LAYER], head_left,
+        _backward_item(setup, plan), *_tied_pending(grads, vocab)], _reducing(c))
+    if c.bank is None:
+        return top
+    return _with_bank_write(top, plan, Moment(
+        Phase.BACKWARD, "the top layer's backward",
+        max(c.accumulated_bytes, grads.head + c.bank.done_in_layer), [
+            *c.layers, *c.working[Stage.TOP_LAYER], head_left,
+            c.bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
+            *_tied_pending(grads, vocab)]))
+
+
+def _first_layer_backward(c: StepContext) -> Moment:
+    """Late backward: every gradient exists but the embedding's and the one being written
+    (the layer's largest, whole until it becomes .grad); one layer's activations remain."""
+    grads, plan, setup = c.grads, c.plan, c.setup
+    vocab = c.model.vocab_size
+    building = 0 if grads.unsharded_unit or c.in_backward else (
         grads.largest_in_attention if plan.backward_peak_in_attention
         else grads.largest_in_layer)
-    late_grads = grads.head if in_backward else max(
-        accumulated, grads.total - grads.untied_embedding - grads.tied - building
+    late_grads = grads.head if c.in_backward else max(
+        c.accumulated_bytes, grads.total - grads.untied_embedding - grads.tied - building
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
+    mask = [i for i in c.layers if i.key == "activations.mask"]
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
-        *working[late_stage], *[i for i in layers if i.key == "activations.mask"],
+        *c.working[late_stage], *mask,
         LineItem(key="activations.backward", label="first layer's activations and gradients",
                  formula="one layer's saved tensors + its backward buffers + the gradient "
-                         "being written", inputs={"tokens": tokens},
+                         "being written", inputs={"tokens": plan.tokens},
                  bytes=first_layer + plan.backward_transient_bytes + building,
-                 source="per-layer backward"), *_tied_pending(grads, vocab)], reducing)
-    if bank is not None:
-        late = _with_bank_write(late, plan, Moment(
-            Phase.BACKWARD, "the first layer's backward",
-            max(accumulated, grads.total - grads.untied_embedding - grads.tied
-                - grads.per_layer + bank.done_in_layer), [
-                *working[Stage.FIRST_LAYER], *[i for i in layers if i.key == "activations.mask"],
-                bank.item(first_layer, plan), *_tied_pending(grads, vocab)]))
-    # The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
-    # becomes an untied embedding's .grad or is added (in place) into a tied one's.
+                 source="per-layer backward"), *_tied_pending(grads, vocab)], _reducing(c))
+    if c.bank is None:
+        return late
+    return _with_bank_write(late, plan, Moment(
+        Phase.BACKWARD, "the first layer's backward",
+        max(c.accumulated_bytes, grads.total - grads.untied_embedding - grads.tied
+            - grads.per_layer + c.bank.done_in_layer), [
+            *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
+            *_tied_pending(grads, vocab)]))
+
+
+def _embedding_backward(c: StepContext) -> Moment:
+    """The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
+    becomes an untied embedding's .grad or is added (in place) into a tied one's."""
+    grads = c.grads
     embedding_grads = grads.total - grads.untied_embedding - grads.tied
-    embed = Moment(Phase.BACKWARD, "the embedding's backward", 0 if in_backward else max(
-        accumulated, embedding_grads), [
+    vocab = c.model.vocab_size
+    return Moment(Phase.BACKWARD, "the embedding's backward", 0 if c.in_backward else max(
+        c.accumulated_bytes, embedding_grads), [
         LineItem(key="activations.embedding_grad", label="embedding gradient being built",
                  formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
                  bytes=grads.embedding, source="aten embedding_dense_backward"),
         *_tied_pending(grads, vocab)])
-    step_items = []
-    if step_temp:
-        step_items.append(LineItem(
+
+
+def _optimizer_step(c: StepContext) -> Moment:
+    """The optimizer step: every gradient, and the step's temporaries."""
+    items = []
+    if c.step_temp_bytes:
+        items.append(LineItem(
             key="activations.optimizer_temp", label="optimizer step temporaries",
             formula="one state-sized list (foreach AdamW's sqrt(v))", inputs={},
-            bytes=step_temp, source="torch/optim/adamw.py _multi_tensor_adamw"))
-    step = Moment(Phase.OPTIMIZER_STEP, "the optimizer step",
-                  0 if in_backward else grads.total, step_items)
-    # Order matters for ties: the allocator reaches a peak at its first moment.
-    return [*inside, forward, *cast, loss, top, late, embed, step]
+            bytes=c.step_temp_bytes, source="torch/optim/adamw.py _multi_tensor_adamw"))
+    return Moment(Phase.OPTIMIZER_STEP, "the optimizer step",
+                  0 if c.in_backward else c.grads.total, items)
 
 
 def _with_bank_write(dense: Moment, plan: act.ActivationPlan, bank: Moment) -> Moment:
@@ -635,8 +734,9 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
             key=f"activations.{layer.stack}.{term.key}",
             label=f"{term.label} × {layer.count} {layer.stack} layers",
             formula=f"tokens × layers × ({term.formula})",
-            inputs={"tokens": tokens, "layers": layer.count, "per_token_bytes": term.bytes},
-            bytes=term.bytes * tokens * layer.count,
+            inputs={"tokens": tokens, "layers": layer.count,
+                    "per_token_bytes": term.bytes_per_token},
+            bytes=term.bytes_per_token * tokens * layer.count,
             source="autograd saved tensors; see vram.activations",
         )
         for layer in plan.layers for term in layer.terms

@@ -8,6 +8,7 @@ that names the field and says what is allowed. Defaults describe a sensible sing
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -84,6 +85,39 @@ class Framework(StrEnum):
     OTHER = "other"
 
 
+@dataclass(frozen=True, slots=True)
+class Knob:
+    """How people meet one setup field, declared once on the field (`Annotated` metadata).
+
+    `vram.knobs` reads it, with the field's type, default and range, to build the CLI flag,
+    the app control and its URL key, the case-file reader, and error messages that name what
+    the person typed. The library's default is the only default.
+    """
+
+    #: The app control's title.
+    label: str
+    #: The app's widget key and URL parameter (short: it is in every shared link).
+    key: str
+    #: The command-line flag.
+    flag: str
+    help: str = ""
+    #: The case-file column (validation/README.md) that `validate` reads; None: not in cases.
+    column: str | None = None
+    #: Labels of the choices in the app, by their text ("auto" is the None choice).
+    labels: tuple[tuple[str, str], ...] = ()
+    #: The values the app offers (sliders and lists); empty: every allowed value.
+    app_options: tuple[object, ...] = ()
+    flag_aliases: tuple[str, ...] = ()
+    #: Other names accepted for a choice (sharding's fsdp-full, ...).
+    aliases: tuple[str, ...] = ()
+    #: Flag, URL and column state the opposite of the field (longest_batch_once).
+    inverse: bool = False
+    #: Drawn above the app's Advanced section.
+    basic: bool = False
+    #: The methods it means something for (the app disables it for the others); empty: all.
+    only_for: tuple[str, ...] = ()
+
+
 #: Names other tools use for the same sharding, accepted on input.
 SHARDING_ALIASES: dict[str, Sharding] = {
     "fsdp-full": Sharding.ZERO3,
@@ -102,37 +136,128 @@ MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 4096
 MAX_LORA_RANK = 4096
+#: The methods that train adapters (knobs of LoRA only mean something with them).
+ADAPTERS: tuple[str, ...] = ("lora", "qlora")
+
 
 class TrainingSetup(BaseModel):
-    """How the model is trained: method, numerics, batch shape, parallelism and stack."""
+    """How the model is trained: method, numerics, batch shape, parallelism and stack.
+
+    Each field is a knob declared once: its `Knob` says how people meet it (the CLI flag, the
+    app control and URL key, the case-file column); `vram.knobs` builds those from it.
+    """
 
     # Numbers and switches are strict (no "3" -> 3); enums accept their text values.
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    method: Method = Method.QLORA
-    lora_rank: Annotated[int, Field(strict=True, ge=1, le=MAX_LORA_RANK)] = 16
-    lora_targets: tuple[str, ...] | Literal["all-linear"] = ALL_LINEAR
-    lora_dropout: Annotated[float, Field(strict=False, ge=0.0, lt=1.0)] = 0.05
-    quant: Quant | None = None
-    optimizer: Optimizer = Optimizer.ADAMW
-    precision: Precision = Precision.BF16_MIXED
-    micro_batch: Annotated[int, Field(strict=True, ge=1, le=MAX_MICRO_BATCH)] = 1
-    seq_len: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_LEN)] = 2048
-    grad_accum: Annotated[int, Field(strict=True, ge=1, le=1_000_000)] = 1
-    grad_ckpt: Annotated[bool, Field(strict=True)] = False
+    method: Annotated[Method, Knob(
+        "Method", key="method", flag="--method", column="method", basic=True,
+        labels=(("full", "Full fine-tuning"), ("lora", "LoRA"), ("qlora", "QLoRA (4-bit base)")),
+    )] = Method.QLORA
+    lora_rank: Annotated[int, Field(strict=True, ge=1, le=MAX_LORA_RANK), Knob(
+        "LoRA rank", key="rank", flag="--lora-rank", column="lora_rank", only_for=ADAPTERS,
+        app_options=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    )] = 16
+    lora_targets: Annotated[tuple[str, ...] | Literal["all-linear"], Knob(
+        "LoRA targets", key="targets", flag="--lora-targets", column="lora_targets",
+        only_for=ADAPTERS,
+        help="q_proj,v_proj,... or all-linear ('all-linear' adapts every linear layer of the "
+             "decoder)",
+    )] = ALL_LINEAR
+    lora_dropout: Annotated[float, Field(strict=False, ge=0.0, lt=1.0), Knob(
+        "LoRA dropout", key="dropout", flag="--lora-dropout", only_for=ADAPTERS,
+        app_options=(0.0, 0.05, 0.1),
+        help="PEFT keeps the dropped-out copy of each adapted Linear's input.",
+    )] = 0.05
+    quant: Annotated[Quant | None, Knob(
+        "Quantization of the base", key="quant", flag="--quant", column="quant",
+        only_for=("qlora",),
+        labels=(("auto", "default (NF4 for QLoRA)"), ("none", "none"), ("nf4", "NF4"),
+                ("nf4-dq", "NF4 + double quant"), ("int8", "int8")),
+        help="Only QLoRA quantizes the frozen base model.",
+    )] = None
+    optimizer: Annotated[Optimizer, Knob(
+        "Optimizer", key="opt", flag="--optimizer", column="optimizer", basic=True,
+        labels=(("adamw", "AdamW"), ("adamw-8bit", "AdamW 8-bit"),
+                ("paged-adamw", "Paged AdamW"), ("paged-adamw-8bit", "Paged AdamW 8-bit"),
+                ("sgd", "SGD"), ("sgd-momentum", "SGD + momentum"), ("adafactor", "Adafactor"),
+                ("lion", "Lion"), ("adamw-in-backward", "AdamW fused in backward")),
+    )] = Optimizer.ADAMW
+    precision: Annotated[Precision, Knob(
+        "Precision recipe", key="prec", flag="--precision", column="precision",
+        labels=(("fp32", "fp32"), ("fp16-mixed", "fp16 mixed (AMP)"),
+                ("bf16-mixed", "bf16 mixed (AMP)"), ("bf16-true", "pure bf16")),
+    )] = Precision.BF16_MIXED
+    micro_batch: Annotated[int, Field(strict=True, ge=1, le=MAX_MICRO_BATCH), Knob(
+        "Micro-batch size", key="batch", flag="--batch", column="micro_batch", basic=True,
+        app_options=tuple(range(1, 129)), help="sequences per GPU per step",
+    )] = 1
+    seq_len: Annotated[int, Field(strict=True, ge=1, le=MAX_SEQ_LEN), Knob(
+        "Sequence length (tokens)", key="seq", flag="--seq", column="seq_len", basic=True,
+        app_options=tuple(2**k for k in range(7, 18)), help="tokens per sequence",
+    )] = 2048
+    grad_accum: Annotated[int, Field(strict=True, ge=1, le=1_000_000), Knob(
+        "Gradient accumulation steps", key="accum", flag="--grad-accum",
+        app_options=(1, 2, 4, 8, 16, 32, 64, 128),
+        help="More than 1 keeps every gradient alive through the next micro-batches.",
+    )] = 1
+    grad_ckpt: Annotated[bool, Field(strict=True), Knob(
+        "Gradient checkpointing", key="ckpt", flag="--grad-ckpt", column="grad_ckpt",
+        help="activation checkpointing per decoder layer",
+    )] = False
     #: Whether a step as long as the longest can follow another (packed or fixed-length data,
     #: any long run: yes). A stack that keeps the previous step's graph into the next forward
     #: (LitGPT) then holds two long steps at once; with a single longest batch (LitGPT's 2023
-    #: scripts put it in the first step only) it does not.
-    longest_batch_repeats: Annotated[bool, Field(strict=True)] = True
+    #: scripts put it in the first step only) it does not. People state the opposite: the
+    #: longest batch comes once.
+    longest_batch_repeats: Annotated[bool, Field(strict=True), Knob(
+        "Longest batch comes only once", key="once", flag="--longest-batch-once",
+        flag_aliases=("--single-longest-batch",), inverse=True,
+        help="only one step is as long as --seq, e.g. forced into the first iteration "
+             "(lit-gpt's 2023 scripts); a stack that keeps the previous step's graph then "
+             "never holds two long steps",
+    )] = True
     #: torch.compile of model and loss; None = the stack's published default.
-    compile: Annotated[bool, Field(strict=True)] | None = None
-    attention: Attention = Attention.SDPA
-    loss: Loss | None = None
-    n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS)] = 1
-    sharding: Sharding = Sharding.NONE
-    offload: Offload = Offload.NONE
-    framework: Framework = Framework.HF_TRAINER
+    compile: Annotated[bool | None, Field(strict=True), Knob(
+        "torch.compile", key="compile", flag="--compile",
+        labels=(("auto", "stack default"), ("true", "compiled"),
+                ("false", "eager (not compiled)")),
+        help="torch.compile of model and loss (default: the stack's)",
+    )] = None
+    attention: Annotated[Attention, Knob(
+        "Attention kernel", key="attn", flag="--attention", column="attention",
+        labels=(("sdpa", "SDPA"), ("eager", "eager (keeps s×s scores)"),
+                ("flash", "FlashAttention")),
+    )] = Attention.SDPA
+    loss: Annotated[Loss | None, Knob(
+        "Loss (cross-entropy)", key="loss", flag="--loss",
+        labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),
+                ("chunked", "chunked / fused")),
+        help="standard or chunked cross-entropy (default: the stack's)",
+    )] = None
+    n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "GPUs", key="gpus", flag="--gpus", column="n_gpus",
+        app_options=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
+        help="data-parallel GPUs",
+    )] = 1
+    sharding: Annotated[Sharding, Knob(
+        "Sharding", key="shard", flag="--sharding", column="sharding",
+        aliases=tuple(SHARDING_ALIASES),
+        labels=(("none", "none"), ("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"),
+                ("zero3", "ZeRO-3 / FSDP")),
+    )] = Sharding.NONE
+    offload: Annotated[Offload, Knob(
+        "Offload", key="offload", flag="--offload", column="offload",
+        labels=(("none", "none"), ("optimizer", "optimizer → CPU"),
+                ("params+optimizer", "params + optimizer → CPU"),
+                ("activations", "activations → CPU")),
+    )] = Offload.NONE
+    framework: Annotated[Framework, Knob(
+        "Training stack", key="stack", flag="--framework", column="framework",
+        labels=(("hf-trainer", "HF Trainer"), ("litgpt", "LitGPT"), ("torchtune", "torchtune"),
+                ("peft-accelerate", "PEFT + Accelerate"), ("fsdp-qlora", "FSDP-QLoRA"),
+                ("unsloth", "Unsloth"), ("other", "other")),
+    )] = Framework.HF_TRAINER
 
     @field_validator(
         "method", "quant", "optimizer", "precision", "attention", "loss", "offload", "framework",

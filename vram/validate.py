@@ -25,6 +25,7 @@ from vram.architecture import model_from_config_file
 from vram.errors import CatalogError, FileReadError, VramError
 from vram.estimate import estimate
 from vram.files import read_csv_rows
+from vram.knobs import SetupKnob, setup_from_texts
 from vram.overhead import cuda_context_bytes
 from vram.setup import TrainingSetup
 
@@ -53,32 +54,23 @@ class CaseResult:
 SINGLE_LONGEST_BATCH = ("forces the longest", "first batch forced to contain the longest")
 
 
+def _column_name(knob: SetupKnob) -> str:
+    return knob.column or knob.name
+
+
+def _column(knob: SetupKnob) -> str | None:
+    return knob.column
+
+
 def setup_from_row(row: dict[str, str]) -> TrainingSetup:
-    """A TrainingSetup from one case-file row."""
-    targets = row.get("lora_targets", "").strip()
-    fields: dict[str, object] = {
-        "method": row["method"],
-        "optimizer": row["optimizer"],
-        "precision": row["precision"],
-        "micro_batch": int(row["micro_batch"]),
-        "seq_len": int(row["seq_len"]),
-        "grad_ckpt": row["grad_ckpt"].strip().lower() == "true",
-        "attention": row["attention"],
-        "n_gpus": int(row["n_gpus"]),
-        "sharding": row["sharding"],
-        "offload": row["offload"],
-        "framework": row["framework"],
-    }
-    if row.get("lora_rank", "").strip():
-        fields["lora_rank"] = int(row["lora_rank"])
-    if targets:
-        fields["lora_targets"] = targets
-    quant = row.get("quant", "").strip()
-    if quant:
-        fields["quant"] = quant
+    """A TrainingSetup from one case-file row: each knob's column, empty = the default.
+
+    A bad cell raises `KnobError` naming its column.
+    """
+    setup = setup_from_texts(row, _column_name, _column)
     if any(phrase in row.get("notes", "") for phrase in SINGLE_LONGEST_BATCH):
-        fields["longest_batch_repeats"] = False
-    return TrainingSetup.model_validate(fields)
+        setup = setup.model_copy(update={"longest_batch_repeats": False})
+    return setup
 
 
 #: How case notes record the CUDA context measured on the run's machine.

@@ -8,7 +8,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = ("pages/1_Learn.py", "pages/2_Compare.py", "pages/3_GPUs.py")
+#: Every page of the app, as AppTest names them (a new page is tested without listing it).
+PAGES = tuple(sorted(f"pages/{path.name}" for path in (ROOT / "pages").glob("*.py")))
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 import vram
-from vram import charts
+from ui import charts
 from vram.result import BUCKET_ORDER
 from vram.setup import TrainingSetup
 
@@ -26,8 +26,8 @@ def _bars(fig: go.Figure) -> list[go.Bar]:
     return [t for t in fig.data if t.type == "bar"]
 
 
-def test_vram_does_not_import_streamlit() -> None:
-    code = "import sys, vram.charts; sys.exit('streamlit' in sys.modules)"
+def test_charts_do_not_import_streamlit() -> None:
+    code = "import sys, ui.charts; sys.exit('streamlit' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -10,8 +10,8 @@ from streamlit.testing.v1 import AppTest
 import vram
 from tests.app.conftest import PAGES
 from ui import params
+from ui.charts import format_bytes
 from ui.text import shown
-from vram.charts import format_bytes
 from vram.setup import TrainingSetup
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -25,14 +25,9 @@ def _peak(at: AppTest) -> str:
     return _metric(at, "Peak memory per GPU")
 
 
-#: The calculator starts from a QLoRA run with checkpointing, as HF's QLoRA preparation
-#: (prepare_model_for_kbit_training) turns it on by default.
-APP_DEFAULTS: dict[str, object] = {"grad_ckpt": True}
-
-
 def _expected_peak(unit: str = "GB", model: str = DEFAULT_MODEL, **setup: object) -> str:
-    fields = {**APP_DEFAULTS, **setup}
-    est = vram.estimate(vram.load_model(model), TrainingSetup(**fields))  # type: ignore[arg-type]
+    """The library's figure; the app starts from the library's defaults (one source)."""
+    est = vram.estimate(vram.load_model(model), TrainingSetup(**setup))  # type: ignore[arg-type]
     return format_bytes(est.device_peak_bytes, unit)  # type: ignore[arg-type]
 
 
@@ -66,13 +61,16 @@ def test_every_page_loads(app: AppTest, page: str) -> None:
         ("seq", 16384, {"seq_len": 16384}),
         ("method", "full", {"method": "full"}),
         ("opt", "sgd", {"optimizer": "sgd"}),
-        ("ckpt", False, {"grad_ckpt": False}),
+        ("ckpt", True, {"grad_ckpt": True}),
+        ("once", True, {"longest_batch_repeats": False, "framework": "litgpt"}),
     ],
 )
 def test_controls_change_the_numbers_as_vram_says(
     app: AppTest, key: str, value: object, setup: dict[str, object]
 ) -> None:
     app.run()
+    if "framework" in setup:  # the previous-step graph that `once` drops is LitGPT's
+        app.selectbox(key="stack").set_value(setup["framework"]).run()
     before = _peak(app)
     widget = {
         "batch": app.slider,
@@ -80,6 +78,7 @@ def test_controls_change_the_numbers_as_vram_says(
         "method": app.radio,
         "opt": app.selectbox,
         "ckpt": app.toggle,
+        "once": app.toggle,
     }[key](key=key)
     widget.set_value(value).run()
     _clean(app)
@@ -109,7 +108,7 @@ def test_url_round_trip(app: AppTest) -> None:
         "method": "full",
         "batch": "4",
         "seq": "8192",
-        "ckpt": "0",
+        "ckpt": "true",
         "opt": "adamw-8bit",
         "unit": "GiB",
     }
@@ -119,14 +118,14 @@ def test_url_round_trip(app: AppTest) -> None:
     assert not app.error
     assert app.slider(key="batch").value == 4
     assert app.select_slider(key="seq").value == 8192
-    assert app.toggle(key="ckpt").value is False
+    assert app.toggle(key="ckpt").value is True
     assert _peak(app) == _expected_peak(
         "GiB",
         "llama-3.2-1b",
         method="full",
         micro_batch=4,
         seq_len=8192,
-        grad_ckpt=False,
+        grad_ckpt=True,
         optimizer="adamw-8bit",
     )
     assert dict(app.query_params) == query

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ui import params
+from vram.setup import TrainingSetup
 
 VENDORS, SEGMENTS = ("AMD", "NVIDIA"), ("consumer", "datacenter", "workstation")
 REG = params.registry(("llama-3.2-1b", "llama-3.1-8b"), "llama-3.1-8b",
@@ -16,6 +17,24 @@ def test_defaults_make_a_valid_setup() -> None:
     setup, errors = params.build_setup(REG.defaults())
     assert errors == [] and setup is not None
     assert setup.method.value == "qlora" and setup.micro_batch == 1 and setup.seq_len == 2048
+
+
+def test_the_app_starts_from_the_library_defaults() -> None:
+    """One source of defaults: the app's first view is `TrainingSetup()`, as the CLI's is."""
+    setup, _ = params.build_setup(REG.defaults())
+    assert setup == TrainingSetup()
+
+
+def test_every_knob_is_a_control_with_a_url_key() -> None:
+    """Each `TrainingSetup` field has an app key; each value the control offers survives the
+    link (dump, then parse) and reaches the setup."""
+    assert {knob.name for knob in params.KNOBS.values()} == set(TrainingSetup.model_fields)
+    for key in params.KNOBS:
+        param = REG[key]
+        for option in params.options(key):
+            value = [option] if key == "targets" else option  # a multiselect holds a list
+            values, errors = params.parse_query(REG, {key: param.dump(value)})
+            assert errors == [] and values[key] == value, (key, value)
 
 
 def test_bad_parameters_are_named_and_ignored() -> None:
@@ -31,8 +50,8 @@ def test_bad_parameters_are_named_and_ignored() -> None:
 def test_every_memory_knob_reaches_the_setup() -> None:
     """The controls beyond the sliders: accumulation, dropout, the longest-batch protocol and
     compile land in the TrainingSetup, and a bad value names its parameter."""
-    state = {**REG.defaults(), "method": "lora", "accum": 8, "dropout": 0.0, "repeats": False,
-             "compile": "off"}
+    state = {**REG.defaults(), "method": "lora", "accum": 8, "dropout": 0.0, "once": True,
+             "compile": False}
     setup, errors = params.build_setup(state)
     assert errors == [] and setup is not None
     assert (setup.grad_accum, setup.lora_dropout, setup.longest_batch_repeats,
@@ -68,15 +87,18 @@ states = st.fixed_dictionaries(
     {
         "model": st.sampled_from(["llama-3.2-1b", "llama-3.1-8b"]),
         "method": st.sampled_from(["full", "lora", "qlora"]),
-        "batch": st.integers(1, params.BATCH_MAX),
-        "seq": st.sampled_from(params.SEQ_OPTIONS),
-        "rank": st.sampled_from(params.RANK_OPTIONS),
+        "batch": st.sampled_from(params.options("batch")),
+        "seq": st.sampled_from(params.options("seq")),
+        "rank": st.sampled_from(params.options("rank")),
         "targets": st.sampled_from([["all-linear"], ["q_proj", "v_proj"]]),
         "ckpt": st.booleans(),
-        "accum": st.sampled_from(params.ACCUM_OPTIONS),
-        "dropout": st.sampled_from(params.DROPOUT_OPTIONS),
-        "repeats": st.booleans(),
-        "compile": st.sampled_from(params.COMPILE_OPTIONS),
+        "accum": st.sampled_from(params.options("accum")),
+        "dropout": st.sampled_from(params.options("dropout")),
+        "once": st.booleans(),
+        "compile": st.sampled_from(params.options("compile")),
+        "quant": st.sampled_from(params.options("quant")),
+        "loss": st.sampled_from(params.options("loss")),
+        "stack": st.sampled_from(params.options("stack")),
         "vendor": st.sampled_from([[], ["NVIDIA"], ["AMD", "NVIDIA"]]),
         "segment": st.sampled_from([[], ["datacenter"], ["consumer", "workstation"]]),
         "fits": st.booleans(),

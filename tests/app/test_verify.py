@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from vram import charts
+from ui import charts
 
 
 def test_timeline_marks_the_peak_and_shades_phases() -> None:

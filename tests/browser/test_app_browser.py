@@ -99,12 +99,11 @@ def browser() -> Iterator[object]:
 
 
 def _expected_peak(**setup: object) -> str:
-    """What vram says for the calculator's default run (QLoRA with checkpointing) + `setup`."""
+    """What vram says for the calculator's default run (the library's defaults) + `setup`."""
     import vram
-    from vram.charts import format_bytes
+    from ui.charts import format_bytes
 
-    fields = {"grad_ckpt": True, **setup}
-    est = vram.estimate(vram.load_model("llama-3.1-8b"), vram.TrainingSetup(**fields))  # type: ignore[arg-type]
+    est = vram.estimate(vram.load_model("llama-3.1-8b"), vram.TrainingSetup(**setup))  # type: ignore[arg-type]
     return format_bytes(est.device_peak_bytes, "GB")
 
 

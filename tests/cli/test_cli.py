@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vram.cli import main
+from vram.cli import build_parser, main, setup_from_args
+from vram.knobs import setup_knobs
+from vram.setup import TrainingSetup
 
 ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--method", "qlora", "--optimizer", "adamw",
             "--precision", "bf16-mixed", "--batch", "1", "--seq", "2048"]
@@ -103,3 +105,38 @@ def test_single_longest_batch_drops_the_previous_step(capsys: pytest.CaptureFixt
     assert main([*base, "--single-longest-batch"]) == 0
     single = json.loads(capsys.readouterr().out)["allocated_peak_bytes"]
     assert single < repeats
+
+
+def test_flags_default_to_the_library_defaults() -> None:
+    """One source of defaults: no setup flag gives exactly `TrainingSetup()`."""
+    args = build_parser().parse_args(["estimate", "--model", "llama-3.2-1b"])
+    assert setup_from_args(args) == TrainingSetup()
+
+
+def test_every_knob_has_its_flag() -> None:
+    """Each knob's flag takes its default's text (`--quant auto`, `--no-grad-ckpt`)."""
+    parser = build_parser()
+    for knob in setup_knobs():
+        if knob.kind != "bool":
+            flag = [knob.flag, knob.text(knob.default)]
+        elif knob.default is None:
+            continue  # `--compile` / `--no-compile`, or neither for the stack's default
+        else:
+            flag = [knob.flag if knob.outer(knob.default) else f"--no-{knob.flag[2:]}"]
+        args = parser.parse_args(["estimate", "--model", "x", *flag])
+        assert setup_from_args(args) == TrainingSetup(), flag
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--batch", "0"], "--batch: 0 is outside 1 to 4,096"),
+    (["--lora-dropout", "1"], "--lora-dropout: 1 is outside at least 0 and below 1"),
+    (["--gpus", "8"], "--sharding: 8 GPUs need a strategy"),
+    (["--method", "full", "--quant", "nf4"], "--quant: nf4 is for QLoRA"),
+])
+def test_errors_name_the_flag_and_the_range(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(["estimate", "--model", "llama-3.2-1b", *argv]))
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err

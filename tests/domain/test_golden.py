@@ -101,8 +101,8 @@ def test_korthikanti_activation_order_of_magnitude() -> None:
                           attention="flash", framework="hf-trainer")
     layer = layer_activations(spec, spec.decoder, setup, profile_for(setup))
     h, inter, heads = 4096, 11008, 32
-    assert layer.bytes == 12 * h + 4 * h + 8 * h + 4 * heads + 8 * inter
-    assert 34 * h < layer.bytes < 80 * h
+    assert layer.bytes_per_token == 12 * h + 4 * h + 8 * h + 4 * heads + 8 * inter
+    assert 34 * h < layer.bytes_per_token < 80 * h
 
 
 def test_kv_cache_formula() -> None:

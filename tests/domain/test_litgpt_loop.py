@@ -75,7 +75,7 @@ def test_zero_pad_keeps_lora_b_output_for_a_subset_of_qkv() -> None:
     def lora_term(targets: str) -> int:
         setup = _litgpt(method="lora", quant="none", optimizer="adamw", lora_targets=targets)
         layer = layer_activations(spec, stack, setup, profile_for(setup))
-        return next(t.bytes for t in layer.terms if t.key == "lora")
+        return next(t.bytes_per_token for t in layer.terms if t.key == "lora")
 
     qv, qkv = lora_term("q_proj,v_proj"), lora_term("q_proj,k_proj,v_proj")
     # Same dropout, mask and x·A for both (one fused LoRA); k adds r more values of A's output.
@@ -102,5 +102,5 @@ def test_fabric_casts_the_logits_to_fp32() -> None:
     head = plan(spec, setup, profile_for(setup)).head
     vocab = 128256
     norm = 4 * 4096  # RMSNorm's fp32 input
-    assert head.loss_peak == norm + 2 * 4 * vocab + int(2 * 4 * vocab * 128 / 512)
-    assert head.cast == norm + 4 * vocab + 2 * vocab + 4 * vocab
+    assert head.loss_peak_per_token == norm + 2 * 4 * vocab + int(2 * 4 * vocab * 128 / 512)
+    assert head.cast_per_token == norm + 4 * vocab + 2 * vocab + 4 * vocab

@@ -24,12 +24,14 @@ def test_public_api_is_pinned() -> None:
     assert all(hasattr(vram, name) for name in vram.__all__)
 
 
-def test_vram_never_imports_streamlit() -> None:
-    code = ("import sys, vram, vram.cli, vram.charts, vram.validate, vram.trace; "
-            "print('streamlit' in sys.modules)")
+def test_the_core_is_light() -> None:
+    """`import vram` (and its CLI, validation and trace entry points) loads none of the app's
+    dependencies: no Streamlit, no plotly, no pandas (a light core, issue 15)."""
+    code = ("import sys, vram, vram.cli, vram.knobs, vram.validate, vram.trace; "
+            "print(sorted(m for m in ('streamlit', 'plotly', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
-    assert out == "False"
+    assert out == "[]"
 
 
 def test_package_is_typed() -> None:

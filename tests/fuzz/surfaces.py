@@ -13,8 +13,10 @@ import io
 import json
 import os
 import random
+import signal
 import string
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from enum import Enum
@@ -51,10 +53,28 @@ class Slow(AssertionError):
     """An input took longer than MAX_SECONDS."""
 
 
+#: A real hang is cut off at this many times the limit (SIGALRM, main thread only), so a fuzz
+#: run reports it instead of stalling.
+HANG_FACTOR = 6
+
+
 @contextlib.contextmanager
 def within(seconds: float = MAX_SECONDS, what: object = "") -> Iterator[None]:
+    """Fail with Slow if the block takes over `seconds`; interrupt it if it hangs."""
+    def hung(*_: object) -> None:
+        raise Slow(f"hung (> {seconds * HANG_FACTOR} s) on {str(what)[:300]!r}")
+
+    alarm = threading.current_thread() is threading.main_thread()
+    if alarm:
+        previous = signal.signal(signal.SIGALRM, hung)
+        signal.setitimer(signal.ITIMER_REAL, seconds * HANG_FACTOR)
     start = time.monotonic()
-    yield
+    try:
+        yield
+    finally:
+        if alarm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
     took = time.monotonic() - start
     if took > seconds:
         raise Slow(f"{took:.1f} s (> {seconds} s) for {str(what)[:300]!r}")
