@@ -159,14 +159,17 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     return config
 
 
-def _field_values(name: str, default: Any, annotation: Any) -> st.SearchStrategy[Any]:
+def _field_values(name: str, default: Any, annotation: Any,
+                  hostile: bool) -> st.SearchStrategy[Any]:
     garbage = st.sampled_from([None, "", "x", -1, 0, 10**9, 1.5, "nan", [], {}, True])
     enum_type = next((a for a in (annotation, *getattr(annotation, "__args__", ()))
                       if isinstance(a, type) and issubclass(a, Enum)), None)
     if enum_type is not None:
         valid: st.SearchStrategy[Any] = st.sampled_from([m.value for m in enum_type])
-    elif isinstance(default, bool) or default is None:
+    elif default is None:
         valid = st.booleans() | st.none()
+    elif isinstance(default, bool):
+        valid = st.booleans()
     elif isinstance(default, int):
         valid = st.integers(1, max(8, 4 * default)) | st.sampled_from([1, 2, 8, 64, 4096])
     elif isinstance(default, float):
@@ -176,18 +179,39 @@ def _field_values(name: str, default: Any, annotation: Any) -> st.SearchStrategy
                                  ("gate_proj", "up_proj", "down_proj")])
     else:
         return st.just(default)
-    return st.one_of(valid, valid, valid, garbage)
+    return st.one_of(valid, valid, valid, garbage) if hostile else valid
 
 
 @st.composite
 def setup_fields(draw: st.DrawFn) -> dict[str, Any]:
-    """TrainingSetup arguments: each field left out, valid, or garbage (new fields included)."""
+    """TrainingSetup arguments: each field left out, valid, or (in a third of the setups)
+    garbage; every field of TrainingSetup is covered, new ones included."""
     fields: dict[str, Any] = {}
+    hostile = draw(st.integers(0, 2)) == 0
     for name, info in TrainingSetup.model_fields.items():
         if draw(st.integers(0, 2)) == 0:
             continue
-        fields[name] = draw(_field_values(name, info.default, info.annotation))
+        fields[name] = draw(_field_values(name, info.default, info.annotation, hostile))
+    if not hostile and draw(st.integers(0, 3)):  # mostly coherent: most setups get estimated
+        _make_coherent(fields)
     return fields
+
+
+def _make_coherent(fields: dict[str, Any]) -> None:
+    """Settle the cross-field rules a person would: sharding for the GPU count, offload for
+    the sharding, a quantized base exactly for QLoRA."""
+    gpus = fields.get("n_gpus", 1)
+    if isinstance(gpus, int) and gpus > 1 and fields.get("sharding", "none") == "none":
+        fields["sharding"] = "zero3"
+    if gpus == 1 and fields.get("sharding") in ("ddp", "zero1", "zero2"):
+        fields["sharding"] = "none"
+    if fields.get("sharding", "none") in ("none", "ddp"):
+        fields["offload"] = "none"
+    qlora = fields.get("method", "qlora") == "qlora"
+    if qlora and fields.get("quant") in ("none", None):
+        fields["quant"] = "nf4"
+    elif not qlora:
+        fields["quant"] = "none"
 
 
 MODEL_TEXT = st.one_of(
@@ -253,6 +277,14 @@ def cli_argv(draw: st.DrawFn) -> list[str]:
                                           "/etc/hostname", *HOSTILE_TEXT[:12]])))
     elif command in ("gpus", "models") and draw(st.booleans()):
         argv.append("--json")
+    clean = command == "estimate" and draw(st.booleans())  # half: a run a person would ask for
+    if clean:
+        argv += ["--model", draw(st.sampled_from(["llama-3.2-1b", "llama-3.1-8b", "70B",
+                                                  "mixtral-8x7b", "t5-base", "gemma-2-9b"]))]
+        for flag in draw(st.lists(st.sampled_from(list(FLAG_VALUES)), max_size=6, unique=True)):
+            argv += [flag, draw(st.sampled_from(FLAG_VALUES[flag]))]
+        argv += draw(st.lists(st.sampled_from(SWITCHES[:3]), max_size=2, unique=True))
+        return argv
     if command == "estimate" and draw(st.integers(0, 9)):
         argv += ["--model", draw(MODEL_TEXT)]
     for _ in range(draw(st.integers(0, 6))):
