@@ -7,7 +7,6 @@ count ("7e9", "70B") and always returns a `ModelSpec` or raises a `VramError` na
 from __future__ import annotations
 
 import csv
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -95,14 +94,14 @@ def parse_param_count(text: str) -> int | None:
     match = _SIZE.match(text)
     if not match:
         return None
-    suffix = (match.group(2) or "").lower()
-    exponent = int(suffix[1:]) if suffix.startswith("e") and len(suffix) <= 6 else None
-    value = float(match.group(1)) if len(match.group(1)) <= 40 else math.inf
+    number, suffix = match.group(1), (match.group(2) or "").lower()
     if suffix.startswith("e"):
-        value = value * 10.0 ** exponent if exponent is not None and \
-            exponent <= _MAX_SIZE_EXPONENT else math.inf
-    elif suffix:
-        value *= _SCALE[suffix]
+        # Bound the exponent before any arithmetic: 10 ** 99999999 alone runs for minutes.
+        exponent = int(suffix[1:]) if len(suffix) <= 4 else _MAX_SIZE_EXPONENT + 1
+        scale = 10.0 ** min(exponent, _MAX_SIZE_EXPONENT + 1)
+    else:
+        scale = _SCALE.get(suffix, 1.0)
+    value = float(number) * scale  # float() of digits is quick, and inf when it overflows
     if not value < 10.0 ** _MAX_SIZE_EXPONENT:
         raise ConfigError("model", f"{text.strip()[:40]!r} is too large a size; sizes are "
                           "between 10 million and 10 trillion parameters")
