@@ -57,8 +57,12 @@ def test_validate_names_the_bad_row_or_column(tmp_path: Path, content: bytes | N
     assert code == 2 and fragment in err and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("path", ["/dev/zero", "/tmp"])
-def test_validate_refuses_special_files(path: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("path", ["/dev/zero", "/tmp", "fifo"])
+def test_validate_refuses_special_files(path: str, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    if path == "fifo":
+        path = str(tmp_path / "cases.csv")
+        os.mkfifo(path)
     code, err = _run(["validate", path], capsys)
     assert code == 2 and path in err
 

@@ -217,8 +217,9 @@ def test_a_bad_gpu_list_is_named_by_line_or_column(tmp_path: Path, content: byte
     assert fragment in str(info.value) and "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("path", ["/dev/zero", "/etc/passwd", "/tmp"])
-def test_a_gpu_list_that_is_not_a_csv_file_is_refused(path: str) -> None:
+@pytest.mark.parametrize("path", ["/dev/zero", "/etc/passwd", "/tmp", "fifo"])
+def test_a_gpu_list_that_is_not_a_csv_file_is_refused(path: str, fifo: Path) -> None:
+    path = str(fifo) if path == "fifo" else path
     error = _fails_fast(load_gpus, path)
     assert isinstance(error, CatalogError) and path in str(error)
 
