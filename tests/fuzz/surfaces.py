@@ -370,8 +370,9 @@ def upload_bytes(rng: random.Random) -> tuple[str, bytes]:
     if kind == "zero":
         return kind, b"\x00" * rng.choice([1, 100_000])
     if kind == "digits":
-        config[rng.choice(sorted(config))] = int("9" * rng.choice([19, 4000, 4400]))
-        return kind, json.dumps(config).encode()[:300_000] if kind else b""
+        config[rng.choice(sorted(config))] = "__digits__"  # written as JSON text: no int() limit
+        digits = "9" * rng.choice([19, 4000, 4400, 100_000])
+        return kind, json.dumps(config).replace('"__digits__"', digits).encode()
     if kind == "nan":
         config[rng.choice(sorted(config))] = float(rng.choice(["nan", "inf"]))
         return kind, json.dumps(config).encode()
