@@ -303,7 +303,7 @@ def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State]
     for n, text in enumerate(texts[:limit], start=1):
         try:
             raw = json.loads(text) if len(text) <= MAX_CONFIG_BYTES else None
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # bad JSON, or an integer over 4,300 digits
             raw = None
         if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
             errors.append(f"URL parameter `pin` #{n}: not a pinned setup; it was ignored.")

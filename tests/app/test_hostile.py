@@ -197,3 +197,15 @@ def test_a_bad_team_gpu_list_fails_the_script_health_check(tmp_path: Path) -> No
     assert _script_health(str(bad)) == (200, 503)
     assert _script_health("/dev/zero") == (200, 503)
     assert _script_health(None) == (200, 200)
+
+
+def test_a_pin_with_a_5000_digit_number_is_named_not_raised() -> None:
+    """Found by benchmarks/fuzz.py: `?pin=999...9` made json.loads raise ValueError."""
+    reg = params.registry(("llama-3.2-1b",), "llama-3.2-1b")
+    for text in ("9" * 5000, '{"batch": ' + "9" * 5000 + "}"):
+        pins, errors = params.parse_pins(reg, [text], 4)
+        assert pins == [] and "`pin` #1" in " ".join(errors)
+    app = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    app.query_params["pin"] = "9" * 5000
+    app.run()
+    assert not app.exception and "pin" in shown(" ".join(_bodies(app)))
