@@ -156,10 +156,11 @@ def _run_process(argv: list[str]) -> int:
     return done.returncode
 
 
-def render(results: dict[str, Any]) -> str:
+def render(results: dict[str, Any], notes: str = "") -> str:
     lines = ["# benchmarks/fuzz.py: hostile inputs per surface (counts from the last long run)",
              f"# {platform.python_version()}, {platform.machine()}, "
-             f"{os.cpu_count()} CPUs (shared with other jobs while it ran)", "",
+             f"{os.cpu_count()} CPUs (shared with other jobs while it ran)",
+             *(f"# {line}" for line in notes.splitlines()), "",
              f"{'surface':<8} {'inputs':>7} {'failures':>8} {'over 5 s':>8} {'max s':>6} "
              f"{'inputs/s':>8}  outcomes"]
     for name in ("api", "text", "fit", "cli", "process", "url", "upload"):
@@ -182,7 +183,13 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=10_000, help="per surface")
     parser.add_argument("--minutes", type=float, default=60.0, help="per surface, at most")
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--render", metavar="NOTES_FILE",
+                        help="only rewrite fuzz.txt from fuzz.json, with these notes on top")
     args = parser.parse_args()
+    if args.render:
+        notes = Path(args.render).read_text()
+        REPORT.write_text(render(json.loads(RESULTS.read_text()), notes))
+        return
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for name in args.surface.split(","):
         deadline = time.monotonic() + 60 * args.minutes
