@@ -44,6 +44,13 @@ FAMILIES = {
     "mixtral-moe": "mixtral-8x7b-v0.1",
 }
 
+#: Families held to the trace in tests/trace/test_agreement.py but not yet in the committed
+#: grid (`trace_grid.txt` was run without them). GPT-2's QLoRA is left out: the trace's
+#: quantizer replaces nn.Linear only, not GPT-2's Conv1D.
+#: OLMoE's LoRA is left out like the grid leaves out MoE LoRA: frozen expert banks are not
+#: modelled yet (the closed form still counts the gathered expert inputs: +6 % activations).
+SAMPLE_ONLY = {"gpt2": "gpt2", "olmoe": "olmoe-1b-7b-0924", "deepseek-mla": "deepseek-v2-lite"}
+
 AXES = {
     "method": ["full", "lora", "qlora"],
     "optimizer": ["adamw", "sgd-momentum", "adamw-8bit", "adafactor"],
@@ -123,7 +130,7 @@ def same_moment(ours: Estimate, peak_at: str) -> MomentBytes:
 def compare(family: str, fields: dict[str, object]) -> Row:
     from vram.trace import trace_step
 
-    slug = FAMILIES[family]
+    slug = FAMILIES.get(family) or SAMPLE_ONLY[family]
     setup = TrainingSetup(framework="hf-trainer", lora_targets="q_proj,v_proj", lora_rank=16,
                           **fields)  # type: ignore[arg-type]
     start = time.perf_counter()

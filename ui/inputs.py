@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, params, render, text
+from ui import data, import_config, params, render, text
 from ui.charts import Unit
 from vram.architecture import read_config_text
 from vram.errors import VramError
@@ -128,7 +128,7 @@ def _knob_control(key: str, method: str) -> None:
         st.toggle(knob.label, **common)
     elif knob.kind == "targets":
         st.multiselect(knob.label, choices, **common)
-    elif knob.kind in ("int", "float") and knob.meta.app_options:
+    elif knob.kind in ("int", "float") and knob.meta.app_options and not knob.optional:
         st.select_slider(knob.label, choices, format_func=_number_label, **common)
     else:
         st.selectbox(knob.label, choices, format_func=lambda v: params.label(key, v), **common)
@@ -151,6 +151,7 @@ def sidebar() -> dict[str, Any]:
     reg = data.registry()
     with st.sidebar:
         st.header("Training setup")
+        import_config.panel()
         st.selectbox(
             "Model",
             reg.model_options,

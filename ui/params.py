@@ -17,6 +17,7 @@ from typing import Any
 from ui import urlpack
 from vram.knobs import (
     AUTO,
+    MAX_NUMBER_CHARS,
     TARGET_ORDER,
     KnobError,
     SetupKnob,
@@ -67,9 +68,9 @@ def field_value(knob: SetupKnob, value: Any) -> object:
 def options(key: str) -> tuple[Any, ...]:
     """The values a knob's control offers, in the order it shows them."""
     knob = KNOBS[key]
-    if knob.meta.app_options:
-        return tuple(knob.meta.app_options)
     auto: tuple[Any, ...] = (AUTO,) if knob.optional else ()
+    if knob.meta.app_options:
+        return (*auto, *knob.meta.app_options)
     if knob.kind == "bool":
         return (*auto, True, False)
     if knob.kind == "targets":
@@ -83,6 +84,8 @@ def label(key: str, value: object) -> str:
     if knob is None:
         return str(value)
     text = "true" if value is True else "false" if value is False else str(value)
+    if text == AUTO and AUTO not in knob.labels:
+        return "default"
     return knob.labels.get(text, text)
 
 
@@ -123,7 +126,9 @@ def _bool(text: str) -> bool:
 
 def _size(text: str) -> float:
     try:
-        value = float(text.strip()[:40])
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ValueError(text)
+        value = float(text.strip())
     except ValueError:
         raise ValueError(f"{text[:40]!r} is not a number of billions of parameters") from None
     if not math.isfinite(value) or not 0.01 <= value <= 10_000:

@@ -6,8 +6,7 @@ Everything here displays what `vram` computed; no memory arithmetic happens in t
 from __future__ import annotations
 
 import html
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -15,7 +14,8 @@ import streamlit as st
 
 from ui import charts, data
 from ui.charts import Unit, format_bytes
-from vram.result import BUCKET_ORDER, Estimate
+from vram.gpus import FitOption, FitReport, Gpu
+from vram.result import BUCKET_ORDER, Estimate, LineItem
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """
@@ -44,11 +44,11 @@ def gpu_price(usd_per_hour: float | None) -> str:
     return "price unknown" if usd_per_hour is None else f"${usd_per_hour:,.2f}/h"
 
 
-def gpu_choice(option: Any) -> str:
+def gpu_choice(option: FitOption) -> str:
     return f"{option.count}× {data.short_gpu_name(option.gpu.name)}"
 
 
-def metrics(est: Estimate, report: Any, unit: Unit) -> None:
+def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
     """Peak per GPU, the cheapest GPUs that hold it, and the training ÷ inference multiple."""
     peak, cheapest, multiple = st.columns(3)
     peak.metric(
@@ -99,7 +99,7 @@ def notes(est: Estimate) -> None:
         st.caption(note)
 
 
-def fit_tables(report: Any, unit: Unit) -> None:
+def fit_frames(report: FitReport, unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame]:
     """GPUs that hold the run (cheapest first) and those that do not, by how much."""
     fits = pd.DataFrame(
         [
@@ -126,10 +126,15 @@ def fit_tables(report: Any, unit: Unit) -> None:
             for o in report.misses
         ]
     )
+    return fits, misses
+
+
+def fit_tables(fits: Any, misses: Any) -> None:
+    """The two tables of `fit_frames` (pandas or Arrow), side by side."""
     left, right = st.columns([3, 2])
     with left:
-        st.subheader(f"GPUs that hold it ({len(report.fits)})")
-        if fits.empty:
+        st.subheader(f"GPUs that hold it ({len(fits)})")
+        if len(fits) == 0:
             st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
         else:
             st.dataframe(
@@ -138,8 +143,8 @@ def fit_tables(report: Any, unit: Unit) -> None:
                 column_config={"$ per hour": st.column_config.NumberColumn(format="$%.2f")},
             )
     with right:
-        st.subheader(f"Too small ({len(report.misses)})")
-        if misses.empty:
+        st.subheader(f"Too small ({len(misses)})")
+        if len(misses) == 0:
             st.write("Every GPU in the list holds it.")
         else:
             st.dataframe(misses, hide_index=True)
@@ -161,7 +166,7 @@ def _formula(text: str) -> str:
     return text.replace("`", "'").replace("|", "/")
 
 
-def _items_markdown(items: Sequence[Any]) -> str:
+def _items_markdown(items: Sequence[LineItem]) -> str:
     """Line items as a Markdown table (cheaper to send than a dataframe, and it wraps)."""
     lines = ["| item | formula | inputs | bytes |", "|---|---|---|---:|"]
     for item in items:
@@ -215,17 +220,12 @@ def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def download(est: Estimate, report: Any) -> None:
-    payload = {
-        "estimate": est.model_dump(mode="json"),
-        "cheapest": [
-            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
-            for o in report.fits[:10]
-        ],
-    }
+def download(payload_json: Callable[[], str]) -> None:
+    """The button offering the estimate as JSON, made only when someone clicks it (a deferred
+    download: the page does not build and store a file nobody asked for on every rerun)."""
     st.download_button(
         "Download the estimate (JSON)",
-        json.dumps(payload, indent=2),
+        payload_json,
         file_name="vram-estimate.json",
         mime="application/json",
         on_click="ignore",
@@ -234,10 +234,10 @@ def download(est: Estimate, report: Any) -> None:
 
 
 def gpu_table(
-    gpus: Sequence[Any], report: Any | None, unit: Unit, *, only_fits: bool
+    gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *, only_fits: bool
 ) -> pd.DataFrame:
     """The catalog with what the current run needs on each GPU (count, total price, headroom)."""
-    options: dict[str, tuple[bool, Any]] = {}
+    options: dict[str, tuple[bool, FitOption | None]] = {}
     if report is not None:
         for option in report.misses:
             options.setdefault(option.gpu.id, (False, option))
@@ -245,7 +245,7 @@ def gpu_table(
             options[option.gpu.id] = (True, option)
     rows: list[dict[str, Any]] = []
     for gpu in gpus:
-        fits, option = options.get(gpu.id, (False, None))
+        fits, found = options.get(gpu.id, (False, None))
         if only_fits and not fits:
             continue
         rows.append(
@@ -256,11 +256,11 @@ def gpu_table(
                 "bf16 TFLOPS": gpu.bf16_dense_tflops,
                 "bandwidth (GB/s)": gpu.memory_bandwidth_gbps,
                 "$ per GPU-hour": gpu.usd_per_hour,
-                "holds it": "yes" if fits else ("no" if option is not None else "?"),
-                "GPUs needed": option.count if fits else None,
-                "$ per hour, all": option.usd_per_hour if fits else None,
+                "holds it": "yes" if fits else ("no" if found is not None else "?"),
+                "GPUs needed": found.count if fits and found else None,
+                "$ per hour, all": found.usd_per_hour if fits and found else None,
                 f"headroom ({unit})": (
-                    round(charts.to_unit(option.headroom_bytes, unit), 1) if option else None
+                    round(charts.to_unit(found.headroom_bytes, unit), 1) if found else None
                 ),
             }
         )

@@ -123,8 +123,11 @@ class LayerContext:
     hidden: int
     #: Bytes of one activation element in the compute dtype (`e` in the formulas).
     e: int
+    #: Widths per token: q (and the expanded k), k and v as projected, the attention output.
     q_out: int
     kv_out: int
+    v_out: int
+    o_width: int
     #: A parallel block with one shared norm (Phi, Falcon-7B) feeds attention and MLP the same
     #: tensor.
     shared_norm: bool
@@ -149,6 +152,8 @@ def layer_context(model: ModelSpec, stack: Stack, setup: TrainingSetup,
         roles=targeted_roles(setup) if setup.trains_adapters else frozenset(),
         hidden=_hidden(stack), e=n.compute, q_out=stack.n_heads * stack.head_dim,
         kv_out=stack.n_kv_heads * stack.head_dim,
+        v_out=stack.n_kv_heads * (stack.v_head_dim or stack.head_dim),
+        o_width=stack.n_heads * (stack.v_head_dim or stack.head_dim),
         shared_norm=stack.parallel_residual and stack.n_norms == 1,
         kernel=attention_kernel(model, stack, setup, profile),
         hf=runs_transformers_code(profile),
@@ -167,7 +172,8 @@ def _hidden(stack: Stack) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trains: bool) -> int:
+def _norm_bytes_per_token(stack: Stack, n: Numerics, profile: StackProfile, *,
+                          weight_trains: bool) -> int:
     """One norm, per token.
 
     RMSNorm (HF LlamaRMSNorm, LitGPT RMSNorm) upcasts its input to fp32 and keeps that copy; a
@@ -192,12 +198,14 @@ def _norm_bytes(stack: Stack, n: Numerics, profile: StackProfile, *, weight_trai
 
 
 def norms_term(c: LayerContext) -> Term:
-    """Every norm of the layer (see `_norm_bytes`; its weight trains in a full fine-tune)."""
-    norms = _norm_bytes(c.stack, c.n, c.profile, weight_trains=c.full) * c.stack.n_norms
+    """Every norm of the layer (see `_norm_bytes_per_token`; weights train in a full
+    fine-tune)."""
+    one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
+    norms = one * c.stack.n_norms
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
 
 
-def _consumers_input_bytes(n: Numerics, n_linears: int) -> int:
+def _input_bytes_per_hidden_unit(n: Numerics, n_linears: int) -> int:
     """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
 
     Without autocast the Linears share one input tensor; under autocast (or with bnb's own
@@ -221,12 +229,12 @@ def linear_inputs_term(c: LayerContext) -> Term | None:
     attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
     mlp_in = [ln for ln in stack.linears
               if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
-    kept = _consumers_input_bytes(n, len(attn_in)) * h
+    kept = _input_bytes_per_hidden_unit(n, len(attn_in)) * h
     # a shared norm's output is kept once, unless each Linear makes its own cast of it
     if not c.shared_norm or n.input_copy_per_linear or n.autocast:
-        kept += _consumers_input_bytes(n, max(1, len(mlp_in))) * h
+        kept += _input_bytes_per_hidden_unit(n, max(1, len(mlp_in))) * h
     if stack.cross_attention:
-        kept += _consumers_input_bytes(n, 1) * h  # the cross-attention query's input
+        kept += _input_bytes_per_hidden_unit(n, 1) * h  # the cross-attention query's input
     return Term("linear_inputs", "Linear inputs (attention in, MLP in)",
                 "e·h per norm output (one copy per call under autocast)", kept,
                 ctx_kept_per_token=kept if c.bnb_kept else 0)
@@ -244,8 +252,9 @@ class AttentionLayout:
     kernel: Kernel
     #: Transformers' eager attention (its output needs a contiguous copy for o_proj).
     hf_eager: bool
-    #: Width of k and v as the kernel sees them (expanded to every query head, or not).
+    #: Width of k and of v as the kernel sees them (expanded to every query head, or not).
     kv_width: int
+    v_width: int
     #: Bytes of q, k, v and the output as the kernel sees them; q·kᵀ runs in this dtype.
     qkv_bytes: int
     #: Bytes per score of the softmax output (explicit scores only).
@@ -267,7 +276,8 @@ def attention_layout(c: LayerContext) -> AttentionLayout:
     16-bit inputs to fp32 and keeps the fp32 probabilities for its matmul.
     """
     stack, n, setup, kernel = c.stack, c.n, c.setup, c.kernel
-    hf_eager = c.hf and kernel is Kernel.EAGER
+    # torch's nn.MultiheadAttention is the model's own code, whatever the stack
+    hf_eager = c.hf and kernel is Kernel.EAGER and not stack.torch_multihead_attention
     expand = (c.profile.expands_kv and setup.attention is not Attention.FLASH) or (
         kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads) or (
         hf_eager and (not stack.eager_broadcasts_kv or setup.micro_batch > 1))
@@ -285,7 +295,8 @@ def attention_layout(c: LayerContext) -> AttentionLayout:
             elif dropout or qkv_bytes != softmax:
                 probs_copy = qkv_bytes  # cast back to q's dtype, or dropped: kept by the matmul
     return AttentionLayout(kernel=kernel, hf_eager=hf_eager,
-                           kv_width=c.q_out if expand else c.kv_out, qkv_bytes=qkv_bytes,
+                           kv_width=c.q_out if expand else c.kv_out,
+                           v_width=c.o_width if expand else c.v_out, qkv_bytes=qkv_bytes,
                            softmax_bytes=softmax, probs_copy_bytes=probs_copy,
                            attn_dropout=dropout)
 
@@ -297,7 +308,7 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     """
     stack, n, s, q_out = c.stack, c.n, c.setup.seq_len, c.q_out
     a_b = a.qkv_bytes
-    attn = a_b * (q_out + 2 * a.kv_width) + (0 if a.hf_eager else a_b * q_out)
+    attn = a_b * (q_out + a.kv_width + a.v_width) + (0 if a.hf_eager else a_b * c.o_width)
     if a.kernel.explicit_scores:
         per_score = a.softmax_bytes
         if a.attn_dropout:
@@ -329,8 +340,8 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     o_in = 2 if n.input_copy_per_linear else a_b
     o_cast = n.input_copy_per_linear and a_b != 2  # fp32 output: o_proj casts and keeps
     if c.keeps_inputs and (o_cast or a.kernel.explicit_scores or not c.hf):
-        attn += o_in * q_out
-    ctx_kept = o_in * q_out if c.bnb_kept else 0  # o_proj's input, kept by its MatMul4Bit
+        attn += o_in * c.o_width
+    ctx_kept = o_in * c.o_width if c.bnb_kept else 0  # o_proj's input, kept by MatMul4Bit
     if stack.cross_attention:
         attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
     return Term("attention", label, formula, attn, ctx_kept_per_token=ctx_kept)
@@ -358,9 +369,15 @@ def mlp_term(c: LayerContext) -> Term:
         mlp = act_kept * e * inter + down_kept
         formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
     ctx_kept = down_in * inter * experts if c.bnb_kept else 0
-    if stack.hidden_dropout > 0:
+    if stack.hidden_dropout > 0 and stack.mlp_inner_dropout:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
     mlp *= experts
+    if stack.shared_expert_width:
+        # the shared experts: one gated MLP on every token (DeepseekV2Moe.shared_experts)
+        width = stack.shared_expert_width
+        mlp += (act_kept + 2) * e * width + (down_in * width if c.keeps_inputs else 0)
+        ctx_kept += down_in * width if c.bnb_kept else 0
+        formula += " + shared experts' e·W·(act + 2 [+1])"
     if stack.n_experts:
         # MoE: each expert gathers its tokens (a copy) and scales its output by the router.
         mlp += experts * (2 * e * c.hidden) + FP32 * stack.n_experts
@@ -373,6 +390,41 @@ def mlp_term(c: LayerContext) -> Term:
             formula += " + weighted outputs (index_add_ keeps them)"
     return Term("mlp", f"MLP ({stack.mlp_kind.value})", formula, mlp,
                 ctx_kept_per_token=ctx_kept)
+
+
+def mla_term(c: LayerContext) -> Term | None:
+    """DeepSeek-V2's multi-head latent attention beyond q, k, v and the output
+    (transformers/models/deepseek_v2/modeling_deepseek_v2.py@v5.24.0, DeepseekV2Attention):
+    kv_a_layernorm on the latent keeps its fp32 copy (and the normalized latent when its
+    weight trains); kv_b_proj keeps its input when it trains; v is a view of kv_b_proj's
+    output, so the k_nope half of it stays alive too; the rotated shared k_pe."""
+    stack = c.stack
+    if not stack.kv_lora_rank:
+        return None
+    e = c.e
+    latents = _latent_bytes_per_token(c, stack.kv_lora_rank)
+    if stack.q_lora_rank:  # q_a_proj -> q_a_layernorm -> q_b_proj: the same again for q
+        latents += _latent_bytes_per_token(c, stack.q_lora_rank)
+    nope = stack.n_heads * (stack.head_dim - _rope_width(stack))
+    rope = e * _rope_width(stack)
+    return Term("mla", "latent attention: latent norms, their up-projections' inputs, "
+                "k_nope half, k_pe", "Σ latents (4·r [+ e·r] [+ e·r]) + e·heads·d_nope + e·d_rope",
+                latents + e * nope + rope)
+
+
+def _latent_bytes_per_token(c: LayerContext, rank: int) -> int:
+    """One MLA latent: its RMSNorm's fp32 copy (and the normalized latent when the norm's
+    weight trains), and the up-projection's input when it keeps it."""
+    kept = FP32 * rank
+    if c.full:
+        kept += (FP32 if c.n.residual == FP32 else c.e) * rank
+    return kept + (c.e * rank if c.keeps_inputs else 0)
+
+
+def _rope_width(stack: Stack) -> int:
+    """MLA's rotary part of each q/k head: kv_a_proj_with_mqa's output beyond the latent."""
+    kv_a = next(ln for ln in stack.linears if ln.role is Role.K)
+    return kv_a.d_out - stack.kv_lora_rank
 
 
 def dropout_term(c: LayerContext) -> Term | None:
@@ -418,7 +470,8 @@ def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> i
     return sum(widths[role] for role in selected)
 
 
-def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Numerics) -> int:
+def _lora_branch_bytes_per_token(setup: TrainingSetup, lora_bytes: int, d_in: int,
+                                 n: Numerics) -> int:
     """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`, per token.
 
     Dropout keeps its 1-byte mask (CUDA's fused kernel). lora_A's matmul keeps its input for
@@ -434,8 +487,9 @@ def _lora_branch_bytes(setup: TrainingSetup, lora_bytes: int, d_in: int, n: Nume
 
 
 def lora_term(c: LayerContext) -> Term | None:
-    """Every adapted Linear's LoRA branch (see `_lora_branch_bytes`); without dropout and in
-    the input's dtype, A reads the Linear's own input, kept once per input tensor."""
+    """Every adapted Linear's LoRA branch (see `_lora_branch_bytes_per_token`); without
+    dropout and in the input's dtype, A reads the Linear's own input, kept once per input
+    tensor."""
     setup, profile, e = c.setup, c.profile, c.e
     if not setup.trains_adapters:
         return None
@@ -456,7 +510,7 @@ def lora_term(c: LayerContext) -> Term | None:
                 continue
             fused_seen = True
         if copies_input:
-            branch = _lora_branch_bytes(setup, lora_bytes, linear.d_in, c.n)
+            branch = _lora_branch_bytes_per_token(setup, lora_bytes, linear.d_in, c.n)
             extra += branch * tokens_share
             continue
         # No dropout, same dtype: A keeps the Linear's own input, once per input tensor
@@ -492,7 +546,9 @@ def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
     if not a.kernel.explicit_scores:
         return 0
     stack, s = c.stack, c.setup.seq_len
-    scores = stack.n_heads * s * 2 * (2 if c.n.autocast else a.qkv_bytes)  # q·kᵀ, + mask
+    # q·kᵀ and the masked scores; nn.MultiheadAttention adds no mask: q·kᵀ only
+    score_copies = 1 if stack.torch_multihead_attention else 2
+    scores = stack.n_heads * s * score_copies * (2 if c.n.autocast else a.qkv_bytes)
     kept_scores = stack.n_heads * s * (a.softmax_bytes + a.probs_copy_bytes)
     transient = scores + (kept_scores if c.setup.grad_ckpt else 0)
     if stack.returns_attention_probs and a.kernel is Kernel.EAGER and c.setup.grad_ckpt:
@@ -519,17 +575,20 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     stack, e = c.stack, c.e
     mlp_transient = 2 * e * stack.intermediate_size * c.experts
     # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
-    attention_transient = 2 * e * (c.q_out + 2 * a.kv_width)
+    attention_transient = 2 * e * (c.q_out + a.kv_width + a.v_width)
     if a.kernel.explicit_scores:
         # At the softmax's backward: the fp32 gradient of the probabilities and the softmax's
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
         # (the trace: softmax, its gradient and the softmax backward's output, all fp32);
         # of the per-token gradients only the output's and v's exist yet.
-        attention_transient = e * (c.q_out + a.kv_width) + stack.n_heads * c.setup.seq_len * (
+        attention_transient = e * (c.o_width + a.v_width) + stack.n_heads * c.setup.seq_len * (
             2 * a.softmax_bytes - a.probs_copy_bytes)
     # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
-    # too; a parallel block's shared norm waits for both branches.
+    # too; a parallel block's shared norm waits for both branches; post-norm blocks have run
+    # both norms' backward (the one after the MLP and the one after the attention).
     mlp_norm = norms_per_token // stack.n_norms if stack.n_norms >= 2 else 0
+    if stack.post_norm:
+        mlp_norm = norms_per_token
     after_mlp = attention_transient - mlp_per_token - mlp_norm
     return BackwardPeak(max(mlp_transient, after_mlp), after_mlp > mlp_transient)
 
@@ -564,8 +623,8 @@ def layer_activations(
     layout = attention_layout(c)
     norms = norms_term(c)
     mlp = mlp_term(c)
-    parts = (norms, linear_inputs_term(c), attention_term(c, layout), mlp, dropout_term(c),
-             lora_term(c))
+    parts = (norms, linear_inputs_term(c), attention_term(c, layout), mla_term(c), mlp,
+             dropout_term(c), lora_term(c))
     peak = backward_peak(c, layout, mlp_per_token=mlp.bytes_per_token,
                          norms_per_token=norms.bytes_per_token)
     return LayerActivations(
@@ -642,7 +701,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         else moe.freed_minus_inflight_per_token * tokens,
         moe_loop=moe is not None and moe.loop,
         mask_bytes=mask_bytes(model, setup, profile, n),
-        previous_step_bytes=_previous_step_bytes(model, setup, profile, layers) * tokens,
+        previous_step_bytes=_previous_step_bytes_per_token(model, setup, profile, layers) * tokens,
         layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
         backward_transient_bytes=transient, head_saved_bytes=head.saved_per_token * tokens,
@@ -655,7 +714,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     )
 
 
-def _previous_step_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+def _previous_step_bytes_per_token(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                          layers: list[LayerActivations]) -> int:
     """Per token: the bitsandbytes inputs the previous step's graph still holds while the next
     forward runs (LitGPT keeps `loss` bound until it is reassigned; backward releases saved

@@ -44,8 +44,10 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
       k/v repeated to every head first (HF's repeat_kv).
     - fp32 rules flash out; the efficient kernel then runs, except for grouped k/v passed
       unexpanded (HF with enable_gqa), which only math accepts.
+    - torch's nn.MultiheadAttention with `need_weights=True` computes softmax(q·kᵀ) itself
+      (`Stack.torch_multihead_attention`), whatever the setup asks for.
     """
-    if setup.attention is Attention.EAGER:
+    if setup.attention is Attention.EAGER or stack.torch_multihead_attention:
         return Kernel.EAGER
     if setup.attention is Attention.FLASH:
         return Kernel.FLASH

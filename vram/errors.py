@@ -27,3 +27,11 @@ class FileReadError(VramError):
         self.path = path
         self.reason = reason
         super().__init__(f"{what} {path}: {reason}")
+
+
+class TrainingConfigError(VramError):
+    """A training config (axolotl, torchtune, LLaMA-Factory, TRL) has a key that cannot be used."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")

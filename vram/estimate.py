@@ -23,7 +23,7 @@ from enum import Enum
 from vram import activations as act
 from vram.architecture import ModelSpec, Role
 from vram.inference import inference_estimate
-from vram.optimizer import OptimizerState, optimizer_state
+from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import STORAGE_BYTES, ParamGroup, Storage, param_groups, trainable_params
 from vram.result import (
@@ -35,10 +35,10 @@ from vram.result import (
     ParamCounts,
     Phase,
 )
-from vram.setup import Offload, Optimizer, Precision, Sharding, TrainingSetup
+from vram.setup import Offload, Precision, Sharding, TrainingSetup
 from vram.stack import StackProfile, profile_for
+from vram.units import FP32_BYTES as FP32
 
-FP32 = 4
 QUANTIZED = (Storage.NF4, Storage.NF4_DQ, Storage.INT8)
 
 
@@ -289,11 +289,10 @@ def _largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool 
 # ------------------------------------------------------------------------------------------
 
 
-def _master_bytes(groups: list[ParamGroup], setup: TrainingSetup) -> int:
-    """DeepSpeed-style mixed precision keeps an fp32 master copy of 16-bit trainable weights."""
-    if setup.precision in (Precision.FP32, Precision.BF16_TRUE):
-        return 0
-    return sum(FP32 * g.n_params for g in groups if g.trainable and g.storage is Storage.BF16)
+def _master_bytes(groups: list[ParamGroup], profile: StackProfile) -> int:
+    """A mixed recipe keeps an fp32 master copy of 16-bit trainable weights (DeepSpeed's
+    bf16/fp16 optimizers; see `vram.precision`)."""
+    return profile.precision.master * trainable_params(groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,11 +304,13 @@ class OptimizerPart:
     step_temp_bytes: int
 
 
-def _optimizer_part(groups: list[ParamGroup], setup: TrainingSetup, profile: StackProfile,
-                    shards: Shards, largest_trainable: int) -> OptimizerPart:
-    master_full = _master_bytes(groups, setup)
+def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingSetup,
+                    profile: StackProfile, shards: Shards) -> OptimizerPart:
+    master_full = _master_bytes(groups, profile)
     state = optimizer_state(groups, setup, fused=profile.fused_optimizer,
-                            master_fp32=master_full > 0, largest_param=largest_trainable)
+                            state_dtype_bytes=profile.precision.states,
+                            largest_param=_largest_trainable(model, setup, groups),
+                            galore_rank=projection_rank(model.hidden_size))
     master = master_full // shards.optimizer
     state_bytes = state.state_bytes // shards.optimizer
     paged = state_bytes if state.paged else 0
@@ -396,7 +397,7 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     n = shards.gradients
     ddp = full if setup.sharding is Sharding.DDP else 0
     offloaded = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
-    in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
+    in_backward = steps_in_backward(setup)
     # Stepping in backward frees each gradient as it is made: nothing waits for a reduction.
     unit = per_layer if (n > 1 or offloaded) and not in_backward else 0
     embedding = by_key.get("embedding", 0)
@@ -448,7 +449,7 @@ _HEAD_SOURCE = "see vram.head.head_activations"
 def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                   grads: GradientPart, working: dict[Stage, list[LineItem]],
                   step_temp: int) -> StepContext:
-    in_backward = setup.optimizer is Optimizer.ADAMW_IN_BACKWARD
+    in_backward = steps_in_backward(setup)
     previous = [LineItem(
         key="activations.previous_step", label="previous step's bitsandbytes inputs",
         formula="tokens × Σ layers × MatMul4Bit inputs (ctx attributes outlive backward)",
@@ -755,7 +756,7 @@ def _overhead_items(setup: TrainingSetup, slack: int, paged: int,
                  formula="reserved − allocated", inputs={}, bytes=slack,
                  source="PyTorch CUDA caching allocator; see vram.overhead"),
         LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
-                 formula="constant", inputs={}, bytes=cuda_context_bytes(),
+                 formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
                  source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
     ]
     nccl = nccl_bytes(setup)
@@ -780,8 +781,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
 
     weight_items, host = _weight_items(model, setup, profile, groups, shards)
     weights = sum(item.bytes for item in weight_items)
-    optimizer = _optimizer_part(groups, setup, profile, shards,
-                                _largest_trainable(model, setup, groups))
+    optimizer = _optimizer_part(model, groups, setup, profile, shards)
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards)
     working = {stage: _working_items(model, setup, profile, groups, shards, stage)

@@ -19,6 +19,7 @@ from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
 from vram.estimate import estimate
 from vram.files import read_csv_rows
+from vram.overhead import cuda_context_bytes
 from vram.paths import data_dir
 from vram.setup import Sharding, TrainingSetup
 
@@ -44,6 +45,16 @@ class Gpu(BaseModel):
     usd_per_hour: Annotated[float, Field(gt=0, lt=10_000)] | None = None
     price_source: str = ""
     max_per_node: Annotated[int, Field(ge=1, le=64)] = 8
+    #: The CUDA context as nvidia-smi counts it on this GPU, where measured (GPUS_SOURCES.md);
+    #: None: unknown, the estimate's constant (1 GiB) is used.
+    cuda_context_mib: Annotated[int, Field(ge=0, le=64 * 1024)] | None = None
+
+    @property
+    def cuda_context_bytes(self) -> int:
+        """The context a run on this GPU holds beside its tensors (nvidia-smi)."""
+        if self.cuda_context_mib is None:
+            return cuda_context_bytes()
+        return self.cuda_context_mib * 2**20
 
 
 def _row_to_gpu(row: dict[str, str]) -> Gpu:
@@ -60,6 +71,8 @@ def _row_to_gpu(row: dict[str, str]) -> Gpu:
         memory_bandwidth_gbps=number("memory_bandwidth_gbps"),
         usd_per_hour=number("usd_per_hour"), price_source=row.get("price_source") or "",
         max_per_node=int((row.get("max_per_node") or "8").strip()),
+        cuda_context_mib=int(context) if (context := (row.get("cuda_context_mib") or "").strip())
+        else None,
     )
 
 
@@ -156,6 +169,14 @@ def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
     return counts
 
 
+def _context_difference(gpu: Gpu, setup: TrainingSetup) -> int:
+    """The GPU's own CUDA context instead of the estimate's constant, unless the setup gives
+    the context it measured (`context_mib`)."""
+    if setup.context_mib is not None:
+        return 0
+    return gpu.cuda_context_bytes - cuda_context_bytes()
+
+
 def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:
     """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall."""
     catalog = tuple(gpus) if gpus is not None else load_gpus()
@@ -170,7 +191,8 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
                 peaks[count] = estimate(model, _setup_for(setup, count)).device_peak_bytes
             option = FitOption(
                 gpu=gpu, count=count, sharding=_setup_for(setup, count).sharding,
-                device_peak_bytes=peaks[count], usable_bytes=gpu.memory_bytes,
+                device_peak_bytes=peaks[count] + _context_difference(gpu, setup),
+                usable_bytes=gpu.memory_bytes,
                 usd_per_hour=gpu.usd_per_hour * count if gpu.usd_per_hour else None,
             )
             first = first or option

@@ -12,8 +12,7 @@ from vram.architecture import ModelSpec
 from vram.params import STORAGE_BYTES, Storage, quantized_bytes
 from vram.result import InferenceEstimate, LineItem
 from vram.setup import Quant, TrainingSetup
-
-FP32 = 4
+from vram.units import FP32_BYTES as FP32
 
 
 def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstimate:

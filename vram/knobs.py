@@ -27,7 +27,9 @@ import annotated_types
 from pydantic import ValidationError
 
 from vram.errors import VramError
+from vram.knob_rules import effective_fsdp_version
 from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
+from vram.stack import ckpt_reentrant, stack_row
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
 #: What a None value is called on every surface ("the stack's default").
@@ -58,6 +60,8 @@ class SetupKnob:
     high: int | float | None = None
     #: Whether `high` itself is excluded (dropout < 1).
     high_open: bool = False
+    #: The enum its choices come from (`Optimizer`), if any.
+    enum_name: str = ""
 
     @property
     def flag(self) -> str:
@@ -91,7 +95,8 @@ class SetupKnob:
         if self.low is not None and self.high is not None:
             low, high = _num(self.low), _num(self.high)
             return f"at least {low} and below {high}" if self.high_open else f"{low} to {high}"
-        return "text"
+        examples = [str(o) for o in self.meta.app_options[:1]]
+        return "text" + (f" such as {examples[0]}" if examples else "")
 
     def outer(self, value: object) -> object:
         """The field's value as people state it (inverse knobs state the opposite)."""
@@ -216,6 +221,7 @@ def _resolve(name: str) -> SetupKnob:
             metadata += more
     kind: Kind
     choices: tuple[object, ...] = ()
+    enum_name = ""
     if name == "lora_targets":
         kind = "targets"
     elif annotation is bool:
@@ -226,6 +232,7 @@ def _resolve(name: str) -> SetupKnob:
         kind = "float"
     elif isinstance(annotation, type) and issubclass(annotation, Enum):
         kind, choices = "choice", tuple(member.value for member in annotation)
+        enum_name = annotation.__name__
     elif get_origin(annotation) is Literal:
         kind, choices = "choice", get_args(annotation)
     elif annotation is str:
@@ -244,7 +251,8 @@ def _resolve(name: str) -> SetupKnob:
             high, high_open = _bound(item.lt), True
     default = info.default.value if isinstance(info.default, Enum) else info.default
     return SetupKnob(name=name, meta=metas[0], kind=kind, optional=optional, default=default,
-                     choices=choices, low=low, high=high, high_open=high_open)
+                     choices=choices, low=low, high=high, high_open=high_open,
+                     enum_name=enum_name)
 
 
 @cache
@@ -308,8 +316,56 @@ def error_lines(exc: ValidationError, name_of: Callable[[SetupKnob], str]) -> li
             lines.append(message)
             continue
         if str(error.get("type", "")).startswith(("greater_than", "less_than")):
-            message = f"{error.get('input')!r} is outside {knob.range_text()}"
+            message = f"{str(error.get('input'))[:40]} is outside {knob.range_text()}"
         elif str(error.get("type", "")).endswith(("_type", "enum", "literal_error")):
             message = f"{str(error.get('input'))[:40]!r} is not {knob.range_text()}"
         lines.append(f"{name_of(knob)}: {message}")
     return lines
+
+
+def _resolved(setup: TrainingSetup) -> dict[str, object]:
+    """Fields whose None means "the stack's default", resolved to what the run does."""
+    sharded = setup.sharding.value in ("zero2", "zero3")
+    return {
+        "quant": setup.effective_quant,
+        "loss": setup.effective_loss,
+        "compile": setup.effective_compile,
+        "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
+        "fsdp_version": (effective_fsdp_version(setup, stack_row(setup.framework)
+                                                .default_fsdp_version) if sharded else None),
+    }
+
+
+def setup_record(setup: TrainingSetup) -> dict[str, object]:
+    """The resolved setup in the case-file vocabulary (validation/README.md): each knob under
+    its column (or field name), defaults of the stack resolved, JSON-ready values. This is the
+    `setup` of `estimate --json` (design.md), so a run can be written back as a case row."""
+    resolved = _resolved(setup)
+    record: dict[str, object] = {}
+    for knob in setup_knobs():
+        value = resolved.get(knob.name, getattr(setup, knob.name))
+        value = knob.outer(value)
+        if isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, tuple):
+            value = ";".join(value)
+        record[knob.column or knob.name] = value
+    return record
+
+
+def markdown_table() -> str:
+    """Every knob with its surfaces and default, as docs/knobs.md shows it (a test keeps the
+    two equal)."""
+    lines = ["| field | CLI flag | URL key | case-file column | default | allowed |",
+             "|---|---|---|---|---|---|"]
+    for knob in setup_knobs():
+        default = (knob.labels.get(AUTO, "the stack's") if knob.default is None
+                   else f"`{knob.text(knob.default)}`")
+        flags = ", ".join(f"`{f}`" for f in (knob.flag, *knob.meta.flag_aliases))
+        column = f"`{knob.column}`" if knob.column else ""
+        # An enum's members grow with the estimator (stacks, optimizers): name the enum.
+        allowed = (f"a `vram.{knob.enum_name}` value" + (" or auto" if knob.optional else "")
+                   if knob.enum_name else knob.range_text())
+        lines.append(f"| `{knob.name}` | {flags} | `{knob.key}` | {column} | {default} | "
+                     f"{allowed} |")
+    return "\n".join(lines)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.setup import Precision, Sharding, TrainingSetup
-from vram.stack import StackProfile
+from vram.precision import runs_half_model
+from vram.setup import TrainingSetup
+from vram.stack import StackProfile, profile_for
+from vram.units import FP32_BYTES
 
-FP32 = 4
+#: Bytes of an fp32 activation (the activation modules import it from here).
+FP32 = FP32_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,29 +30,15 @@ class Numerics:
 
 
 def numerics(setup: TrainingSetup, profile: StackProfile | None = None) -> Numerics:
-    """Activation dtypes of a precision recipe.
-
-    With fp32 weights (fp32, autocast recipes, or QLoRA after prepare_model_for_kbit_training
-    upcast the embedding and norms) the residual stream is fp32.
-    """
-    if profile is not None and profile.upcasts_frozen_to_fp32:
-        # HF QLoRA after prepare_model_for_kbit_training: fp32 embeddings and norms, and
-        # Linear4bit returns `out.to(input dtype)`, so activations stay fp32; each 4-bit Linear
-        # casts its input to bf16 and MatMul4Bit keeps that copy. Only autocast brings the
-        # attention back to 16 bits.
-        # An fp32 recipe computes the 4-bit matmuls in fp32 too: no cast, shared inputs.
-        mixed = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
-        return Numerics(compute=4, residual=4, autocast=mixed, attention=2 if mixed else 4,
-                        input_copy_per_linear=setup.precision is not Precision.FP32)
-    if setup.precision is Precision.FP32:
-        return Numerics(compute=4, residual=4, autocast=False, attention=4)
-    if setup.precision is Precision.BF16_TRUE or zero_half_model(setup):
-        return Numerics(compute=2, residual=2, autocast=False)
-    return Numerics(compute=2, residual=4, autocast=True)
+    """Activation dtypes of a run, as its precision record states them (`vram.precision`):
+    fp32 weights (fp32, autocast recipes, or QLoRA after prepare_model_for_kbit_training
+    upcast the embedding and norms) keep an fp32 residual stream."""
+    policy = (profile if profile is not None else profile_for(setup)).precision
+    return Numerics(compute=policy.compute, residual=policy.residual, autocast=policy.autocast,
+                    attention=policy.attention,
+                    input_copy_per_linear=policy.input_copy_per_linear)
 
 
 def zero_half_model(setup: TrainingSetup) -> bool:
-    """DeepSpeed-style ZeRO with a mixed recipe runs a 16-bit model (fp32 master in the
-    optimizer) rather than autocast over fp32 weights."""
-    mixed = setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
-    return mixed and setup.sharding in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
+    """DeepSpeed-style ZeRO with a mixed recipe runs a 16-bit model (`vram.precision`)."""
+    return runs_half_model(setup)

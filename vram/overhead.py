@@ -9,9 +9,7 @@ performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffer
 from __future__ import annotations
 
 from vram.setup import TrainingSetup
-
-MIB = 2**20
-GIB = 2**30
+from vram.units import MIB
 
 #: The CUDA context as nvidia-smi counts it: about 0.5 GiB with lazy module loading (CUDA >= 11.7),
 #: 1.3 GiB without (HF's perf guide measures 1,343 MiB on a V100), plus cuBLAS/cuDNN workspaces.
@@ -34,8 +32,11 @@ def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
     return allocated_bytes * 3 // 100 + activation_bytes * 20 // 100
 
 
-def cuda_context_bytes() -> int:
-    """The CUDA context as nvidia-smi counts it, before any tensor."""
+def cuda_context_bytes(setup: TrainingSetup | None = None) -> int:
+    """The CUDA context as nvidia-smi counts it: the setup's `context_mib` when given (measured
+    on the run's machine), else the constant (a GPU's own figure is applied by `vram.gpus`)."""
+    if setup is not None and setup.context_mib is not None:
+        return setup.context_mib * MIB
     return CUDA_CONTEXT_BYTES
 
 

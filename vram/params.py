@@ -12,17 +12,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from vram.architecture import FUSED_PARTS, TARGET_ROLES, Linear, ModelSpec, Role
-from vram.setup import ALL_LINEAR, Method, Precision, Quant, Sharding, TrainingSetup
+from vram.setup import ALL_LINEAR, Method, Quant, TrainingSetup
 from vram.stack import StackProfile
+from vram.units import BF16_BYTES, FP32_BYTES, INT8_BYTES, ceil_div
 
 #: NF4 and int8 blocks as bitsandbytes stores them (bitsandbytes/functional.py quantize_4bit:
 #: blocksize 64, fp32 absmax per block; compress_statistics quantizes absmax to 8 bits in
 #: blocks of 256 with an fp32 scale per block).
 NF4_BLOCK = 64
 NF4_DQ_BLOCK = 256
-#: bitsandbytes' 8-bit optimizers keep 32-bit state for tensors under this many values
-#: (Optimizer8bit min_8bit_size=4096).
-SMALL_TENSOR = 4096
 
 
 class Storage(StrEnum):
@@ -34,12 +32,15 @@ class Storage(StrEnum):
 
 
 STORAGE_BYTES: dict[Storage, float] = {
-    Storage.FP32: 4.0,
-    Storage.BF16: 2.0,
-    Storage.NF4: 0.5 + 4 / NF4_BLOCK,
-    Storage.NF4_DQ: 0.5 + 1 / NF4_BLOCK + 4 / (NF4_BLOCK * NF4_DQ_BLOCK),
-    Storage.INT8: 1.0,
+    Storage.FP32: float(FP32_BYTES),
+    Storage.BF16: float(BF16_BYTES),
+    Storage.NF4: 0.5 + FP32_BYTES / NF4_BLOCK,
+    Storage.NF4_DQ: 0.5 + 1 / NF4_BLOCK + FP32_BYTES / (NF4_BLOCK * NF4_DQ_BLOCK),
+    Storage.INT8: float(INT8_BYTES),
 }
+
+#: A dense parameter's storage by its bytes per value.
+DENSE_STORAGE: dict[int, Storage] = {FP32_BYTES: Storage.FP32, BF16_BYTES: Storage.BF16}
 
 
 def quantized_bytes(numel: int, d_out: int, storage: Storage) -> int:
@@ -50,14 +51,27 @@ def quantized_bytes(numel: int, d_out: int, storage: Storage) -> int:
     int8 (LLM.int8): one byte per value + an fp32 scale per output row (bitsandbytes SCB).
     """
     if storage is Storage.INT8:
-        return numel + 4 * d_out
-    blocks = -(-numel // NF4_BLOCK)
-    codes = -(-numel // 2)
+        return INT8_BYTES * numel + FP32_BYTES * d_out
+    blocks = ceil_div(numel, NF4_BLOCK)
+    codes = ceil_div(numel, 2)
     if storage is Storage.NF4:
-        return codes + 4 * blocks
+        return codes + FP32_BYTES * blocks
     if storage is Storage.NF4_DQ:
-        return codes + blocks + 4 * -(-blocks // NF4_DQ_BLOCK)
+        return codes + blocks + FP32_BYTES * ceil_div(blocks, NF4_DQ_BLOCK)
     raise ValueError(f"storage: {storage} is not a quantized format")
+
+
+@dataclass(frozen=True, slots=True)
+class Matrices:
+    """`count` 2-D weights of `rows` × `cols` values."""
+
+    rows: int
+    cols: int
+    count: int = 1
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols * self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +82,13 @@ class ParamGroup:
     storage: Storage
     trainable: bool
     bytes: int
-    #: Number of separate tensors (matters for 8-bit optimizers and Adafactor).
-    n_matrices: int = 0
-    #: Bytes of Adafactor's factored second moment: an fp32 row and column vector per matrix,
-    #: each allocated on its own (rounded to the CUDA allocator's 512-byte blocks).
-    factored_bytes: int = 0
-    #: Parameters in tensors under 4096 values (8-bit optimizers keep 32-bit state for them).
-    small_numel: int = 0
-    #: The group's tensors as (values, how many): per-tensor state is allocated per tensor,
-    #: in the CUDA allocator's 512-byte blocks (8-bit optimizers).
+    #: The group's 2-D weights by shape (Adafactor factors their second moment); values not
+    #: in a listed matrix are vectors.
+    matrices: tuple[Matrices, ...] = ()
+    #: The group's tensors as (values, how many) where optimizer state is sized tensor by
+    #: tensor (adapters, norm and bias vectors: allocator blocks and 8-bit's 32-bit fallback
+    #: matter there). Empty for the large matrices, whose state is sized over the group's
+    #: values pooled.
     tensors: tuple[tuple[int, int], ...] = ()
 
 
@@ -87,12 +99,7 @@ ALLOCATOR_BLOCK_BYTES = 512
 
 def allocated_bytes(nbytes: int) -> int:
     """What the CUDA caching allocator charges for one tensor of `nbytes`."""
-    return -(-nbytes // ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
-
-
-def fp32_vectors_bytes(*lengths: int) -> int:
-    """Allocated bytes of one fp32 vector per length (Adafactor's row/column statistics)."""
-    return sum(allocated_bytes(4 * n) for n in lengths)
+    return ceil_div(nbytes, ALLOCATOR_BLOCK_BYTES) * ALLOCATOR_BLOCK_BYTES
 
 
 def adapter_params(linear: Linear, rank: int, roles: frozenset[Role] | None) -> int:
@@ -141,23 +148,11 @@ def head_targeted(setup: TrainingSetup) -> bool:
     return setup.lora_targets != ALL_LINEAR and "lm_head" in setup.lora_targets
 
 
-def _dense_storage(setup: TrainingSetup, profile: StackProfile, *, frozen: bool) -> Storage:
-    """How a non-quantized parameter is stored.
-
-    fp32 and autocast recipes keep fp32 weights; bf16-true keeps bf16. Under DeepSpeed-style
-    ZeRO with a mixed recipe the model is cast to 16 bits and the fp32 master copy lives with
-    the optimizer (counted there). QLoRA's frozen 16-bit parameters follow the stack
-    (prepare_model_for_kbit_training upcasts them to fp32).
-    """
-    if setup.precision is Precision.FP32:
-        return Storage.FP32
-    if setup.method is Method.QLORA and frozen:
-        return Storage.FP32 if profile.upcasts_frozen_to_fp32 else Storage.BF16
-    if setup.precision is Precision.BF16_TRUE:
-        return Storage.BF16
-    if setup.sharding is not Sharding.NONE and setup.sharding is not Sharding.DDP:
-        return Storage.BF16
-    return Storage.FP32
+def _dense_storage(setup: TrainingSetup, profile: StackProfile) -> Storage:
+    """How the run's non-quantized parameters are stored (see `vram.precision`): trained ones
+    for full fine-tuning, a frozen base's for LoRA and QLoRA."""
+    policy = profile.precision
+    return DENSE_STORAGE[policy.frozen_weights if setup.trains_adapters else policy.weights]
 
 
 def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> list[ParamGroup]:
@@ -165,23 +160,22 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     full = setup.method is Method.FULL
     quant = setup.effective_quant
     q_storage = Storage(quant.value) if quant is not Quant.NONE else None
-    dense = _dense_storage(setup, profile, frozen=not full)
+    dense = _dense_storage(setup, profile)
     groups: list[ParamGroup] = []
 
     def add(key: str, label: str, n: int, storage: Storage, trainable: bool, *,
-            n_bytes: int | None = None, matrices: int = 0, factored: int = 0,
-            small: int = 0, tensors: tuple[tuple[int, int], ...] = ()) -> None:
+            n_bytes: int | None = None, matrices: tuple[Matrices, ...] = (),
+            tensors: tuple[tuple[int, int], ...] = ()) -> None:
         if n <= 0:
             return
         size = n_bytes if n_bytes is not None else int(n * STORAGE_BYTES[storage])
-        groups.append(ParamGroup(key, label, n, storage, trainable, size, matrices, factored,
-                                 small, tensors))
+        groups.append(ParamGroup(key, label, n, storage, trainable, size, matrices, tensors))
 
     h, vocab = model.hidden_size, model.vocab_size
     add("embedding", "token embedding (vocab × hidden)", model.embedding_params, dense, full,
-        matrices=1, factored=fp32_vectors_bytes(vocab, h))
+        matrices=(Matrices(vocab, h),))
     add("embedding_extra", "position/type embeddings and embedding norm",
-        model.embedding_extra_params, dense, full, matrices=2)
+        model.embedding_extra_params, dense, full)
 
     head_weight = model.head_params
     if profile.unties_head and model.tied_embeddings and model.head_kind.value == "lm":
@@ -189,36 +183,31 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     if head_weight:
         if q_storage is not None and profile.quantizes_head:
             add("head", f"output head, {q_storage.value}", head_weight, q_storage, False,
-                n_bytes=quantized_bytes(head_weight, vocab, q_storage), matrices=1)
+                n_bytes=quantized_bytes(head_weight, vocab, q_storage))
         else:
-            head_bias = max(0, head_weight - vocab * h)  # a 1-D bias keeps a full statistic
-            add("head", "output head (vocab × hidden)", head_weight, dense, full, matrices=1,
-                factored=fp32_vectors_bytes(vocab, h) + fp32_vectors_bytes(head_bias))
+            add("head", "output head (vocab × hidden)", head_weight, dense, full,
+                matrices=(Matrices(vocab, h),))
 
     weight_params = 0
     bias_params = 0
     q_bytes = 0
-    matrices = 0
-    factored = 0
+    weights: list[Matrices] = []
     for stack in model.stacks:
         for linear in stack.linears:
             weight_params += stack.count * linear.weight_params
             bias_params += stack.count * (linear.params - linear.weight_params)
-            matrices += stack.count * linear.copies
-            factored += stack.count * linear.copies * fp32_vectors_bytes(linear.d_in,
-                                                                         linear.d_out)
+            weights.append(Matrices(linear.d_in, linear.d_out, stack.count * linear.copies))
             if q_storage is not None:
                 one = quantized_bytes(linear.d_in * linear.d_out, linear.d_out, q_storage)
                 q_bytes += stack.count * linear.copies * one
     if q_storage is not None:
         add("linears", f"layer Linear weights, {q_storage.value}", weight_params, q_storage,
-            False, n_bytes=q_bytes, matrices=matrices)
+            False, n_bytes=q_bytes, matrices=tuple(weights))
     else:
-        add("linears", "layer Linear weights", weight_params, dense, full, matrices=matrices,
-            factored=factored)
+        add("linears", "layer Linear weights", weight_params, dense, full,
+            matrices=tuple(weights))
     norm_params = sum(stack.count * stack.other_params for stack in model.stacks)
     norm_params += model.extra_params + bias_params
-    n_norm_tensors = sum(stack.count * (stack.n_norms + 2) for stack in model.stacks)
     # Norm weights (and LayerNorm biases) are h-wide vectors; Linear biases are d_out-wide.
     vectors: dict[int, int] = {}
     for stack in model.stacks:
@@ -228,16 +217,13 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
                 width = linear.d_out
                 vectors[width] = vectors.get(width, 0) + stack.count * linear.copies
     vectors[h] = vectors.get(h, 0) + model.extra_params // max(1, h)
-    add("norms", "norms and biases", norm_params, dense, full, matrices=n_norm_tensors,
-        factored=4 * norm_params, small=norm_params if h < SMALL_TENSOR else 0,
+    add("norms", "norms and biases", norm_params, dense, full,
         tensors=tuple(sorted(vectors.items())))
 
     if setup.trains_adapters:
         roles = targeted_roles(setup)
         lora = 0
-        lora_matrices = 0
-        lora_factored = 0
-        lora_small = 0
+        lora_matrices: list[Matrices] = []
         lora_tensors: list[tuple[int, int]] = []
         r = setup.lora_rank
         for stack in model.stacks:
@@ -245,28 +231,20 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
                 if is_targeted(linear, roles):
                     n_lora = adapter_params(linear, r, _fused_roles(linear, roles, profile))
                     lora += stack.count * n_lora
-                    lora_matrices += 2 * stack.count * linear.copies
                     # A is r × d_in, B is (adapted width) × r.
                     a_numel = r * linear.d_in
                     b_numel = n_lora // linear.copies - a_numel
-                    lora_factored += stack.count * linear.copies * fp32_vectors_bytes(
-                        r, linear.d_in, b_numel // r, r)
-                    lora_small += stack.count * linear.copies * sum(
-                        x for x in (a_numel, b_numel) if x < SMALL_TENSOR)
-                    lora_tensors += [(a_numel, stack.count * linear.copies),
-                                     (b_numel, stack.count * linear.copies)]
+                    count = stack.count * linear.copies
+                    lora_matrices += [Matrices(r, linear.d_in, count),
+                                      Matrices(b_numel // r, r, count)]
+                    lora_tensors += [(a_numel, count), (b_numel, count)]
         if head_targeted(setup) and model.head_kind.value == "lm":
             lora += r * (h + vocab)
-            lora_matrices += 2
-            lora_factored += fp32_vectors_bytes(r, h, vocab, r)
+            lora_matrices += [Matrices(r, h), Matrices(vocab, r)]
             lora_tensors += [(r * h, 1), (r * vocab, 1)]
-        adapter_storage = Storage.FP32 if profile.adapter_bytes == 4 else Storage.BF16
-        if dense is Storage.BF16 and setup.precision in (Precision.BF16_MIXED,
-                                                          Precision.FP16_MIXED):
-            adapter_storage = Storage.BF16  # ZeRO casts the model; fp32 master with optimizer
-        add("lora", f"LoRA adapters (rank {setup.lora_rank})", lora, adapter_storage, True,
-            matrices=lora_matrices, factored=lora_factored, small=lora_small,
-            tensors=tuple(lora_tensors))
+        add("lora", f"LoRA adapters (rank {setup.lora_rank})", lora,
+            DENSE_STORAGE[profile.precision.adapters], True,
+            matrices=tuple(lora_matrices), tensors=tuple(lora_tensors))
     return groups
 
 

@@ -9,17 +9,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from vram.gpus import FitReport, Gpu
+from vram.knobs import setup_record
 from vram.result import Estimate
-
-GIB = 2**30
-GB = 10**9
+from vram.units import format_gib, size_text
 
 
 def estimate_json(result: Estimate, report: FitReport | None = None) -> dict[str, Any]:
     """The estimate as the JSON object the CLI contract names (design.md), plus line items."""
     payload: dict[str, Any] = {
         "model": result.model_name,
-        "setup": result.setup.model_dump(mode="json"),
+        "setup": setup_record(result.setup),
         "params": result.params.model_dump(),
         "buckets": result.bucket_bytes,
         "allocated_peak_bytes": result.allocated_peak_bytes,
@@ -51,10 +50,6 @@ def estimate_json(result: Estimate, report: FitReport | None = None) -> dict[str
     return payload
 
 
-def _size(n_bytes: int) -> str:
-    return f"{n_bytes / GIB:9.2f} GiB {n_bytes / GB:9.2f} GB"
-
-
 def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     """A readable breakdown: buckets with their line items, the peaks, and the cheapest GPUs."""
     setup = result.setup
@@ -66,23 +61,23 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
         "",
     ]
     for bucket in result.buckets:
-        lines.append(f"{bucket.name.value:<13}{_size(bucket.bytes)}")
+        lines.append(f"{bucket.name.value:<13}{size_text(bucket.bytes)}")
         for item in bucket.items:
             if item.bytes:
-                lines.append(f"  {item.label[:52]:<53}{item.bytes / GIB:9.2f} GiB")
+                lines.append(f"  {item.label[:52]:<53}{format_gib(item.bytes, 9)}")
     lines += [
         "",
-        f"{'allocated peak':<22}{_size(result.allocated_peak_bytes)}   "
+        f"{'allocated peak':<22}{size_text(result.allocated_peak_bytes)}   "
         "(torch.cuda.max_memory_allocated)",
-        f"{'reserved peak':<22}{_size(result.reserved_peak_bytes)}   "
+        f"{'reserved peak':<22}{size_text(result.reserved_peak_bytes)}   "
         "(torch.cuda.max_memory_reserved)",
-        f"{'device peak':<22}{_size(result.device_peak_bytes)}   (nvidia-smi; fit uses this)",
+        f"{'device peak':<22}{size_text(result.device_peak_bytes)}   (nvidia-smi; fit uses this)",
         f"{'peak during':<22}{result.phase.value}",
-        f"{'inference':<22}{_size(result.inference.total_bytes)}   "
+        f"{'inference':<22}{size_text(result.inference.total_bytes)}   "
         f"(training needs {result.training_to_inference:.1f}x)",
     ]
     if result.host_bytes:
-        lines.append(f"{'host memory':<22}{_size(result.host_bytes)}   (offloaded)")
+        lines.append(f"{'host memory':<22}{size_text(result.host_bytes)}   (offloaded)")
     for note in result.notes:
         lines.append(f"note: {note}")
     if report is not None:
@@ -90,7 +85,7 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
         for option in report.fits[:8]:
             price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
             lines.append(f"  {option.count} x {option.gpu.name:<32} {price:>12}   "
-                         f"headroom {option.headroom_bytes / GIB:6.1f} GiB")
+                         f"headroom {format_gib(option.headroom_bytes, 6, 1)}")
         if not report.fits:
             lines.append("  none in the catalog")
     return "\n".join(lines)
@@ -101,6 +96,6 @@ def gpus_table(gpus: Sequence[Gpu]) -> str:
     for gpu in gpus:
         tflops = f"{gpu.bf16_dense_tflops:.0f}" if gpu.bf16_dense_tflops else "-"
         price = f"{gpu.usd_per_hour:.2f}" if gpu.usd_per_hour else "-"
-        lines.append(f"{gpu.id:<18} {gpu.name[:34]:<34} {gpu.memory_bytes / GIB:6.1f} GiB "
+        lines.append(f"{gpu.id:<18} {gpu.name[:34]:<34} {format_gib(gpu.memory_bytes, 6, 1)} "
                      f"{tflops:>13} {price:>7}")
     return "\n".join(lines)

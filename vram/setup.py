@@ -8,6 +8,7 @@ that names the field and says what is allowed. Defaults describe a sensible sing
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Literal
@@ -38,6 +39,8 @@ class Optimizer(StrEnum):
     ADAFACTOR = "adafactor"
     LION = "lion"
     ADAMW_IN_BACKWARD = "adamw-in-backward"
+    ADAMW_4BIT = "adamw-4bit"
+    GALORE_ADAMW8BIT_PER_LAYER = "galore-adamw8bit-per-layer"
 
 
 class Precision(StrEnum):
@@ -82,6 +85,10 @@ class Framework(StrEnum):
     PEFT_ACCELERATE = "peft-accelerate"
     FSDP_QLORA = "fsdp-qlora"
     UNSLOTH = "unsloth"
+    TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
+    AXOLOTL = "axolotl"
+    LLAMA_FACTORY = "llama-factory"
     OTHER = "other"
 
 
@@ -118,6 +125,9 @@ class Knob:
     only_for: tuple[str, ...] = ()
 
 
+#: A PyTorch version's major and minor numbers at the start of its text.
+TORCH_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})")
+
 #: Names other tools use for the same sharding, accepted on input.
 SHARDING_ALIASES: dict[str, Sharding] = {
     "fsdp-full": Sharding.ZERO3,
@@ -136,6 +146,7 @@ MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 4096
 MAX_LORA_RANK = 4096
+MAX_CONTEXT_MIB = 64 * 1024
 #: The methods that train adapters (knobs of LoRA only mean something with them).
 ADAPTERS: tuple[str, ...] = ("lora", "qlora")
 
@@ -181,7 +192,9 @@ class TrainingSetup(BaseModel):
         labels=(("adamw", "AdamW"), ("adamw-8bit", "AdamW 8-bit"),
                 ("paged-adamw", "Paged AdamW"), ("paged-adamw-8bit", "Paged AdamW 8-bit"),
                 ("sgd", "SGD"), ("sgd-momentum", "SGD + momentum"), ("adafactor", "Adafactor"),
-                ("lion", "Lion"), ("adamw-in-backward", "AdamW fused in backward")),
+                ("lion", "Lion"), ("adamw-in-backward", "AdamW fused in backward"),
+                ("adamw-4bit", "AdamW 4-bit (torchao)"),
+                ("galore-adamw8bit-per-layer", "GaLore AdamW 8-bit, per layer")),
     )] = Optimizer.ADAMW
     precision: Annotated[Precision, Knob(
         "Precision recipe", key="prec", flag="--precision", column="precision",
@@ -197,7 +210,7 @@ class TrainingSetup(BaseModel):
         app_options=tuple(2**k for k in range(7, 18)), help="tokens per sequence",
     )] = 2048
     grad_accum: Annotated[int, Field(strict=True, ge=1, le=1_000_000), Knob(
-        "Gradient accumulation steps", key="accum", flag="--grad-accum",
+        "Gradient accumulation steps", key="accum", flag="--grad-accum", column="grad_accum",
         app_options=(1, 2, 4, 8, 16, 32, 64, 128),
         help="More than 1 keeps every gradient alive through the next micro-batches.",
     )] = 1
@@ -205,6 +218,42 @@ class TrainingSetup(BaseModel):
         "Gradient checkpointing", key="ckpt", flag="--grad-ckpt", column="grad_ckpt",
         help="activation checkpointing per decoder layer",
     )] = False
+    #: Reentrant checkpointing (`use_reentrant=True`) runs the checkpointed forward under
+    #: no_grad, so what an autograd Function keeps as ctx attributes (bitsandbytes' MatMul4Bit
+    #: inputs) is not kept; non-reentrant keeps it. None: the stack's default.
+    ckpt_reentrant: Annotated[bool | None, Field(strict=True), Knob(
+        "Reentrant checkpointing", key="reentrant", flag="--ckpt-reentrant",
+        column="ckpt_reentrant",
+        labels=(("auto", "stack default"), ("true", "reentrant (use_reentrant=True)"),
+                ("false", "non-reentrant")),
+        help="torch.utils.checkpoint's use_reentrant, with checkpointing on (default: the "
+             "stack's)",
+    )] = None
+    #: 1: the `FullyShardedDataParallel` wrapper; 2: `fully_shard`. None: the stack's default.
+    fsdp_version: Annotated[Literal[1, 2] | None, Knob(
+        "FSDP version", key="fsdp", flag="--fsdp-version", column="fsdp_version",
+        labels=(("auto", "stack default"), ("1", "FSDP1 (FullyShardedDataParallel)"),
+                ("2", "FSDP2 (fully_shard)")),
+        help="with FSDP sharding: 1 = FullyShardedDataParallel, 2 = fully_shard (default: the "
+             "stack's)",
+    )] = None
+    #: The PyTorch version, as major.minor ("2.1"); None: a current one.
+    torch_version: Annotated[str | None, Knob(
+        "PyTorch version", key="torch", flag="--torch-version", column="torch_version",
+        labels=(("auto", "a current one"),),
+        app_options=("2.0", "2.1", "2.2", "2.3", "2.4", "2.5", "2.6", "2.7", "2.8", "2.9",
+                     "2.10", "2.11"),
+        help="PyTorch version such as 2.1 (default: a current one); FSDP1 before 2.2 kept "
+             "frozen parameters unsharded in backward",
+    )] = None
+    #: The CUDA context in MiB as nvidia-smi counts it; None: the GPU's (data/gpus.csv).
+    context_mib: Annotated[int | None, Field(strict=True, ge=0, le=MAX_CONTEXT_MIB), Knob(
+        "CUDA context (MiB)", key="ctx", flag="--context-mib", column="context_mib",
+        labels=(("auto", "the GPU's (data/gpus.csv)"),),
+        app_options=(300, 500, 700, 1024, 1343, 2048),
+        help="CUDA context, kernels and cuBLAS handle as nvidia-smi counts them (default: the "
+             "GPU's, or 1024)",
+    )] = None
     #: Whether a step as long as the longest can follow another (packed or fixed-length data,
     #: any long run: yes). A stack that keeps the previous step's graph into the next forward
     #: (LitGPT) then holds two long steps at once; with a single longest batch (LitGPT's 2023
@@ -212,6 +261,7 @@ class TrainingSetup(BaseModel):
     #: longest batch comes once.
     longest_batch_repeats: Annotated[bool, Field(strict=True), Knob(
         "Longest batch comes only once", key="once", flag="--longest-batch-once",
+        column="longest_batch_once",
         flag_aliases=("--single-longest-batch",), inverse=True,
         help="only one step is as long as --seq, e.g. forced into the first iteration "
              "(lit-gpt's 2023 scripts); a stack that keeps the previous step's graph then "
@@ -219,7 +269,7 @@ class TrainingSetup(BaseModel):
     )] = True
     #: torch.compile of model and loss; None = the stack's published default.
     compile: Annotated[bool | None, Field(strict=True), Knob(
-        "torch.compile", key="compile", flag="--compile",
+        "torch.compile", key="compile", flag="--compile", column="compile",
         labels=(("auto", "stack default"), ("true", "compiled"),
                 ("false", "eager (not compiled)")),
         help="torch.compile of model and loss (default: the stack's)",
@@ -230,7 +280,7 @@ class TrainingSetup(BaseModel):
                 ("flash", "FlashAttention")),
     )] = Attention.SDPA
     loss: Annotated[Loss | None, Knob(
-        "Loss (cross-entropy)", key="loss", flag="--loss",
+        "Loss (cross-entropy)", key="loss", flag="--loss", column="loss",
         labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),
                 ("chunked", "chunked / fused")),
         help="standard or chunked cross-entropy (default: the stack's)",
@@ -256,7 +306,9 @@ class TrainingSetup(BaseModel):
         "Training stack", key="stack", flag="--framework", column="framework",
         labels=(("hf-trainer", "HF Trainer"), ("litgpt", "LitGPT"), ("torchtune", "torchtune"),
                 ("peft-accelerate", "PEFT + Accelerate"), ("fsdp-qlora", "FSDP-QLoRA"),
-                ("unsloth", "Unsloth"), ("other", "other")),
+                ("unsloth", "Unsloth"), ("torchtitan", "torchtitan"),
+                ("deepspeed", "DeepSpeed"), ("axolotl", "axolotl"),
+                ("llama-factory", "LLaMA-Factory"), ("other", "other")),
     )] = Framework.HF_TRAINER
 
     @field_validator(
@@ -267,6 +319,21 @@ class TrainingSetup(BaseModel):
     def _enum_from_text(cls, value: object) -> object:
         # Strict mode would refuse the plain strings that come from flags, URLs and CSV rows.
         return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("torch_version", mode="before")
+    @classmethod
+    def _torch_major_minor(cls, value: object) -> object:
+        # Lenient: "2.1.0", "2.6.0a0 nightly (...)", "2.4.0.dev20240427" -> "2.1", "2.6", "2.4";
+        # a case file's "not stated (...)" -> None.
+        if not isinstance(value, str):
+            return value
+        text = value.strip().lower()
+        found = TORCH_VERSION.match(text)
+        if found:
+            return f"{int(found.group(1))}.{int(found.group(2))}"
+        if not text or text.startswith(("not stated", "unknown", "auto")):
+            return None
+        raise ValueError(f"{value[:40]!r} is not a PyTorch version such as 2.1")
 
     @field_validator("sharding", mode="before")
     @classmethod
@@ -339,21 +406,17 @@ class TrainingSetup(BaseModel):
 
     @property
     def effective_loss(self) -> Loss:
-        """Chunked cross-entropy where the stack does it by default: LitGPT fine-tuning
-        (lm_head_chunk_size=128 + chunked_cross_entropy) and torchtune's recipes
-        (CEWithChunkedOutputLoss, the configs' default since v0.3)."""
-        if self.loss is not None:
-            return self.loss
-        chunked = self.framework in (Framework.LITGPT, Framework.TORCHTUNE)
-        return Loss.CHUNKED if chunked else Loss.STANDARD
+        """The loss: this setup's, else the stack's default (`vram.stack.STACKS`)."""
+        from vram.stack import effective_loss  # the stack table imports this module
+
+        return effective_loss(self)
 
     @property
     def effective_compile(self) -> bool:
-        """torch.compile: torchtune's published memory tables are all measured with
-        `compile=True`; other stacks run eagerly unless asked."""
-        if self.compile is not None:
-            return self.compile
-        return self.framework is Framework.TORCHTUNE
+        """torch.compile: this setup's, else the stack's default (`vram.stack.STACKS`)."""
+        from vram.stack import effective_compile  # the stack table imports this module
+
+        return effective_compile(self)
 
     @property
     def trains_adapters(self) -> bool:

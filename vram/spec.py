@@ -31,6 +31,9 @@ class Role(StrEnum):
     CROSS_K = "cross_k"
     CROSS_V = "cross_v"
     CROSS_O = "cross_o"
+    #: MLA's up-projection of the compressed k/v latent to per-head k and v (DeepSeek-V2's
+    #: kv_b_proj); it reads the latent, not the layer's norm output.
+    KV_UP = "kv_up"
 
 
 #: Which LoRA target names (PEFT naming) select which roles.
@@ -129,9 +132,30 @@ class Stack(BaseModel):
     #: Transformers' code always passes SDPA a 4-D mask and k/v with fewer heads and no
     #: `enable_gqa` (Falcon), so CUDA's flash and efficient kernels refuse it: SDPA runs math.
     hf_sdpa_runs_math: bool = False
+    #: The layer is torch's `nn.MultiheadAttention` called with `need_weights=True` (its
+    #: default): an explicit softmax(q·kᵀ) whatever kernel the setup asks for, the packed
+    #: q, k, v buffer and the scaled q kept, no mask (torch/nn/functional.py@v2.13.0
+    #: multi_head_attention_forward, `if need_weights:` branch). DeepSpeed's examples use it.
+    torch_multihead_attention: bool = False
+    #: Per-head width of v and of the attention output, where it differs from q's and k's
+    #: (`head_dim`): DeepSeek-V2's MLA has q/k heads of 192 and v heads of 128.
+    v_head_dim: int | None = None
+    #: MLA's compressed k/v latent width (DeepSeek-V2 `kv_lora_rank`; 0 without MLA).
+    kv_lora_rank: int = 0
+    #: MLA's compressed query latent width (DeepSeek-V3 `q_lora_rank`; 0: q_proj directly).
+    q_lora_rank: int = 0
+    #: Shared experts every token runs beside the routed ones, as one gated MLP of this
+    #: width (DeepSeek-V2: moe_intermediate_size × n_shared_experts; 0: none counted).
+    shared_expert_width: int = 0
+    #: Post-LayerNorm blocks (a norm after each residual add, the original Transformer's
+    #: order): a layer's backward runs both norms' backward before its attention's.
+    post_norm: bool = False
     #: Dropout in training: on attention probabilities and on the residual branches.
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
+    #: `hidden_dropout` also drops inside the MLP, between the activation and the down
+    #: projection (T5's DenseReluDense; counted for BERT too). GPT-2 drops only the residuals.
+    mlp_inner_dropout: bool = False
     #: I-wide tensors the MLP activation keeps for backward in Transformers' implementation:
     #: 1 for fused kernels (SiLU, F.gelu), 4 for the Python tanh formula of `gelu_new` /
     #: `gelu_fast` (its input, tanh output, 0.5·x and 1 + tanh), 2 for `quick_gelu`.

@@ -6,15 +6,14 @@ uses and compared with the figure of the same kind (`metric`: allocated, active,
 device). Rows of confidence high or medium whose notes do not start with "UPPER BOUND" are
 scored.
 
-A `device` figure (nvidia-smi / NVML "used") includes the CUDA context, which depends on the GPU,
-driver and CUDA version; the estimate's constant is 1 GiB. Where a row's notes record the
-context measured on that machine ("measures 1343 MiB after a 1x1 tensor", HF's V100 guide), the
-row is scored with that context instead of the constant.
+Rows are read through their columns only, never the notes: each column is the case-file name
+of a `TrainingSetup` knob (`vram.knobs`), so every adjustment made here is one a person can make
+through the same input. A `device` figure (nvidia-smi / NVML "used") includes the CUDA context;
+a row that measured it on its machine says so in `context_mib`, which sets the setup's knob.
 """
 
 from __future__ import annotations
 
-import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,6 @@ from vram.errors import CatalogError, FileReadError, VramError
 from vram.estimate import estimate
 from vram.files import read_csv_rows
 from vram.knobs import SetupKnob, setup_from_texts
-from vram.overhead import cuda_context_bytes
 from vram.setup import TrainingSetup
 
 SCORED_CONFIDENCE = frozenset({"high", "medium"})
@@ -49,11 +47,6 @@ class CaseResult:
         return 100.0 * (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
 
 
-#: How case notes record a run whose longest batch is its first step only (lit-gpt's 2023
-#: fine-tuning scripts: `get_batch(..., longest_seq_ix if iter_num == 1 else None)`).
-SINGLE_LONGEST_BATCH = ("forces the longest", "first batch forced to contain the longest")
-
-
 def _column_name(knob: SetupKnob) -> str:
     return knob.column or knob.name
 
@@ -67,22 +60,7 @@ def setup_from_row(row: dict[str, str]) -> TrainingSetup:
 
     A bad cell raises `KnobError` naming its column.
     """
-    setup = setup_from_texts(row, _column_name, _column)
-    if any(phrase in row.get("notes", "") for phrase in SINGLE_LONGEST_BATCH):
-        setup = setup.model_copy(update={"longest_batch_repeats": False})
-    return setup
-
-
-#: How case notes record the CUDA context measured on the run's machine.
-MEASURED_CONTEXT = re.compile(r"measures ([\d,]+) MiB after a 1x1 tensor")
-
-
-def context_correction(row: dict[str, str]) -> int:
-    """Bytes to add to a `device` figure when the row measured its own CUDA context."""
-    found = MEASURED_CONTEXT.search(row.get("notes", ""))
-    if row.get("metric") != "device" or found is None:
-        return 0
-    return int(found.group(1).replace(",", "")) * 2**20 - cuda_context_bytes()
+    return setup_from_texts(row, _column_name, _column)
 
 
 def _is_scored(row: dict[str, str]) -> bool:
@@ -116,8 +94,7 @@ def run_cases(csv_path: str | Path) -> list[CaseResult]:
         try:
             model = model_from_config_file(path.parent / row["model"])
             setup = setup_from_row(row)
-            predicted = estimate(model, setup).figure(row["metric"]) \
-                + context_correction(row)
+            predicted = estimate(model, setup).figure(row["metric"])
             results.append(CaseResult(row["id"], row["method"], row["metric"], measured,
                                       predicted, scored))
         except (VramError, ValidationError, ValueError, KeyError, TypeError) as exc:

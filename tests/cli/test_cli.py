@@ -140,3 +140,32 @@ def test_errors_name_the_flag_and_the_range(
         raise SystemExit(main(["estimate", "--model", "llama-3.2-1b", *argv]))
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_estimate_json_setup_speaks_the_case_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """design.md: `estimate --json` includes the resolved setup in the case-file vocabulary."""
+    argv = ["estimate", "--model", "llama-3.2-1b", "--grad-ckpt", "--gpus", "2", "--sharding",
+            "fsdp-full", "--framework", "litgpt", "--torch-version", "2.1.0", "--json"]
+    assert main(argv) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    contract = {"method", "lora_rank", "lora_targets", "quant", "optimizer", "precision",
+                "micro_batch", "seq_len", "grad_accum", "grad_ckpt", "ckpt_reentrant",
+                "fsdp_version", "attention", "loss", "compile", "n_gpus", "sharding", "offload",
+                "framework"}
+    assert contract <= set(setup)
+    # the stack's defaults, resolved: LitGPT QLoRA is NF4, chunked loss, eager, FSDP1,
+    # non-reentrant checkpointing
+    assert (setup["quant"], setup["loss"], setup["compile"], setup["fsdp_version"],
+            setup["ckpt_reentrant"], setup["torch_version"]) == (
+        "nf4", "chunked", False, 1, False, "2.1")
+    assert setup["longest_batch_once"] is False and setup["lora_targets"] == "all-linear"
+
+
+def test_new_knob_flags_reach_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["estimate", "--model", "llama-3.2-1b", "--grad-ckpt", "--json"]
+    peaks = {}
+    for extra in ([], ["--ckpt-reentrant"], ["--context-mib", "2048"]):
+        assert main([*base, *extra]) == 0
+        peaks[tuple(extra)] = json.loads(capsys.readouterr().out)["device_peak_bytes"]
+    assert peaks[("--ckpt-reentrant",)] < peaks[()]
+    assert peaks[("--context-mib", "2048")] - peaks[()] == 1024 * 2**20

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vram.validate import context_correction, run_cases, summarize
+import vram
+from vram.validate import run_cases, setup_from_row, summarize
 
 
 def test_every_scored_case_is_estimated(cases_csv: Path) -> None:
@@ -24,9 +25,17 @@ def test_issue_targets_on_the_scored_cases(cases_csv: Path) -> None:
 
 
 def test_device_rows_use_the_context_their_machine_measured() -> None:
-    """HF's V100 guide measures a 1,343 MiB CUDA context; its nvidia-smi rows are scored with
-    it instead of the estimate's 1 GiB constant. Other rows and metrics are left alone."""
-    notes = "device memory = ... + CUDA context (the doc measures 1343 MiB after a 1x1 tensor)"
-    assert context_correction({"metric": "device", "notes": notes}) == (1343 - 1024) * 2**20
-    assert context_correction({"metric": "reserved", "notes": notes}) == 0
-    assert context_correction({"metric": "device", "notes": "nvidia-smi"}) == 0
+    """HF's V100 guide measures a 1,343 MiB CUDA context; its rows say so in the `context_mib`
+    column, which sets the setup's knob: the device figure grows by exactly the difference from
+    the 1 GiB constant, and the allocated and reserved figures do not move. No notes are read."""
+    row = {"method": "full", "optimizer": "adamw", "precision": "fp16-mixed",
+           "micro_batch": "4", "seq_len": "512", "grad_ckpt": "false", "attention": "sdpa",
+           "n_gpus": "1", "sharding": "none", "offload": "none", "framework": "hf-trainer",
+           "notes": "the doc measures 1343 MiB after a 1x1 tensor"}
+    model = vram.load_model("llama-3.2-1b")
+    plain = vram.estimate(model, setup_from_row(row))
+    measured = vram.estimate(model, setup_from_row({**row, "context_mib": "1343"}))
+    assert plain.device_peak_bytes - plain.reserved_peak_bytes >= 1024 * 2**20
+    assert measured.device_peak_bytes - plain.device_peak_bytes == (1343 - 1024) * 2**20
+    assert measured.allocated_peak_bytes == plain.allocated_peak_bytes
+    assert measured.reserved_peak_bytes == plain.reserved_peak_bytes

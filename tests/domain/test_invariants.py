@@ -167,7 +167,8 @@ def test_litgpt_fsdp_lora_keeps_frozen_weights_unsharded() -> None:
     spec = load_model("llama-2-7b")
     setup = TrainingSetup(method="lora", lora_rank=8, lora_targets="q_proj,v_proj",
                           precision="bf16-true", micro_batch=1, seq_len=1304, grad_ckpt=True,
-                          n_gpus=2, sharding="fsdp-full", framework="litgpt")
+                          n_gpus=2, sharding="fsdp-full", framework="litgpt",
+                          fsdp_version=1, torch_version="2.1.0")  # the bug's knobs, as run
     weights = estimate(spec, setup).bucket("weights")
     frozen_bf16 = 2 * 6_738_415_616
     unsharded = next(i for i in weights.items if i.key == "weights.unsharded_frozen")

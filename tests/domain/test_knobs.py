@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import vram
 from vram.knobs import KnobError, SetupKnob, knob_for, setup_knobs
 from vram.setup import TrainingSetup
 from vram.validate import setup_from_row
@@ -94,3 +95,79 @@ def test_every_declared_column_is_in_the_case_file() -> None:
     for knob in setup_knobs():
         if knob.column:
             assert knob.column in header, knob.column
+
+
+# The physics that follows the new knobs -------------------------------------------------------
+
+MODEL = "llama-3.1-8b"
+
+
+def _est(**fields: object) -> vram.Estimate:
+    return vram.estimate(vram.load_model(MODEL), TrainingSetup.model_validate(fields))
+
+
+def test_reentrant_checkpointing_keeps_no_bitsandbytes_inputs() -> None:
+    """QLoRA with checkpointing: non-reentrant keeps every layer's MatMul4Bit inputs (ctx
+    attributes), reentrant runs the checkpointed forward under no_grad and keeps none. The
+    knob's None is the stack's default: non-reentrant on one GPU (Transformers 5), reentrant
+    for PEFT's sharded QLoRA recipes."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096}
+    kept, dropped = _est(**base, ckpt_reentrant=False), _est(**base, ckpt_reentrant=True)
+    assert dropped.allocated_peak_bytes < kept.allocated_peak_bytes
+    assert _est(**base).allocated_peak_bytes == kept.allocated_peak_bytes
+    sharded = {**base, "n_gpus": 2, "sharding": "zero3"}
+    assert _est(**sharded).allocated_peak_bytes == _est(
+        **sharded, ckpt_reentrant=True).allocated_peak_bytes
+    # Without bitsandbytes there is nothing kept as a ctx attribute: the knob changes nothing.
+    lora = {**base, "method": "lora"}
+    assert _est(**lora, ckpt_reentrant=True).allocated_peak_bytes == _est(
+        **lora, ckpt_reentrant=False).allocated_peak_bytes
+
+
+def _unsharded_frozen(**fields: object) -> int:
+    est = _est(method="lora", n_gpus=2, sharding="zero3", **fields)
+    return sum(i.bytes for i in est.bucket("weights").items
+               if i.key == "weights.unsharded_frozen")
+
+
+def test_fsdp1_frozen_parameter_bug_follows_fsdp_version_and_torch() -> None:
+    """FSDP1 in PyTorch <= 2.1 kept frozen parameters unsharded in backward (pytorch#95805):
+    the rule follows `fsdp_version` and `torch_version`, whatever the stack."""
+    for framework in ("litgpt", "hf-trainer"):
+        assert _unsharded_frozen(framework=framework, fsdp_version=1, torch_version="2.1.0") > 0
+        assert _unsharded_frozen(framework=framework, fsdp_version=1, torch_version="2.2") == 0
+        assert _unsharded_frozen(framework=framework, fsdp_version=2, torch_version="2.1") == 0
+        assert _unsharded_frozen(framework=framework) == 0  # a current PyTorch
+    # LitGPT's default is FSDP1 (Fabric's FSDPStrategy); torchtune's is FSDP2.
+    assert _unsharded_frozen(framework="litgpt", torch_version="2.1") > 0
+    assert _unsharded_frozen(framework="torchtune", torch_version="2.1") == 0
+
+
+def test_torch_version_is_read_leniently() -> None:
+    assert TrainingSetup(torch_version="2.6.0a0 nightly (pytorch 1963fc8)").torch_version == "2.6"
+    assert TrainingSetup(torch_version="not stated (Aug 2024)").torch_version is None
+    with pytest.raises(ValueError, match="PyTorch version"):
+        TrainingSetup(torch_version="banana")
+
+
+def test_fit_uses_each_gpus_own_cuda_context() -> None:
+    """data/gpus.csv's measured context (H200: 685 MiB) replaces the 1 GiB constant in the fit;
+    a setup's own `context_mib` (measured on the run's machine) wins over both."""
+    model = vram.load_model("llama-3.2-1b")
+    setup = TrainingSetup(method="full")
+    peak = vram.estimate(model, setup).device_peak_bytes
+    by_id = {o.gpu.id: o for o in vram.fit(model, setup).fits}
+    assert by_id["h200"].device_peak_bytes == peak - (1024 - 685) * 2**20
+    assert by_id["h100-sxm"].device_peak_bytes == peak  # not measured: the constant
+    own = setup.model_copy(update={"context_mib": 500})
+    own_peak = vram.estimate(model, own).device_peak_bytes
+    assert own_peak == peak - (1024 - 500) * 2**20
+    assert {o.device_peak_bytes for o in vram.fit(model, own).fits if o.count == 1} == {own_peak}
+
+
+def test_the_docs_table_is_the_declarations() -> None:
+    """docs/knobs.md lists every knob as declared (regenerate it with `markdown_table()`)."""
+    from vram.knobs import markdown_table
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
+    assert markdown_table() in docs.read_text(encoding="utf-8")

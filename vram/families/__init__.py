@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from vram.families.base import ArchitectureFamily
 from vram.families.bert import Bert
+from vram.families.deepseek import DeepseekV2
 from vram.families.falcon import Falcon
+from vram.families.gpt2 import Gpt2
 from vram.families.llama import VARIANTS, LlamaLike, MistralOrMixtral
 from vram.families.neox import Bloom, GptNeox
 from vram.families.phi import Phi, Phi3
+from vram.families.qwen import QwenV1
 from vram.families.t5 import T5
 
 #: model_type (lower case) -> the family that builds it.
@@ -30,6 +33,10 @@ FAMILIES: dict[str, ArchitectureFamily] = {
     "mt5": T5(),
     "umt5": T5(),
     "bert": Bert(),
+    "gpt2": Gpt2(),
+    "qwen": QwenV1(),
+    "deepseek_v2": DeepseekV2(),
+    "deepseek_v3": DeepseekV2(),
 }
 
 #: Accepted spellings that the list of supported families does not show.

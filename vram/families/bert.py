@@ -31,7 +31,8 @@ def _bert(name: str, r: ConfigReader) -> ModelSpec:
         n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter, causal=False,
         attn_dropout=r.float("attention_probs_dropout_prob", 0.1),  # BertConfig defaults
-        hidden_dropout=r.float("hidden_dropout_prob", 0.1), softmax_upcast=False,
+        hidden_dropout=r.float("hidden_dropout_prob", 0.1), mlp_inner_dropout=True,
+        softmax_upcast=False,
     )
     vocab = r.int("vocab_size")
     max_pos = r.int("max_position_embeddings", default=512)

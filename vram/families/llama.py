@@ -80,6 +80,11 @@ VARIANTS: dict[str, LlamaVariant] = {
                               moe=MoeLayout(shared_expert=True)),
     "qwen3_moe": LlamaVariant(qk_norm=QkNorm.PER_HEAD, moe=MoeLayout()),
     "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH),
+    # OLMoE (transformers/models/olmoe/modeling_olmoe.py@v5.24.0): OLMo 2's full-width q/k
+    # norms, 64 routed experts (OlmoeExperts' 3-D banks) of width intermediate_size, no
+    # shared expert
+    "olmoe": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH,
+                          moe=MoeLayout(expert_width_key="intermediate_size")),
     "olmo": LlamaVariant(parametric_norms=False),
     "stablelm": LlamaVariant(qkv_bias_key="use_qkv_bias", layer_norm=True),
 }

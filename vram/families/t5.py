@@ -52,13 +52,15 @@ def _t5(name: str, family: str, r: ConfigReader) -> ModelSpec:
         name="encoder", count=n_enc, linears=(*attention(""), *ff), other_params=2 * d,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_kv,
         mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False, attn_dropout=dropout,
-        hidden_dropout=dropout, act_saved=act_kept, softmax_upcast=False,
+        hidden_dropout=dropout, mlp_inner_dropout=True, act_saved=act_kept,
+        softmax_upcast=False,
     )
     decoder = Stack(
         name="decoder", count=n_dec, linears=(*attention(""), *attention("cross_"), *ff),
         other_params=3 * d, n_norms=3, norm_kind=NormKind.RMS, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=d_kv, mlp_kind=mlp_kind, intermediate_size=d_ff,
         cross_attention=True, attn_dropout=dropout, hidden_dropout=dropout,
+        mlp_inner_dropout=True,
         act_saved=act_kept, softmax_upcast=False,
     )
     vocab = r.int("vocab_size")

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup import ALL_LINEAR, Framework, Method, Precision, TrainingSetup
+from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
+from vram.stack import profile_for, stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
 
 #: Config keys that hold the number of repeated blocks.
@@ -41,7 +42,7 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"
 
 #: Families the trace knows: model_type -> kind of head.
 SEQ2SEQ = {"t5", "mt5", "bart"}
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe"}
+MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"}
 CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
 
 #: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
@@ -74,6 +75,11 @@ TARGET_MAP: dict[str, dict[str, list[str]]] = {
         "o_proj": [r"attention\.output\.dense"], "gate_proj": [],
         "up_proj": [r"intermediate\.dense"], "down_proj": [r"layer\.\d+\.output\.dense"],
     },
+}
+TARGET_MAP["gpt2"] = {  # Conv1D modules; PEFT adapts them with fan_in_fan_out
+    "q_proj": [r"attn\.c_attn"], "k_proj": [r"attn\.c_attn"], "v_proj": [r"attn\.c_attn"],
+    "o_proj": [r"attn\.c_proj"], "gate_proj": [], "up_proj": [r"mlp\.c_fc"],
+    "down_proj": [r"mlp\.c_proj"],
 }
 TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
@@ -272,7 +278,8 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         target_modules=target_patterns(model_type, setup),
         lora_dropout=setup.lora_dropout, task_type=task,
     )
-    keep_dtype = setup.framework in (Framework.TORCHTUNE, Framework.LITGPT)
+    # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stack).
+    keep_dtype = not stack_row(setup.framework).fp32_adapters
     peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
     if keep_dtype:
         dtype = weight_dtype(setup)
@@ -305,8 +312,9 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
         use_uniform_experts(model)
     lists = layer_lists(model, n_layers)
     if setup.method is Method.QLORA:
-        _quantize(model, lists, setup, quant_head=setup.framework is Framework.LITGPT)
-        if setup.framework in (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE):
+        profile = profile_for(setup)
+        _quantize(model, lists, setup, quant_head=profile.quantizes_head)
+        if profile.upcasts_frozen_to_fp32:
             from peft import prepare_model_for_kbit_training
 
             prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

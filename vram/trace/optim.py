@@ -31,12 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from vram.optimizer import BNB_BLOCK, BNB_MIN_8BIT_SIZE
 from vram.setup import Optimizer, TrainingSetup
 from vram.stack import profile_for
 
 LR = 1e-5
-BNB_BLOCK = 256
-BNB_MIN_8BIT_SIZE = 4096
 BNB_MIN_PAGED_SIZE = 100_000
 
 
