@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 import vram
-from ui import data, render, results
+from ui import data, render, results, text
 from ui.charts import Unit, format_bytes
 
 ANY = "any"
@@ -107,7 +107,7 @@ def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
     """The panel itself; call after the calculator's own tables."""
     state = st.session_state
     for message in state.pop(_ERRORS, []):
-        st.error(message)
+        text.error([message])
     gpu_id = state.get("mygpu", ANY)
     hardware = None if gpu_id == ANY else vram.Hardware(gpu=gpu_id, count=int(state["mycount"]))
     tokens = float(state.get("tokens", DEFAULTS["tokens"])) * 1e6
