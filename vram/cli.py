@@ -25,6 +25,7 @@ from vram.gpus import fit, load_gpus
 from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
 from vram.readers import cli_hook
 from vram.report import estimate_json, estimate_table, gpus_table
+from vram.rl import cli as rl_cli
 from vram.setup import TrainingSetup
 from vram.validate import report_lines, run_cases
 
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     validate = commands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
+    rl_cli.add_command(commands)
     return parser
 
 
@@ -210,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate, "export": _export}
+                "validate": _validate, "export": _export, "rl": rl_cli.run}
     try:
         return commands[args.command](args)
     except VramError as exc:

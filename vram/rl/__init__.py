@@ -1,0 +1,31 @@
+"""RL post-training memory: the policy, reference, reward and critic models and the rollout
+engine, phase by phase.
+
+    >>> import vram, vram.rl
+    >>> model = vram.load_model("qwen2.5-7b-instruct")
+    >>> setup = vram.rl.RLSetup(algo="grpo", num_generations=8, prompt_len=512,
+    ...                         completion_len=1024, batch=8)
+    >>> vram.rl.estimate(model, setup, gpu_memory_bytes=80 * 2**30).device_peak_bytes
+"""
+
+from __future__ import annotations
+
+from vram.architecture import ModelSpec
+from vram.rl.advice import advise
+from vram.rl.estimate import estimate as _estimate
+from vram.rl.result import ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
+from vram.rl.setup import Algo, Engine, Reference, RLSetup, Rollout
+from vram.rl.stacks import RL_STACKS, RLDefault, rl_default
+
+
+def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int,
+             *, with_advice: bool = True) -> RLEstimate:
+    """Per-GPU memory of one RL step, both phases, with advice unless `with_advice` is off."""
+    result = _estimate(model, setup, gpu_memory_bytes)
+    return advise(model, result) if with_advice else result
+
+
+__all__ = [
+    "RL_STACKS", "Algo", "Engine", "ModelRole", "PhaseEstimate", "PhaseName", "RLBucket",
+    "RLDefault", "RLEstimate", "RLSetup", "Reference", "Rollout", "estimate", "rl_default",
+]
