@@ -1,8 +1,11 @@
 """The rollout engine's memory: its budget, weights, working memory, CUDA graphs and KV pool.
 
-vLLM (v1 engine, >= 0.7): `requested = total_memory × gpu_memory_utilization`, and startup
-fails when free memory is less (vllm/v1/worker/gpu_worker.py, `init_device`). The KV pool is
-what the budget leaves after weights, the profiled forward and CUDA graphs.
+vLLM (v1 engine, >= 0.7): KV memory = `total_gpu_memory × gpu_memory_utilization − peak`, the
+peak being weights + the profiled forward + non-torch memory
+(vllm/v1/worker/gpu_worker.py@0012cf69 `determine_available_memory`); newer versions also refuse
+to start when free memory is below `total × utilization` (`init_device`). Sleep level 1 offloads
+the "weights" pool to host and drops "kv_cache"; level 2 drops both (`Worker.sleep`); CUDA
+graphs are outside those pools and stay.
 SGLang: `rest = free_after_load − free_before_load × (1 − mem_fraction_static)`, so the fraction
 is of the memory *free* when the engine starts (model_runner_kv_cache_mixin.py@226149ac).
 """

@@ -25,7 +25,8 @@ TRL_RLOO = "huggingface/trl trl/trainer/rloo_config.py@v1.9.0"
 TRL_PPO = "huggingface/trl trl/experimental/ppo/ppo_config.py@v1.9.0"
 TRL_VLLM = "huggingface/trl trl/generation/vllm_generation.py@v1.9.0"
 OPENRLHF = "OpenRLHF/OpenRLHF openrlhf/cli/train_ppo_ray.py@021d1b09"
-VLLM_WORKER = "vllm-project/vllm vllm/v1/worker/gpu_worker.py (init_device), v1 engine"
+VLLM_WORKER = ("vllm-project/vllm vllm/v1/worker/gpu_worker.py@0012cf69 "
+               "(determine_available_memory, sleep)")
 SGLANG = ("sgl-project/sglang python/sglang/srt/model_executor/"
           "model_runner_kv_cache_mixin.py@226149ac (profile_max_num_token)")
 
@@ -75,8 +76,15 @@ RL_STACKS: tuple[RLDefault, ...] = (
     RLDefault(stack="openrlhf", setting="zero_stage", value="2",
               meaning="DeepSpeed ZeRO stage of the trained models", source=OPENRLHF),
     RLDefault(stack="vllm", setting="gpu_memory_utilization", value="share of total",
-              meaning="requested = total_memory × gpu_memory_utilization; startup fails if "
-                      "free memory is less", source=VLLM_WORKER),
+              meaning="KV memory = total_memory × gpu_memory_utilization − profiled peak "
+                      "(weights + forward + non-torch); newer init_device also refuses to start "
+                      "when free memory is less than total × utilization", source=VLLM_WORKER),
+    RLDefault(stack="vllm", setting="sleep level 1", value="weights to host, KV dropped",
+              meaning="CuMemAllocator.sleep(1, offload_tags=('weights',)); CUDA graphs stay",
+              source=VLLM_WORKER),
+    RLDefault(stack="vllm", setting="sleep level 2", value="weights and KV dropped",
+              meaning="CuMemAllocator.sleep(2, offload_tags=()); buffers saved to CPU",
+              source=VLLM_WORKER),
     RLDefault(stack="sglang", setting="mem_fraction_static", value="share of free at start",
               meaning="KV pool = free after load − free-before-load × (1 − fraction)",
               source=SGLANG),
