@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import vram
 import vram.rl as rl
-from vram.rl.estimate import logits_bytes
+from vram.rl.estimate import forward_logits_bytes
 
 GIB = 2**30
 H100 = 80 * GIB
@@ -43,11 +43,13 @@ def main() -> None:
     # #7: TRL issue #3678, the log-prob forward alone (tiny Qwen2, vocab 151665, B=2, 256 kept).
     tiny = model.model_copy(update={"vocab_size": 151_665})
     setup = rl.RLSetup(algo="grpo", batch=2, num_generations=1, prompt_len=1,
-                       completion_len=256)
-    logits = logits_bytes(tiny, setup)
+                       completion_len=256,
+                       policy=vram.TrainingSetup(method="lora", precision="fp32"))
+    logits = forward_logits_bytes(tiny, setup)
     measured = (902 - 44) * 10**6
     print(f"#7 TRL #3678 log-prob forward, B=2 x 256 x 151665 | {measured / GIB:.3f} | "
-          f"{logits / GIB:.3f} | {logits / measured:.2f} | component: logits term only")
+          f"{logits / GIB:.3f} | {logits / measured:.2f} | component: forward log-prob "
+          "logits term only")
 
 
 if __name__ == "__main__":

@@ -181,7 +181,7 @@ Supervised fine-tuning holds one model and its training state. RL post-training 
   reserves up front: `gpu_memory_utilization × total memory`.
 
 And the batch multiplies: GRPO samples **G completions per prompt**, so the loss sees
-`prompts × G × completion` rows of logits over the whole vocabulary, in fp32.
+`prompts × G × completion` rows of logits over the whole vocabulary (×4 in fp32).
 
 **Worked example** (Qwen2.5-7B, LoRA, 1 prompt × G = 8 × (512 + 1024) tokens, vLLM colocated
 at 0.3 on an 80 GB H100):
@@ -190,10 +190,10 @@ at 0.3 on an 80 GB H100):
 |---|---|
 | policy weights, bf16 | 7.6 B × 2 B ≈ 15.2 GB |
 | vLLM weights, a second bf16 copy | ≈ 15.2 GB |
-| vLLM budget 0.3 × 85.5 GB ≈ 25.6 GB, KV pool what is left | ≈ 7–8 GB |
-| KV needed: 8 × ⌈1536 / 16⌉ blocks × 28 layers × 16 KiB | 8 × 96 × 28 × 16 KiB ≈ 0.35 GB |
-| loss logits: 3 × 4 B × 8 × 1024 × 152,064 | ≈ 15 GB |
+| vLLM budget 0.3 × 85.5 GB ≈ 25.7 GB; the KV pool is what is left | ≈ 8.1 GB |
+| KV needed: 8 × ⌈1536 / 16⌉ blocks × 28 layers × 32 KiB per block | ≈ 0.70 GB |
+| loss logits (bf16, traced): 4 B × 8 × 1024 × 152,064 | ≈ 5.0 GB |
 
-The KV pool is 20× larger than needed here: lower `gpu_memory_utilization`, or use the
+The KV pool is 11× larger than needed here: lower `gpu_memory_utilization`, or use the
 difference for more generations. Sleep mode frees the engine's weights and KV while training.
 """

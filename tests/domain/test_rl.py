@@ -7,7 +7,7 @@ import pytest
 import vram
 import vram.rl as rl
 from vram.rl import kv_cache
-from vram.rl.estimate import logits_bytes
+from vram.rl.estimate import forward_logits_bytes, logits_bytes
 from vram.rl.setup import Reference
 
 GIB = 2**30
@@ -160,10 +160,10 @@ def test_shared_weights_have_no_rollout_copy(qwen7b: vram.ModelSpec) -> None:
 
 def test_logits_term_grows_with_generations_and_completion(qwen7b: vram.ModelSpec) -> None:
     a = logits_bytes(qwen7b, rl.RLSetup(num_generations=4, completion_len=512))
-    assert a == 3 * 4 * 4 * 512 * 152_064
+    assert a == 4 * 4 * 512 * 152_064  # bf16 logits: 2 copies × 2 B
     assert logits_bytes(qwen7b, rl.RLSetup(num_generations=8, completion_len=512)) == 2 * a
     assert logits_bytes(qwen7b, rl.RLSetup(num_generations=8, completion_len=512,
-                                           chunked_loss=True)) == a // 4
+                                           chunked_loss=True)) == 6 * 512 * 152_064
 
 
 # ---- bad combinations name the field ----
@@ -224,6 +224,7 @@ def test_ms_swift_dpo_lora_within_15_percent(qwen7b: vram.ModelSpec) -> None:
 def test_trl_logprob_forward_within_15_percent(qwen7b: vram.ModelSpec) -> None:
     # rl-measured.md #7 (TRL #3678): peak 902 MB with 44 MB before, B=2, 256 kept, V=151665.
     tiny = qwen7b.model_copy(update={"vocab_size": 151_665})
-    est = logits_bytes(tiny, rl.RLSetup(batch=2, num_generations=1, prompt_len=1,
-                                        completion_len=256))
+    fp32 = vram.TrainingSetup(method="lora", precision="fp32")  # the tiny test model is fp32
+    est = forward_logits_bytes(tiny, rl.RLSetup(policy=fp32, batch=2, num_generations=1,
+                                                prompt_len=1, completion_len=256))
     assert abs(est / ((902 - 44) * 10**6) - 1) < 0.15

@@ -14,13 +14,20 @@ from vram.rl import engine as eng
 from vram.rl import kv_cache
 from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
 from vram.rl.setup import Algo, Reference, RLSetup, Rollout
-from vram.setup import TrainingSetup
+from vram.setup import Precision, TrainingSetup
 from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
 
-#: Vocabulary-wide fp32 tensors alive in the log-prob computation: the logits, the
-#: temperature-scaled copy and the log-softmax / entropy workspace. Calibrated by TRL issue
-#: #3678 (one H100: full logits 310 MB, peak 902 MB with 44 MB before: ≈ 2.8 ×).
-LOGIT_COPIES = 3
+#: Logits-sized tensors at the loss's peak, traced on TRL's code (vram/trace/rl_loss.py):
+#: fp32 logits (an fp32 policy): the scaled logits saved for backward, logsumexp's softmax,
+#: the gradient and the gather's scatter, 4 × 4 B per element; bf16 logits (TRL's bf16 branch,
+#: a log-softmax per row): the scaled logits and every row's saved log-softmax, 2 × 2 B, or
+#: 3 × 2 B of one row when the backward of a single sequence dominates.
+FP32_LOGIT_BYTES = 16
+BF16_LOGIT_BYTES = 4
+BF16_ROW_BYTES = 6
+#: A forward without backward (the reference's): two copies in the logits' dtype, plus one
+#: row's logsumexp temporary in fp32 (TRL loops over rows "to reduce peak mem consumption").
+FORWARD_LOGIT_COPIES = 2
 
 Items = list[tuple[RLBucket, LineItem]]
 
@@ -45,9 +52,33 @@ def logit_rows(setup: RLSetup) -> int:
     return per_chunk * rows
 
 
+def _fp32_logits(setup: RLSetup) -> bool:
+    """Logits are fp32 only for an fp32 policy; bf16 recipes return bf16 logits."""
+    return setup.policy.precision is Precision.FP32
+
+
+def _logit_elements(model: ModelSpec, setup: RLSetup) -> tuple[int, int]:
+    """(all rows', one sequence's) logit elements."""
+    rows = logit_rows(setup)
+    per_row = rows // (1 if setup.chunked_loss else setup.sequences_per_gpu)
+    return rows * model.vocab_size, per_row * model.vocab_size
+
+
 def logits_bytes(model: ModelSpec, setup: RLSetup) -> int:
-    """LOGIT_COPIES × 4 B × rows × vocab: fp32 logits, scaled copy, log-softmax/entropy."""
-    return LOGIT_COPIES * FP32_BYTES * logit_rows(setup) * model.vocab_size
+    """The loss's forward + backward peak over the logits (traced constants above)."""
+    total, row = _logit_elements(model, setup)
+    if _fp32_logits(setup):
+        return FP32_LOGIT_BYTES * total
+    return max(BF16_LOGIT_BYTES * total, BF16_ROW_BYTES * row)
+
+
+def forward_logits_bytes(model: ModelSpec, setup: RLSetup) -> int:
+    """A no-grad log-prob forward (the reference's): two copies of the logits in their dtype,
+    and for fp32 one row's logsumexp temporary."""
+    total, row = _logit_elements(model, setup)
+    if _fp32_logits(setup):
+        return (FORWARD_LOGIT_COPIES * total + row) * FP32_BYTES
+    return FORWARD_LOGIT_COPIES * total * BF16_BYTES
 
 
 def frozen_weight_bytes(model: ModelSpec, setup: RLSetup) -> int:
@@ -103,11 +134,13 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
     if reference is Reference.MODEL:
         w = frozen_weight_bytes(model, setup)
         frozen_weights += w
-        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup) + rl_logits)
+        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup)
+                             + forward_logits_bytes(model, setup))
         models.append(ModelRole(role="reference", method="frozen", bytes=w,
                                 note="a frozen 16-bit copy"))
     elif reference is Reference.ADAPTER_OFF:
-        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup) + rl_logits)
+        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup)
+                             + forward_logits_bytes(model, setup))
         models.append(ModelRole(role="reference", method="adapter-off", bytes=0,
                                 note="the policy's base with adapters disabled: no weights"))
     elif reference is Reference.PRECOMPUTED:
@@ -270,8 +303,8 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
             (RLBucket.ACTIVATIONS, _item("policy.activations", "policy activations (no loss)",
                                          "SFT estimate less its loss term", pol_acts)),
             (RLBucket.ACTIVATIONS, _item("policy.logits", "RL loss logits",
-                                         f"{LOGIT_COPIES} · 4 B · rows · vocab", rl_logits,
-                                         "TRL issue #3678 (measured ratio)")),
+                                         "bf16: 4 B · rows · vocab; fp32: 16 B", rl_logits,
+                                         "vram/trace/rl_loss.py (TRL's loss traced)")),
             (RLBucket.ACTIVATIONS, _item("critic.activations", "critic activations",
                                          "SFT estimate less its loss term", critic_acts)),
         ]
@@ -300,4 +333,4 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
     return result
 
 
-__all__ = ["estimate", "logits_bytes", "policy_setup"]
+__all__ = ["estimate", "forward_logits_bytes", "logits_bytes", "policy_setup"]
