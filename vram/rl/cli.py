@@ -34,7 +34,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--num-generations", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--completion-len", type=int, default=256)
-    p.add_argument("--batch", type=int, default=1, help="prompts (pairs) per GPU per step")
+    # dest micro_batch, as `estimate --batch`: flag scans over every subcommand (readers'
+    # cli_hook.explicit_dests) then read one meaning for --batch and its abbreviations.
+    p.add_argument("--batch", dest="micro_batch", type=int, default=1,
+                   help="prompts (pairs) per GPU per step")
     p.add_argument("--beta", type=float, default=0.0)
     p.add_argument("--reference", choices=[r.value for r in Reference], default="auto")
     p.add_argument("--reward-model", action="store_true")
@@ -71,7 +74,8 @@ def setup_from_args(args: argparse.Namespace) -> RLSetup:
             args.rollout == "colocate" else args.rollout
         return RLSetup(
             algo=args.algo, policy=policy, num_generations=args.num_generations,
-            prompt_len=args.prompt_len, completion_len=args.completion_len, batch=args.batch,
+            prompt_len=args.prompt_len, completion_len=args.completion_len,
+            batch=args.micro_batch,
             beta=args.beta, reference=args.reference, reward_model=args.reward_model,
             rollout=rollout, engine=args.engine,
             gpu_memory_utilization=args.gpu_memory_utilization, sleep=args.sleep,
