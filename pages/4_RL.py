@@ -92,6 +92,9 @@ def main() -> None:
         f"**{result.peak_phase.value}** phase; {verdict} on {gpu.name}. Host RAM: "
         f"{format_bytes(result.host_bytes, 'GB')}.")
     st.plotly_chart(phases_figure(result, "GB"), use_container_width=True)
+    if result.peak_by_sleep:
+        st.caption("Training GPUs' peak by sleep level: " + ", ".join(
+            f"{level}: {format_bytes(peak, 'GB')}" for level, peak in result.peak_by_sleep.items()))
     for warning in result.warnings:
         st.warning(warning)
     if result.advice:

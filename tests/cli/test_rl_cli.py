@@ -29,6 +29,8 @@ def test_json_has_the_design_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert {m["role"] for m in out["models"]} >= {"policy", "reference", "rollout"}
     assert out["phases"]["training"]["buckets"]["kv_cache"] == 0  # slept
     assert out["advice"]
+    assert set(out["peak_by_sleep"]) == {"0", "1", "2"}
+    assert out["peak_by_sleep"]["1"] == out["device_peak_bytes"]
 
 
 def test_table_output(capsys: pytest.CaptureFixture[str]) -> None:

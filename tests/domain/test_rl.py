@@ -228,3 +228,13 @@ def test_trl_logprob_forward_within_15_percent(qwen7b: vram.ModelSpec) -> None:
     est = forward_logits_bytes(tiny, rl.RLSetup(policy=fp32, batch=2, num_generations=1,
                                                 prompt_len=1, completion_len=256))
     assert abs(est / ((902 - 44) * 10**6) - 1) < 0.15
+
+
+def test_peak_with_and_without_sleep(qwen7b: vram.ModelSpec) -> None:
+    result = rl.estimate(qwen7b, rl.RLSetup(policy=lora(), completion_len=512), H100,
+                         with_advice=False)
+    peaks = result.peak_by_sleep
+    assert peaks[0] == result.device_peak_bytes
+    assert peaks[0] - peaks[2] == result.training.buckets["rollout_weights"] + \
+        result.training.buckets["kv_cache"] or peaks[2] == result.generation.device_peak_bytes
+    assert peaks[1] == peaks[2]  # on the GPU, levels 1 and 2 free the same; host RAM differs

@@ -22,6 +22,11 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int,
              *, with_advice: bool = True) -> RLEstimate:
     """Per-GPU memory of one RL step, both phases, with advice unless `with_advice` is off."""
     result = _estimate(model, setup, gpu_memory_bytes)
+    if setup.uses_engine and setup.rollout in (Rollout.COLOCATE, Rollout.SHARED):
+        peaks = {level: (result if level == setup.sleep else _estimate(
+            model, setup.model_copy(update={"sleep": level}), gpu_memory_bytes)
+        ).device_peak_bytes for level in (0, 1, 2)}
+        result = result.model_copy(update={"peak_by_sleep": peaks})
     return advise(model, result) if with_advice else result
 
 

@@ -102,6 +102,9 @@ def table(result: RLEstimate) -> str:
             lines.append(f"  {name:<16} {value / 2**30:10.2f} GiB")
         lines.append(f"  {'total':<16} {phase.device_peak_bytes / 2**30:10.2f} GiB")
     lines.append(f"\nhost RAM {result.host_bytes / 2**30:.2f} GiB")
+    if result.peak_by_sleep:
+        lines.append("peak by sleep level: " + ", ".join(
+            f"{level}: {peak / 2**30:.2f} GiB" for level, peak in result.peak_by_sleep.items()))
     lines += [f"warning: {w}" for w in result.warnings]
     lines += [f"advice: {a}" for a in result.advice]
     return "\n".join(lines)

@@ -89,6 +89,8 @@ class RLEstimate(BaseModel):
     #: Problems that stop or slow the run, each naming the field to change.
     warnings: tuple[str, ...] = ()
     advice: tuple[str, ...] = ()
+    #: The training GPUs' peak at each sleep level (0, 1, 2), where the engine is colocated.
+    peak_by_sleep: dict[int, int] = Field(default_factory=dict)
 
     @property
     def peak_phase(self) -> PhaseName:
@@ -127,4 +129,5 @@ class RLEstimate(BaseModel):
             "models": [m.model_dump() for m in self.models],
             "kv": self.kv.model_dump() if self.kv else None,
             "warnings": list(self.warnings), "advice": list(self.advice),
+            "peak_by_sleep": {str(level): peak for level, peak in self.peak_by_sleep.items()},
         }
