@@ -49,3 +49,18 @@ def test_bad_flags_exit_2_naming_the_field(extra: list[str], named: str,
     assert main([*FLAGS, *extra]) == 2
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_from_a_trl_grpo_config_with_a_typed_override(capsys: pytest.CaptureFixture[str]) -> None:
+    config = "tests/data/configs/trl/open-r1-qwen2.5-1.5b-grpo.yaml"
+    assert main(["rl", "--from", config, "--sleep", "2", "--gpu", "h100-sxm", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model"].startswith("Qwen2.5 1.5B")
+    assert out["kv"]["sequences"] == 16  # 1 prompt x num_generations 16
+    assert out["kv"]["tokens_per_sequence"] == 1536
+    assert out["phases"]["training"]["buckets"]["kv_cache"] == 0  # --sleep 2 typed
+
+
+def test_rl_without_a_model_names_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["rl"]) == 2
+    assert "--model" in capsys.readouterr().err

@@ -238,3 +238,16 @@ def test_peak_with_and_without_sleep(qwen7b: vram.ModelSpec) -> None:
     assert peaks[0] - peaks[2] == result.training.buckets["rollout_weights"] + \
         result.training.buckets["kv_cache"] or peaks[2] == result.generation.device_peak_bytes
     assert peaks[1] == peaks[2]  # on the GPU, levels 1 and 2 free the same; host RAM differs
+
+
+def test_open_r1_grpo_config_becomes_an_rl_setup() -> None:
+    from vram.rl.from_config import rl_setup_from_config
+
+    loaded = vram.load_training_config("tests/data/configs/trl/open-r1-qwen2.5-1.5b-grpo.yaml")
+    setup = rl_setup_from_config(loaded)
+    # per_device_train_batch_size 16 completions / num_generations 16 = 1 prompt per GPU
+    assert (setup.algo.value, setup.num_generations, setup.batch) == ("grpo", 16, 1)
+    assert (setup.prompt_len, setup.completion_len) == (512, 1024)
+    assert setup.rollout.value == "colocate" and setup.gpu_memory_utilization == 0.3
+    assert setup.effective_reference is Reference.NONE  # beta unset: TRL's 0.0
+    assert setup.sequences_per_gpu == loaded.setup.micro_batch

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from vram.architecture import ModelSpec
 from vram.catalog import load_model
 from vram.errors import VramError
 from vram.gpus import load_gpus
@@ -24,7 +25,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     """Register `rl` on the main parser's subcommands."""
     p = commands.add_parser("rl", help="memory of one RL post-training step (GRPO, DPO, PPO)")
     p.add_argument("--algo", choices=[a.value for a in Algo], default="grpo")
-    p.add_argument("--model", required=True, help="catalog name, Hub id or config.json")
+    p.add_argument("--model", help="catalog name, Hub id or config.json")
+    p.add_argument("--from", dest="rl_from", metavar="FILE",
+                   help="a TRL GRPO/DPO config (YAML/JSON): its settings, then typed flags")
     p.add_argument("--method", choices=[m.value for m in Method], default="lora")
     p.add_argument("--precision", choices=[x.value for x in Precision], default="bf16-true",
                    help="the policy's precision (default: bf16-true, as RL stacks load it)")
@@ -110,10 +113,53 @@ def table(result: RLEstimate) -> str:
     return "\n".join(lines)
 
 
+#: The flags that override a loaded config's RL settings, by dest -> RLSetup field.
+RL_FLAG_FIELDS: dict[str, str] = {
+    "algo": "algo", "num_generations": "num_generations", "prompt_len": "prompt_len",
+    "completion_len": "completion_len", "micro_batch": "batch", "beta": "beta",
+    "reference": "reference", "reward_model": "reward_model", "rollout": "rollout",
+    "engine": "engine", "gpu_memory_utilization": "gpu_memory_utilization", "sleep": "sleep",
+    "rollout_gpus": "rollout_gpus", "chunked_loss": "chunked_loss",
+}
+
+
+def _from_file(args: argparse.Namespace) -> tuple[ModelSpec, RLSetup]:
+    from vram.cli import build_parser
+    from vram.readers import load_training_config
+    from vram.readers.cli_hook import explicit_dests
+    from vram.rl.from_config import rl_setup_from_config
+
+    loaded = load_training_config(args.rl_from)
+    if args.model:
+        model = load_model(args.model)
+    elif loaded.model is not None:
+        model = loaded.model
+    else:
+        raise VramError(f"--model: {loaded.model_problem or 'the file names no model'}")
+    setup = rl_setup_from_config(loaded)
+    typed = explicit_dests(build_parser(), getattr(args, "argv", []))
+    update = {field: getattr(args, dest) for dest, field in RL_FLAG_FIELDS.items()
+              if dest in typed}
+    if update:
+        fields = setup.model_dump()
+        fields.update(update)
+        fields["policy"] = setup.policy
+        try:
+            setup = RLSetup.model_validate(fields)
+        except ValueError as exc:
+            raise VramError(_first_error(exc)) from None
+    return model, setup
+
+
 def run(args: argparse.Namespace) -> int:
-    setup = setup_from_args(args)
     memory = gpu_memory(args.gpu)
-    model = load_model(args.model)
+    if args.rl_from:
+        model, setup = _from_file(args)
+    else:
+        if not args.model:
+            raise VramError("--model: required (or give a TRL GRPO/DPO config with --from)")
+        setup = setup_from_args(args)
+        model = load_model(args.model)
     result = estimate(model, setup, memory)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
