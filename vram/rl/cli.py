@@ -26,7 +26,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     p = commands.add_parser("rl", help="memory of one RL post-training step (GRPO, DPO, PPO)")
     p.add_argument("--algo", choices=[a.value for a in Algo], default="grpo")
     p.add_argument("--model", help="catalog name, Hub id or config.json")
-    p.add_argument("--from", dest="rl_from", metavar="FILE",
+    # dest from_file, as `estimate --from` (the readers scan typed flags across subcommands)
+    p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="a TRL GRPO/DPO config (YAML/JSON): its settings, then typed flags")
     p.add_argument("--method", choices=[m.value for m in Method], default="lora")
     p.add_argument("--precision", choices=[x.value for x in Precision], default="bf16-true",
@@ -129,7 +130,7 @@ def _from_file(args: argparse.Namespace) -> tuple[ModelSpec, RLSetup]:
     from vram.readers.cli_hook import explicit_dests
     from vram.rl.from_config import rl_setup_from_config
 
-    loaded = load_training_config(args.rl_from)
+    loaded = load_training_config(args.from_file)
     if args.model:
         model = load_model(args.model)
     elif loaded.model is not None:
@@ -153,7 +154,7 @@ def _from_file(args: argparse.Namespace) -> tuple[ModelSpec, RLSetup]:
 
 def run(args: argparse.Namespace) -> int:
     memory = gpu_memory(args.gpu)
-    if args.rl_from:
+    if args.from_file:
         model, setup = _from_file(args)
     else:
         if not args.model:
