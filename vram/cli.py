@@ -23,6 +23,7 @@ from vram.errors import VramError
 from vram.estimate import estimate
 from vram.gpus import fit, load_gpus
 from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
+from vram.plan import cli as plan_cli
 from vram.readers import cli_hook
 from vram.report import estimate_json, estimate_table, gpus_table
 from vram.setup import TrainingSetup
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     validate = commands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
+    plan_cli.register(commands, _add_setup_flags)  # plan, validate-speed
     return parser
 
 
@@ -211,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate, "export": _export}
+                "validate": _validate, "export": _export, **plan_cli.register_handlers()}
     try:
         return commands[args.command](args)
     except VramError as exc:
