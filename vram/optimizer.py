@@ -52,6 +52,9 @@ class StateFormat(Enum):
 
     #: Like the parameter (`torch.zeros_like(param)`), or fp32 beside an fp32 master copy.
     DENSE = "dense"
+    #: Always fp32, whatever the parameter dtype (bitsandbytes' 32-bit optimizers:
+    #: `optim_bits == 32 -> torch.float32`, bitsandbytes/optim/optimizer.py@0.44.1 init_state).
+    DENSE_FP32 = "dense fp32"
     #: bitsandbytes blockwise 8-bit: uint8 values + an fp32 absmax per 256-value block.
     BLOCKWISE_8BIT = "8-bit blockwise"
     #: Adafactor's factored second moment: fp32 row and column statistics of each matrix, a full
@@ -105,8 +108,8 @@ OPTIMIZERS: MappingProxyType[Optimizer, OptimizerSpec] = MappingProxyType({
         2, StateFormat.DENSE, StepTemporaries.FOREACH_STATE, paged=False,
         steps_in_backward=False, formula=_ADAM_FORMULA, source=_ADAMW),
     Optimizer.PAGED_ADAMW: OptimizerSpec(
-        2, StateFormat.DENSE, StepTemporaries.FOREACH_STATE, paged=True,
-        steps_in_backward=False, formula=_ADAM_FORMULA,
+        2, StateFormat.DENSE_FP32, StepTemporaries.NONE, paged=True,
+        steps_in_backward=False, formula="2 states × 4 B (fp32) × trainable params",
         source="bitsandbytes/optim/adamw.py@0.44.1 PagedAdamW (optim_bits=32, is_paged)"),
     Optimizer.ADAMW_IN_BACKWARD: OptimizerSpec(
         2, StateFormat.DENSE, StepTemporaries.NONE, paged=False, steps_in_backward=True,
@@ -259,6 +262,8 @@ def _state_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int,
         return galore_bytes(group, projection_rank, dense_bytes)
     if spec.state_format is StateFormat.FACTORED:
         return spec.states * factored_bytes(group)
+    if spec.state_format is StateFormat.DENSE_FP32:
+        return spec.states * FP32_BYTES * group.n_params
     return spec.states * dense_bytes * group.n_params
 
 

@@ -107,11 +107,12 @@ def _est(**fields: object) -> vram.Estimate:
 
 
 def test_reentrant_checkpointing_keeps_no_bitsandbytes_inputs() -> None:
-    """QLoRA with checkpointing: non-reentrant keeps every layer's MatMul4Bit inputs (ctx
-    attributes), reentrant runs the checkpointed forward under no_grad and keeps none. The
-    knob's None is the stack's default: non-reentrant on one GPU (Transformers 5), reentrant
-    for PEFT's sharded QLoRA recipes."""
-    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096}
+    """QLoRA with checkpointing on bitsandbytes <= 0.43.0: non-reentrant keeps every layer's
+    MatMul4Bit inputs (ctx attributes), reentrant runs the checkpointed forward under no_grad
+    and keeps none. The knob's None is the stack's default: non-reentrant on one GPU
+    (Transformers 5), reentrant for PEFT's sharded QLoRA recipes."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096,
+            "bitsandbytes_version": "0.43.0"}
     kept, dropped = _est(**base, ckpt_reentrant=False), _est(**base, ckpt_reentrant=True)
     assert dropped.allocated_peak_bytes < kept.allocated_peak_bytes
     assert _est(**base).allocated_peak_bytes == kept.allocated_peak_bytes
@@ -122,6 +123,40 @@ def test_reentrant_checkpointing_keeps_no_bitsandbytes_inputs() -> None:
     lora = {**base, "method": "lora"}
     assert _est(**lora, ckpt_reentrant=True).allocated_peak_bytes == _est(
         **lora, ckpt_reentrant=False).allocated_peak_bytes
+
+
+def test_current_bitsandbytes_keeps_no_input_so_reentrancy_changes_nothing() -> None:
+    """bitsandbytes >= 0.43.3 keeps only the packed weight (`ctx.tensors = (None, B)`): the
+    H200 measured identical peaks for reentrant and non-reentrant QLoRA (GPU_H200.md §1). The
+    input it kept before costs exactly what the estimate drops: old > current."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096}
+    assert _est(**base, ckpt_reentrant=True).allocated_peak_bytes == _est(
+        **base, ckpt_reentrant=False).allocated_peak_bytes
+    old = _est(**base, bitsandbytes_version="0.41.1").allocated_peak_bytes
+    assert old > _est(**base).allocated_peak_bytes
+    assert _est(**base, bitsandbytes_version="0.43.3").allocated_peak_bytes == _est(
+        **base).allocated_peak_bytes
+    # No version given: a run on PyTorch 2.1 used a bitsandbytes of its time (<= 0.42).
+    assert _est(**base, torch_version="2.1.0").allocated_peak_bytes == old
+    # LitGPT pins bitsandbytes==0.42.0 (pyproject.toml@v0.4.0).
+    litgpt = {**base, "framework": "litgpt"}
+    assert _est(**litgpt).allocated_peak_bytes == _est(
+        **litgpt, bitsandbytes_version="0.42.0").allocated_peak_bytes
+
+
+def test_deepspeed_zero3_keeps_its_gradient_partition_and_bucket() -> None:
+    """DeepSpeed ZeRO-3 allocates the flat gradient partition at init and one reduce bucket
+    (stage3.py@v0.16.0); FSDP (the same `zero3` sharding on another stack) does not."""
+    base = {"method": "full", "sharding": "zero3", "n_gpus": 4, "optimizer": "adamw",
+            "seq_len": 512}
+    ds = _est(**base, framework="deepspeed")
+    buckets = [i for i in ds.bucket("gradients").items if i.key == "gradients.zero_buckets"]
+    assert buckets[0].bytes == 50_000_000 * 2  # the example's 5e7 values, bf16
+    assert _est(**base, framework="deepspeed",
+                zero_reduce_bucket_values=500_000_000).allocated_peak_bytes == (
+        ds.allocated_peak_bytes + 450_000_000 * 2)
+    fsdp = _est(**base, framework="hf-trainer")
+    assert not [i for i in fsdp.bucket("gradients").items if i.key == "gradients.zero_buckets"]
 
 
 def _unsharded_frozen(**fields: object) -> int:
