@@ -187,7 +187,8 @@ def test_torch_version_is_read_leniently() -> None:
 
 def test_fit_uses_each_gpus_own_cuda_context() -> None:
     """data/gpus.csv's measured context (H200: 760 MiB while training) replaces the 1 GiB
-    constant in the fit; a setup's own `context_mib` (measured on the run's machine) wins over both."""
+    constant in the fit; a setup's own `context_mib` (measured on the run's machine) wins over
+    both."""
     model = vram.load_model("llama-3.2-1b")
     setup = TrainingSetup(method="full")
     peak = vram.estimate(model, setup).device_peak_bytes
