@@ -57,10 +57,14 @@ class Attention(StrEnum):
 
 
 class Loss(StrEnum):
-    """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: chunked or fused."""
+    """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: the stack's
+    chunked loss (torchtune, LitGPT: all 16-bit logits exist, the loss runs per chunk; HF
+    Trainer: Liger's, fused). `fused-linear`: head and cross-entropy fused per chunk of tokens
+    (Liger), so the logits never exist whole."""
 
     STANDARD = "standard"
     CHUNKED = "chunked"
+    FUSED_LINEAR = "fused-linear"
 
 
 class Sharding(StrEnum):
@@ -304,8 +308,8 @@ class TrainingSetup(BaseModel):
     loss: Annotated[Loss | None, Knob(
         "Loss (cross-entropy)", key="loss", flag="--loss", column="loss",
         labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),
-                ("chunked", "chunked / fused")),
-        help="standard or chunked cross-entropy (default: the stack's)",
+                ("chunked", "chunked / fused"), ("fused-linear", "fused linear + CE (Liger)")),
+        help="standard, chunked or fused-linear cross-entropy (default: the stack's)",
     )] = None
     n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
         "GPUs", key="gpus", flag="--gpus", column="n_gpus",

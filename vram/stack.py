@@ -80,6 +80,8 @@ class StackRow:
     default_bitsandbytes_version: str | None
     #: DeepSpeed ZeRO-3's reduce_bucket_size in the stack's configs; None: DeepSpeed's default.
     default_zero_reduce_bucket_values: int | None
+    #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
+    chunked_loss_fuses_head: bool
     #: `file@version` for each field above (every field has one: a test says so).
     sources: MappingProxyType[str, str]
 
@@ -104,6 +106,8 @@ _HF_CODE = f"transformers/models/llama/modeling_llama.py@{_TF.split('@')[1]}"
 _BNB_KEEPS = "bitsandbytes/autograd/_functions.py@0.44.1 MatMul4Bit ctx.tensors = (A, B)"
 _HF_BNB = ("transformers/integrations/bitsandbytes.py@v4.46.0 (no pin: the installed "
            "bitsandbytes, current >= 0.43.3)")
+_HF_LIGER = ("transformers/training_args.py@v4.46.0 use_liger_kernel (the Trainer's chunked loss: "
+             "liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0)")
 _HF_REENTRANT = ("transformers/modeling_utils.py@v5.0.0 gradient_checkpointing_enable "
                  "(use_reentrant=False unless given)")
 _PEFT_SHARDED_CKPT = ("peft docs/source/accelerate/{deepspeed,fsdp}.md@v0.13.0: "
@@ -122,9 +126,11 @@ _HF_TRAINER = StackRow(
     fused_activations=False, default_compile=False, default_ckpt_reentrant=False,
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
     default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=True,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
+            chunked_loss_fuses_head=_HF_LIGER,
             default_zero_reduce_bucket_values=(
                 "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
             default_bitsandbytes_version=_HF_BNB,
@@ -224,9 +230,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
+    chunked_loss_fuses_head=False,
     default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
+            chunked_loss_fuses_head=(
+                f"litgpt/utils.py@{_LITGPT} chunked_cross_entropy (all chunks' logits kept)"),
             default_zero_reduce_bucket_values=(
                 f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)"),
             default_bitsandbytes_version=(
@@ -275,9 +284,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=True, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            chunked_loss_fuses_head=(
+                f"torchtune/modules/loss/ce_chunked_output_loss.py@{_TORCHTUNE} (chunks kept)"),
             default_zero_reduce_bucket_values=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
             default_bitsandbytes_version=f"{_TORCHTUNE} (torchao NF4, no bitsandbytes)",
             unties_head=f"torchtune/modules/tied_linear.py@{_TORCHTUNE} TiedLinear",
@@ -332,9 +344,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            chunked_loss_fuses_head=(
+                f"torchtitan/components/loss.py@{_TORCHTITAN} (no chunked loss)"),
             default_zero_reduce_bucket_values=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
             default_bitsandbytes_version=(
                 f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)"),
@@ -389,9 +404,11 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=True,
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
     default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=False,
     default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            chunked_loss_fuses_head=f"{_DS_EXAMPLE} (no chunked loss)",
             default_zero_reduce_bucket_values=(
                 f"{_DS_EXAMPLE_CONFIG} zero_optimization.reduce_bucket_size 5e7"),
             default_bitsandbytes_version=f"{_DS_EXAMPLE} (no QLoRA path)",
@@ -449,6 +466,9 @@ class StackProfile:
     adapter_bytes: int
     upcasts_logits: bool
     chunked_loss: bool
+    #: The loss fuses the head and cross-entropy per chunk of tokens (Liger): see
+    #: `vram.head._fused_linear_head`.
+    fused_linear_loss: bool
     fused_optimizer: bool
     expands_kv: bool
     norm_keeps_fp32_input: bool
@@ -517,7 +537,9 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         upcasts_frozen_to_fp32=upcasts,
         adapter_bytes=precision.adapter_inputs,
         upcasts_logits=row.upcasts_logits,
-        chunked_loss=effective_loss(setup) is Loss.CHUNKED,
+        chunked_loss=effective_loss(setup) is Loss.CHUNKED and not row.chunked_loss_fuses_head,
+        fused_linear_loss=effective_loss(setup) is Loss.FUSED_LINEAR or (
+            effective_loss(setup) is Loss.CHUNKED and row.chunked_loss_fuses_head),
         fused_optimizer=row.fused_optimizer,
         expands_kv=row.expands_kv,
         norm_keeps_fp32_input=row.norm_keeps_fp32_input,

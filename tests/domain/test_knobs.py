@@ -207,3 +207,20 @@ def test_the_docs_table_is_the_declarations() -> None:
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
     assert markdown_table() in docs.read_text(encoding="utf-8")
+
+
+def test_fused_linear_loss_never_holds_whole_logits() -> None:
+    """Liger's fused linear cross-entropy keeps the hidden gradient, an fp32 loss per token and
+    one chunk of next_power_of_2(ceil(tokens / ceil(V / H))) tokens' logits, never all logits;
+    HF Trainer's chunked loss is Liger's (use_liger_kernel), torchtune's keeps every chunk."""
+    base = {"method": "full", "optimizer": "adamw", "micro_batch": 8, "seq_len": 2048}
+    fused = _est(**base, loss="fused-linear")
+    assert fused.activation_bytes_max < _est(**base, loss="standard").activation_bytes_max
+    assert _est(**base, loss="chunked").allocated_peak_bytes == fused.allocated_peak_bytes
+    tt = {**base, "framework": "torchtune"}
+    assert _est(**tt, loss="chunked").allocated_peak_bytes > _est(
+        **tt, loss="fused-linear").allocated_peak_bytes
+    # llama-3.1-8b: V 128256, H 4096 -> ceil(V/H) = 32; 16384 tokens -> 512-token chunks
+    loss = [i for i in fused.bucket("activations").items if i.key == "activations.loss"]
+    if loss:  # the peak may be elsewhere; when the loss is the peak, one chunk is in it
+        assert loss[0].bytes >= 512 * 128_256 * 2
