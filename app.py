@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-import vram
-from ui import charts, data, inputs, params, render, verify
+from ui import import_config, inputs, render, results, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
@@ -17,15 +16,13 @@ st.set_page_config(page_title="vram · training memory calculator", page_icon="�
 def main() -> None:
     state, unit = inputs.page_start("How much GPU memory does this training run need?")
 
-    model, model_error = data.resolve_model(state)
-    setup, setup_errors = params.build_setup(state)
-    if model_error or setup_errors:
-        st.error("\n\n".join(([model_error] if model_error else []) + setup_errors))
+    # The estimate, the fit, the figures and the tables are cached by the state (ui.results).
+    res = results.result(state)
+    if res.errors:
+        st.error("\n\n".join(res.errors))
         return
-    assert model is not None and setup is not None
-
-    est = vram.estimate(model, setup)
-    report = vram.fit(model, setup, data.gpus())
+    model, est, report = res.model, res.estimate, res.report
+    assert model is not None and est is not None
     st.caption(
         f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} trained. "
         "Figures are per GPU."
@@ -35,18 +32,16 @@ def main() -> None:
     chart, compare = st.columns([3, 2])
     with chart:
         st.subheader("Where the memory goes")
-        render.plot(
-            charts.breakdown_figure(est, unit=unit, capacities=data.capacities()),
-            key="breakdown",
-        )
+        render.plot(results.breakdown_figure(state, unit), key="breakdown")
     with compare:
         st.subheader("Training against inference")
-        render.plot(charts.inference_figure(est, unit=unit), key="inference")
+        render.plot(results.inference_figure(state, unit), key="inference")
     render.notes(est)
-    render.fit_tables(report, unit)
+    render.fit_tables(*results.fit_tables(state, unit))
     render.show_math(est, unit)
-    verify.panel(est, data.model_config(state), unit)
-    render.download(est, report)
+    verify.panel(est, results.model_config(state), unit)
+    render.download(lambda: results.download_json(state))
+    import_config.export_downloads(est.setup, state["model"])
 
 
 main()

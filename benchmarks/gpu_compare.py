@@ -51,7 +51,9 @@ def setup_of(row: dict[str, Any]) -> TrainingSetup:
         method=row["method"], quant=None if row["quant"] == "none" else row["quant"],
         lora_rank=16, lora_targets=row.get("targets", "all-linear"), lora_dropout=0.05,
         optimizer=row["optimizer"], precision=row["precision"], micro_batch=int(row["batch"]),
-        seq_len=int(row["seq"]), grad_ckpt=row["ckpt"] != "off", attention=row.get("attn", "sdpa"),
+        seq_len=int(row["seq"]), grad_ckpt=row["ckpt"] != "off",
+        ckpt_reentrant={"off": None, "reentrant": True, "nonreentrant": False}[row["ckpt"]],
+        attention=row.get("attn", "sdpa"),
         framework=row["framework"],
     )
 

@@ -6,6 +6,7 @@ Streamlit reruns the whole page script on every widget change, so file reads are
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -58,17 +59,24 @@ def registry() -> params.Registry:
     )
 
 
+@functools.cache
+def _catalog_labels() -> dict[str, str]:
+    # functools, not st.cache_resource: this runs once per option of the model list, and a
+    # Streamlit cache lookup (hashing, a lock) costs more than the lookup itself.
+    return {
+        e.slug: (f"{e.teaching_size} · " if e.teaching_size else "") + e.display_name
+        for e in catalog()
+    }
+
+
 def model_label(slug: str) -> str:
     """What the model list shows: ``8B · Llama 3.1 8B`` for teaching sizes, else the name."""
     if slug == params.UPLOAD:
         return "Upload a config.json…"
     if slug == params.BY_SIZE:
         return "Any size (parameter count)…"
-    for entry in catalog():
-        if entry.slug == slug:
-            size = f"{entry.teaching_size} · " if entry.teaching_size else ""
-            return f"{size}{entry.display_name}"
-    return slug
+    # One dict lookup: the model list formats every catalog entry on every rerun.
+    return _catalog_labels().get(slug, slug)
 
 
 @st.cache_resource(show_spinner=False)

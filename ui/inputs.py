@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, params, render
+from ui import data, import_config, params, render
 from ui.charts import Unit
 from vram.architecture import read_config_text
 from vram.errors import VramError
@@ -150,6 +150,7 @@ def sidebar() -> dict[str, Any]:
     reg = data.registry()
     with st.sidebar:
         st.header("Training setup")
+        import_config.panel()
         st.selectbox(
             "Model",
             reg.model_options,

@@ -6,8 +6,7 @@ Everything here displays what `vram` computed; no memory arithmetic happens in t
 from __future__ import annotations
 
 import html
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
@@ -100,7 +99,7 @@ def notes(est: Estimate) -> None:
         st.caption(note)
 
 
-def fit_tables(report: FitReport, unit: Unit) -> None:
+def fit_frames(report: FitReport, unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame]:
     """GPUs that hold the run (cheapest first) and those that do not, by how much."""
     fits = pd.DataFrame(
         [
@@ -127,10 +126,15 @@ def fit_tables(report: FitReport, unit: Unit) -> None:
             for o in report.misses
         ]
     )
+    return fits, misses
+
+
+def fit_tables(fits: Any, misses: Any) -> None:
+    """The two tables of `fit_frames` (pandas or Arrow), side by side."""
     left, right = st.columns([3, 2])
     with left:
-        st.subheader(f"GPUs that hold it ({len(report.fits)})")
-        if fits.empty:
+        st.subheader(f"GPUs that hold it ({len(fits)})")
+        if len(fits) == 0:
             st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
         else:
             st.dataframe(
@@ -139,8 +143,8 @@ def fit_tables(report: FitReport, unit: Unit) -> None:
                 column_config={"$ per hour": st.column_config.NumberColumn(format="$%.2f")},
             )
     with right:
-        st.subheader(f"Too small ({len(report.misses)})")
-        if misses.empty:
+        st.subheader(f"Too small ({len(misses)})")
+        if len(misses) == 0:
             st.write("Every GPU in the list holds it.")
         else:
             st.dataframe(misses, hide_index=True)
@@ -216,17 +220,12 @@ def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def download(est: Estimate, report: FitReport) -> None:
-    payload = {
-        "estimate": est.model_dump(mode="json"),
-        "cheapest": [
-            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
-            for o in report.fits[:10]
-        ],
-    }
+def download(payload_json: Callable[[], str]) -> None:
+    """The button offering the estimate as JSON, made only when someone clicks it (a deferred
+    download: the page does not build and store a file nobody asked for on every rerun)."""
     st.download_button(
         "Download the estimate (JSON)",
-        json.dumps(payload, indent=2),
+        payload_json,
         file_name="vram-estimate.json",
         mime="application/json",
         on_click="ignore",

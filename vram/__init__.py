@@ -5,6 +5,7 @@
     >>> result = vram.estimate(model, vram.TrainingSetup(method="qlora", seq_len=2048))
     >>> result.device_peak_bytes, result.bucket_bytes
     >>> vram.fit(model, result.setup).cheapest
+    >>> loaded = vram.load_training_config("qlora.yml")  # axolotl, torchtune, LLaMA-Factory, TRL
 """
 
 from vram.architecture import ModelSpec, model_from_config, model_from_param_count
@@ -12,6 +13,7 @@ from vram.catalog import CatalogEntry, load_model, model_catalog, teaching_model
 from vram.errors import CatalogError, ConfigError, VramError
 from vram.estimate import estimate
 from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
+from vram.readers import LoadedTrainingConfig, load_training_config
 from vram.result import (
     Bucket,
     BucketName,
@@ -49,6 +51,7 @@ __all__ = [
     "Gpu",
     "InferenceEstimate",
     "LineItem",
+    "LoadedTrainingConfig",
     "Loss",
     "Method",
     "ModelSpec",
@@ -66,6 +69,7 @@ __all__ = [
     "fit",
     "load_gpus",
     "load_model",
+    "load_training_config",
     "model_catalog",
     "model_from_config",
     "model_from_param_count",

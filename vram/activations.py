@@ -401,16 +401,24 @@ def mla_term(c: LayerContext) -> Term | None:
     stack = c.stack
     if not stack.kv_lora_rank:
         return None
-    rank, e = stack.kv_lora_rank, c.e
-    norm = FP32 * rank
-    if c.full:
-        norm += (FP32 if c.n.residual == FP32 else e) * rank
-    kv_b_input = e * rank if c.keeps_inputs else 0
+    e = c.e
+    latents = _latent_bytes_per_token(c, stack.kv_lora_rank)
+    if stack.q_lora_rank:  # q_a_proj -> q_a_layernorm -> q_b_proj: the same again for q
+        latents += _latent_bytes_per_token(c, stack.q_lora_rank)
     nope = stack.n_heads * (stack.head_dim - _rope_width(stack))
     rope = e * _rope_width(stack)
-    return Term("mla", "latent attention: latent norm, kv_b input, k_nope half, k_pe",
-                "4·r [+ e·r] [+ e·r] + e·heads·d_nope + e·d_rope",
-                norm + kv_b_input + e * nope + rope)
+    return Term("mla", "latent attention: latent norms, their up-projections' inputs, "
+                "k_nope half, k_pe", "Σ latents (4·r [+ e·r] [+ e·r]) + e·heads·d_nope + e·d_rope",
+                latents + e * nope + rope)
+
+
+def _latent_bytes_per_token(c: LayerContext, rank: int) -> int:
+    """One MLA latent: its RMSNorm's fp32 copy (and the normalized latent when the norm's
+    weight trains), and the up-projection's input when it keeps it."""
+    kept = FP32 * rank
+    if c.full:
+        kept += (FP32 if c.n.residual == FP32 else c.e) * rank
+    return kept + (c.e * rank if c.keeps_inputs else 0)
 
 
 def _rope_width(stack: Stack) -> int:

@@ -7,7 +7,9 @@ count ("7e9", "70B") and always returns a `ModelSpec` or raises a `VramError` na
 from __future__ import annotations
 
 import csv
+import os
 import re
+import urllib.request
 from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
@@ -66,6 +68,90 @@ def catalog_entry(slug: str) -> CatalogEntry | None:
     return next((e for e in model_catalog() if e.slug == slug), None)
 
 
+class HubId(BaseModel):
+    """Another Hub id for a catalog entry (`data/models/hub_ids.csv`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hub_id: str
+    slug: str
+    relation: str
+    source: str
+
+
+@cache
+def hub_ids() -> tuple[HubId, ...]:
+    """Every extra Hub id, validated row by row; each names a catalog slug."""
+    path = data_dir() / "models" / "hub_ids.csv"
+    slugs = {e.slug for e in model_catalog()}
+    rows: list[HubId] = []
+    with path.open(newline="", encoding="utf-8") as handle:
+        for line, row in enumerate(csv.DictReader(handle), start=2):
+            try:
+                entry = HubId(hub_id=row["hub_id"], slug=row["slug"],
+                              relation=row["relation"], source=row["source"])
+            except (KeyError, ValueError) as exc:
+                raise CatalogError(f"{path.name} line {line}: {exc}") from None
+            if entry.slug not in slugs:
+                raise CatalogError(f"{path.name} line {line}: unknown slug {entry.slug!r}")
+            rows.append(entry)
+    return tuple(rows)
+
+
+def ids_for(slug: str) -> tuple[str, ...]:
+    """The Hub ids that name a catalog entry: its own repo first, then the others."""
+    entry = catalog_entry(slug)
+    own = (entry.hf_repo,) if entry else ()
+    return own + tuple(h.hub_id for h in hub_ids() if h.slug == slug)
+
+
+def resolve_hub_id(text: str) -> str | None:
+    """The catalog slug for a Hub id (case-insensitive; `https://huggingface.co/` and a
+    trailing revision are dropped), or None."""
+    name = text.strip().removeprefix("https://huggingface.co/").split("@")[0].strip("/")
+    key = name.lower()
+    by_repo = [e for e in model_catalog() if e.hf_repo.lower() == key]
+    if len(by_repo) == 1:  # a repo shared by several entries (example code) names none
+        return by_repo[0].slug
+    if any(e.slug == key for e in model_catalog()):
+        return key
+    return next((h.slug for h in hub_ids() if h.hub_id.lower() == key), None)
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}$")
+#: Host setting: fetch an unknown Hub model's public config.json (off unless set to 1).
+HUB_FETCH_ENV = "VRAM_HUB_FETCH"
+HUB_TIMEOUT_S = 10
+
+
+def looks_like_hub_id(text: str) -> bool:
+    return bool(_HUB_ID.match(text)) and not text.endswith(".json")
+
+
+def fetch_hub_config(hub_id: str) -> dict[str, Any]:
+    """The public config.json of a Hub model, read as data only (size-capped JSON; nothing in
+    it is executed, no remote code). Only when the host sets VRAM_HUB_FETCH=1."""
+    if not looks_like_hub_id(hub_id):
+        raise ConfigError("model", f"{hub_id[:80]!r} is not a Hub id (owner/name)")
+    url = f"https://huggingface.co/{hub_id}/resolve/main/config.json"
+    request = urllib.request.Request(url, headers={"User-Agent": "vram"})
+    try:
+        with urllib.request.urlopen(request, timeout=HUB_TIMEOUT_S) as response:
+            body = response.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("model", f"could not fetch {hub_id}'s config.json ({exc}); "
+                          "download it and pass its path") from None
+    return read_config_text(body)
+
+
+def _unknown_hub_id(text: str) -> ConfigError:
+    return ConfigError(
+        "model", f"{text[:80]!r} is not in vram's catalog of Hub ids. Download its config.json "
+        f"(https://huggingface.co/{text[:80]}/blob/main/config.json) and pass the file's path, "
+        f"or paste its contents; a host may allow fetching it with {HUB_FETCH_ENV}=1"
+    )
+
+
 def teaching_models() -> dict[str, CatalogEntry]:
     """The four classroom sizes (1B, 8B, 13B, 70B), mapped to real models."""
     return {e.teaching_size: e for e in model_catalog() if e.teaching_size}
@@ -109,12 +195,19 @@ def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
         return _catalog_model(text)
     if text.startswith("{"):
         return model_from_config(read_config_text(text))
+    slug = resolve_hub_id(text)
+    if slug is not None:
+        return _catalog_model(slug)
     count = parse_param_count(text)
     if count is not None:
         return model_from_param_count(count)
     path = Path(text)
     if path.suffix == ".json" or path.exists():
         return model_from_config_file(path)
+    if looks_like_hub_id(text):
+        if os.environ.get(HUB_FETCH_ENV) == "1":
+            return model_from_config(fetch_hub_config(text), text)
+        raise _unknown_hub_id(text)
     slugs = ", ".join(e.slug for e in model_catalog()[:6])
     raise ConfigError(
         "model", f"{text[:80]!r} is not a catalog model, a config.json or a size "
@@ -129,8 +222,9 @@ def load_config(model: str | Path | Mapping[str, Any] | int) -> dict[str, Any]:
     if isinstance(model, int) and not isinstance(model, bool):
         return config_for_param_count(model)
     text = str(model).strip()
-    if isinstance(model, str) and catalog_entry(text) is not None:
-        return read_config_text((data_dir() / "models" / f"{text}.json").read_bytes())
+    slug = text if catalog_entry(text) is not None else resolve_hub_id(text)
+    if isinstance(model, str) and slug is not None:
+        return read_config_text((data_dir() / "models" / f"{slug}.json").read_bytes())
     if text.startswith("{"):
         return read_config_text(text)
     count = parse_param_count(text)

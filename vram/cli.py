@@ -2,6 +2,8 @@
 
     python -m vram estimate --model llama-3.1-8b --method qlora --optimizer adamw \\
         --precision bf16-mixed --batch 1 --seq 2048 --json
+    python -m vram estimate --from axolotl.yml --gpus 2 --json
+    python -m vram export --to trl --from axolotl.yml
     python -m vram gpus
     python -m vram validate ../shared/validation/cases.csv
 
@@ -21,6 +23,7 @@ from vram.errors import VramError
 from vram.estimate import estimate
 from vram.gpus import fit, load_gpus
 from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
+from vram.readers import cli_hook
 from vram.report import estimate_json, estimate_table, gpus_table
 from vram.setup import TrainingSetup
 from vram.validate import report_lines, run_cases
@@ -75,9 +78,9 @@ def _add_knob_flag(parser: argparse.ArgumentParser, knob: SetupKnob) -> None:
                             metavar=metavar, help=help_text)
 
 
-def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True,
-                        help="catalog name, path to a config.json, or a size such as 7B")
+def _add_setup_flags(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    parser.add_argument("--model", required=model_required,
+                        help="catalog name, Hub id, path to a config.json, or a size such as 7B")
     for knob in setup_knobs():
         _add_knob_flag(parser, knob)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -86,11 +89,14 @@ def _add_setup_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m vram", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    _add_setup_flags(commands.add_parser("estimate", help="memory of one training step"))
+    estimate_parser = commands.add_parser("estimate", help="memory of one training step")
+    _add_setup_flags(estimate_parser, model_required=False)
+    cli_hook.add_from_flags(estimate_parser)
     trace = commands.add_parser("trace", help="exact trace on fake tensors (needs vram[trace])")
     _add_setup_flags(trace)
     trace.add_argument("--layers", type=int, help="trace this many layers exactly (no "
                        "extrapolation)")
+    cli_hook.add_export_command(commands, _add_setup_flags)
     gpus = commands.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true")
     models = commands.add_parser("models", help="list the model catalog")
@@ -119,6 +125,10 @@ def _fail(prog: str, message: str) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    if args.from_file:
+        return _estimate_from_file(args)
+    if not args.model:
+        raise VramError("--model: required (or give a training config with --from FILE)")
     setup = setup_from_args(args)
     model = load_model(args.model)
     result = estimate(model, setup)
@@ -128,6 +138,23 @@ def _estimate(args: argparse.Namespace) -> int:
     else:
         print(estimate_table(result, report))
     return 0
+
+
+def _estimate_from_file(args: argparse.Namespace) -> int:
+    model, setup, loaded = cli_hook.from_file(args, build_parser(), args.argv)
+    result = estimate(model, setup)
+    report = fit(model, setup)
+    if args.json:
+        payload = cli_hook.add_to_json(estimate_json(result, report), setup, loaded)
+        print(json.dumps(payload, indent=2))
+    else:
+        print("\n".join(loaded.report.lines()) + "\n")
+        print(estimate_table(result, report))
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    return cli_hook.run_export(args, build_parser(), setup_from_args)
 
 
 def _trace(args: argparse.Namespace) -> int:
@@ -180,9 +207,10 @@ def _validate(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate}
+                "validate": _validate, "export": _export}
     try:
         return commands[args.command](args)
     except VramError as exc:

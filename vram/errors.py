@@ -17,3 +17,11 @@ class ConfigError(VramError):
 
 class CatalogError(VramError):
     """A data file (the GPU list, the model catalog) has a bad row."""
+
+
+class TrainingConfigError(VramError):
+    """A training config (axolotl, torchtune, LLaMA-Factory, TRL) has a key that cannot be used."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: {message}")

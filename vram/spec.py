@@ -142,6 +142,8 @@ class Stack(BaseModel):
     v_head_dim: int | None = None
     #: MLA's compressed k/v latent width (DeepSeek-V2 `kv_lora_rank`; 0 without MLA).
     kv_lora_rank: int = 0
+    #: MLA's compressed query latent width (DeepSeek-V3 `q_lora_rank`; 0: q_proj directly).
+    q_lora_rank: int = 0
     #: Shared experts every token runs beside the routed ones, as one gated MLP of this
     #: width (DeepSeek-V2: moe_intermediate_size × n_shared_experts; 0: none counted).
     shared_expert_width: int = 0

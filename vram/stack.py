@@ -207,6 +207,9 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=(True, f"{_AXOLOTL_CONFIG} normalize_config (any run)"),
         fused_optimizer=(True, "axolotl src/axolotl/utils/schemas/training.py@94c00c1 "
                                "optimizer default adamw_torch_fused"),
+        chunked_loss_fuses_head=(False, "axolotl src/axolotl/monkeypatch/loss/chunked.py@067b021 "
+                                        "CEWithChunkedOutputLoss (torchtune's: chunks kept; "
+                                        "Liger's is liger_fused_linear_cross_entropy)"),
     ),
     # LLaMA-Factory: HF Trainer + PEFT, its own model preparation instead of PEFT's.
     Framework.LLAMA_FACTORY: _like(

@@ -162,3 +162,22 @@ def test_mla_attention_keeps_q_k_and_v_at_their_own_widths() -> None:
     assert terms["attention"] == 2 * (heads * 192 * 2 + heads * 128 * 2) + 4 * heads
     # latent norm (fp32 copy + normalized), kv_b's input, the k_nope half, the rotated k_pe
     assert terms["mla"] == 4 * 512 + 2 * 512 + 2 * 512 + 2 * heads * 128 + 2 * 64
+
+
+def test_deepseek_v3_compresses_queries_too() -> None:
+    """DeepSeek-V3: 671,026,404,352 parameters without the MTP module (model card: 671B).
+    q goes through a 1,536-wide latent (q_a_proj, q_a_layernorm, q_b_proj), whose norm and
+    up-projection input are kept like the k/v latent's."""
+    h, vocab, heads = 7168, 129280, 128
+    attention = (h * 1536 + 1536 + 1536 * heads * 192 + h * 576 + 512 + 512 * heads * 256
+                 + heads * 128 * h + 2 * h)
+    moe = 256 * h + 256 * 3 * h * 2048 + 3 * h * 2048
+    total = 2 * vocab * h + 61 * attention + 3 * 3 * h * 18432 + 58 * moe + h
+    assert total == load_model("deepseek-v3").n_params == 671_026_404_352
+    spec = load_model("deepseek-v3")
+    setup = TrainingSetup(method="full", precision="bf16-true", micro_batch=1, seq_len=4096,
+                          attention="flash", framework="hf-trainer")
+    mla = {t.key: t.bytes_per_token for t in
+           layer_activations(spec, spec.stacks[0], setup, profile_for(setup)).terms}["mla"]
+    latent = 4 + 2 + 2  # fp32 norm copy, normalized latent, up-projection input, per unit
+    assert mla == latent * (512 + 1536) + 2 * heads * 128 + 2 * 64

@@ -15,7 +15,7 @@ EXPECTED_API = {
     "Loss", "Method", "ModelSpec", "Offload", "Optimizer", "ParamCounts", "Phase", "Precision",
     "Quant", "Sharding", "TrainingSetup", "VramError", "estimate", "fit", "load_gpus",
     "load_model", "model_catalog", "model_from_config", "model_from_param_count",
-    "teaching_models",
+    "teaching_models", "LoadedTrainingConfig", "load_training_config",
 }
 
 
@@ -27,7 +27,8 @@ def test_public_api_is_pinned() -> None:
 def test_the_core_is_light() -> None:
     """`import vram` (and its CLI, validation and trace entry points) loads none of the app's
     dependencies: no Streamlit, no plotly, no pandas (a light core, issue 15)."""
-    code = ("import sys, vram, vram.cli, vram.knobs, vram.validate, vram.trace; "
+    code = ("import sys, vram, vram.cli, vram.knobs, vram.validate, vram.trace, vram.export, "
+            "vram.readers; "
             "print(sorted(m for m in ('streamlit', 'plotly', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -36,6 +36,7 @@ FAMILIES: dict[str, ArchitectureFamily] = {
     "gpt2": Gpt2(),
     "qwen": QwenV1(),
     "deepseek_v2": DeepseekV2(),
+    "deepseek_v3": DeepseekV2(),
 }
 
 #: Accepted spellings that the list of supported families does not show.

@@ -1,4 +1,8 @@
-"""DeepSeek-V2 / V2-Lite: multi-head latent attention (MLA) and shared plus routed experts.
+"""DeepSeek-V2 / V2-Lite / V3: multi-head latent attention (MLA), shared plus routed experts.
+
+DeepSeek-V3 (transformers/models/deepseek_v3/modeling_deepseek_v3.py@v5.24.0) has the same
+parameters per layer; its router's `e_score_correction_bias` is a buffer, and the multi-token
+prediction layer (`num_nextn_predict_layers`) is not built by Transformers.
 
 transformers/models/deepseek_v2/modeling_deepseek_v2.py@v5.24.0:
 - DeepseekV2Attention: q_proj (h -> heads·(d_nope + d_rope)), or q_a_proj -> q_a_layernorm ->
@@ -61,7 +65,8 @@ def _deepseek_v2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
     head_dim = r.int("qk_nope_head_dim") + r.int("qk_rope_head_dim")
     shape = {"n_norms": 2, "norm_kind": NormKind.RMS, "n_heads": heads, "n_kv_heads": heads,
              "head_dim": head_dim, "v_head_dim": r.int("v_head_dim"),
-             "kv_lora_rank": r.int("kv_lora_rank"), "mlp_kind": MlpKind.GATED}
+             "kv_lora_rank": r.int("kv_lora_rank"), "mlp_kind": MlpKind.GATED,
+             "q_lora_rank": r.int("q_lora_rank") if r.has("q_lora_rank") else 0}
     other = 2 * h + latent_norms
     # DeepseekV2Config's default is 0 (every layer routed); the reader's ints start at 1
     n_dense = 0 if not r.config.get("first_k_dense_replace") else min(

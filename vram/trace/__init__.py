@@ -11,6 +11,7 @@ This package imports without them; `trace_available()` says whether a trace can 
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,13 @@ def missing_packages() -> list[str]:
 def _installed(name: str) -> bool:
     if name in sys.modules and sys.modules[name] is None:  # import blocked
         return False
+    return _findable(name)
+
+
+@functools.cache
+def _findable(name: str) -> bool:
+    # Searched once per process: the app asks on every rerun (about 1 ms of path scanning),
+    # and what is installed does not change while it runs.
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):

@@ -1,0 +1,64 @@
+"""The sidebar's "Import a training config": it fills the controls, shows the mapping table,
+and the state goes into the URL."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from ui.import_config import state_from_loaded
+from vram.readers import load_training_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
+
+
+def _import(app: AppTest, text: str, fmt: str = "auto") -> AppTest:
+    app.run()
+    app.text_area(key="import_text").set_value(text)
+    app.selectbox(key="import_format").set_value(fmt)
+    app.button(key="import_go").click()
+    return app.run()
+
+
+def test_import_fills_the_controls_and_the_url(app: AppTest) -> None:
+    _import(app, (CONFIGS / "axolotl/llama3-qlora.yml").read_text())
+    assert not app.exception
+    state = app.session_state
+    assert state["model"] == "meta-llama-3-8b"
+    assert (state["method"], state["seq"], state["batch"], state["rank"]) == (
+        "qlora", 4096, 2, 32)
+    assert (state["opt"], state["accum"], state["attn"]) == ("paged-adamw", 4, "flash")
+    assert app.query_params["seq"] == "4096"
+    tables = [t.value for t in app.dataframe if "sets" in t.value.columns]
+    keys = list(tables[0]["key"])
+    assert "sequence_len" in keys and "micro_batch_size" in keys
+    assert app.metric  # the page estimated the imported run
+
+
+def test_import_rounds_to_the_controls_and_says_so() -> None:
+    loaded = load_training_config(CONFIGS / "trl/smollm3-sft.yaml")
+    keys = ("seq", "batch", "rank", "model", "method")
+    values, notes = state_from_loaded(loaded, keys)
+    assert values["seq"] == 65536 and "model" not in values
+    assert any("model kept" in note for note in notes)
+    odd = load_training_config("base_model: x/y\nsequence_len: 3000\nmicro_batch_size: 3\n")
+    values, notes = state_from_loaded(odd, keys)
+    assert values["seq"] == 2048 and values["batch"] == 3
+    assert any("seq_len 3000" in note for note in notes)
+
+
+def test_bad_import_shows_a_message(app: AppTest) -> None:
+    _import(app, "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: lots\n")
+    assert not app.exception
+    assert any("micro_batch_size: must be a whole number" in e.value for e in app.error)
+    _import(app, "a: !!python/object/apply:os.system [echo]\n", "axolotl")
+    assert any("not valid YAML" in e.value for e in app.error)
+
+
+def test_export_buttons_are_offered(app: AppTest) -> None:
+    app.run()
+    assert not app.exception
+    labels = [e.proto.label for e in app.get("download_button")]
+    assert "This run as an axolotl config" in labels
+    assert "This run as a TRL config" in labels

@@ -1,0 +1,133 @@
+""""Import a training config" in the sidebar: read an axolotl, torchtune, LLaMA-Factory or
+TRL file (upload or paste), fill the controls from it, and show what each key set.
+
+`state_from_loaded` is pure (no Streamlit): it turns a read config into widget values, snapping
+a number that no control offers to the nearest one and saying so. The state then goes into the
+URL as any other change does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from ui import data, params
+from vram.catalog import catalog_entry
+from vram.errors import VramError
+from vram.knobs import setup_knobs
+from vram.readers import FORMATS, LoadedTrainingConfig, load_training_config
+from vram.setup import TrainingSetup
+
+MAX_IMPORT_BYTES = 512_000
+_REPORT = "_import_report"
+_ERROR = "_import_error"
+
+def _nearest(offered: tuple[Any, ...], value: float) -> Any:
+    numbers = [v for v in offered if isinstance(v, int | float) and not isinstance(v, bool)]
+    return min(numbers, key=lambda option: (abs(option - value), option))
+
+
+def state_from_loaded(loaded: LoadedTrainingConfig,
+                      keys: tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """Widget values for a read config, and notes on values the controls had to round."""
+    state: dict[str, Any] = {}
+    notes: list[str] = []
+    for knob in setup_knobs():
+        if knob.key not in keys:
+            continue
+        value = params.app_value(knob, getattr(loaded.setup, knob.name))
+        offered = params.options(knob.key)
+        if knob.kind in ("int", "float") and value not in offered:
+            near = _nearest(offered, value)
+            notes.append(f"{knob.name} {value} is not on the {knob.label} control: set to "
+                         f"{near}; the CLI takes the exact value (`--from`)")
+            value = near
+        elif knob.kind == "choice" and value not in offered:
+            notes.append(f"{knob.name} {value} is not offered by the app; left as it was")
+            continue
+        state[knob.key] = value
+    if loaded.model_slug is not None:
+        state["model"] = loaded.model_slug
+    elif loaded.model_problem:
+        notes.append(f"model kept as it was: {loaded.model_problem}")
+    return state, notes
+
+
+def _on_import() -> None:
+    session = st.session_state
+    upload = session.get("import_file")
+    text: str | bytes | None = None
+    if upload is not None:
+        if upload.size > MAX_IMPORT_BYTES:
+            session[_ERROR] = f"file: {upload.size:,} bytes; at most {MAX_IMPORT_BYTES:,}"
+            return
+        text = upload.getvalue()
+    elif (session.get("import_text") or "").strip():
+        text = session["import_text"]
+    if text is None:
+        session[_ERROR] = "upload a file or paste its text first"
+        return
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            session[_ERROR] = "file: not UTF-8 text"
+            return
+    chosen = session.get("import_format", "auto")
+    try:
+        # Text, never a path: a pasted name must not read the server's files.
+        loaded = load_training_config("\n" + text if "\n" not in text else text,
+                                      format=None if chosen == "auto" else chosen,
+                                      allow_file_reads=False)
+    except VramError as exc:
+        session[_ERROR] = str(exc)
+        return
+    values, notes = state_from_loaded(loaded, data.registry().keys)
+    for key, value in values.items():
+        session[key] = value
+    session.pop(_ERROR, None)
+    session[_REPORT] = {"report": loaded.report, "notes": notes}
+
+
+def panel() -> None:
+    """The sidebar expander; call inside `with st.sidebar`."""
+    with st.expander("Import a training config", expanded=False):
+        st.caption("axolotl, torchtune, LLaMA-Factory or TRL (YAML/JSON). Read as data only; "
+                   "nothing in it is run or fetched.")
+        st.file_uploader("Config file", type=["yaml", "yml", "json"], key="import_file")
+        st.text_area("…or paste it", key="import_text", height=120)
+        st.selectbox("Format", ("auto", *FORMATS), key="import_format")
+        st.button("Import", key="import_go", on_click=_on_import)
+        if st.session_state.get(_ERROR):
+            st.error(st.session_state[_ERROR])
+        shown = st.session_state.get(_REPORT)
+        if shown:
+            report = shown["report"]
+            st.caption(f"Read as {report.format} ({report.tool_version})")
+            st.dataframe([row.model_dump() for row in report.mapped], hide_index=True)
+            if report.defaults:
+                st.caption("Defaults the file leaves out")
+                st.dataframe([d.model_dump() for d in report.defaults], hide_index=True)
+            if report.not_modelled:
+                st.caption("Read, not yet modelled")
+                st.dataframe([n.model_dump() for n in report.not_modelled], hide_index=True)
+            if report.ignored:
+                st.caption("Ignored")
+                st.dataframe([i.model_dump() for i in report.ignored], hide_index=True)
+            for note in [*report.notes, *shown["notes"]]:
+                st.caption(note)
+
+
+def export_downloads(setup: TrainingSetup, model_choice: str) -> None:
+    """Download buttons: this run as an axolotl YAML and as a TRL config."""
+    from vram.export import to_axolotl_yaml, to_trl_yaml
+
+    model = model_choice if catalog_entry(model_choice) else "YOUR-ORG/YOUR-MODEL"
+    axolotl_text, _ = to_axolotl_yaml(setup, model)
+    trl_text, _ = to_trl_yaml(setup, model)
+    left, right = st.columns(2)
+    left.download_button("This run as an axolotl config", axolotl_text, "axolotl.yml",
+                         mime="application/yaml", key="export_axolotl")
+    right.download_button("This run as a TRL config", trl_text, "trl_sft.yml",
+                          mime="application/yaml", key="export_trl")

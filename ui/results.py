@@ -1,0 +1,164 @@
+"""What a page shows for a state, computed once per distinct state and shared by every session.
+
+Streamlit reruns the page script on every widget change. Everything below depends only on the
+state (the URL), so it is cached by the state itself: a team's sessions mostly ask for states
+someone already asked for (the default page, the teaching sizes, a shared link), and a person
+who toggles a control back sees the earlier state again. A cold state costs what it always did;
+a warm one skips the estimate, the fit, the figures and the tables.
+
+Cached values are shared between sessions and threads, so they are never mutated: the models
+are frozen, and the figures here are only read (see `frozen_figure`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import plotly.graph_objects as go
+import pyarrow as pa
+
+import vram
+from ui import charts, data, params, render, server
+from ui.charts import Unit
+from vram.gpus import FitReport
+
+# The first page run imports this module, after Streamlit, pandas and plotly are loaded.
+server.tune_gc()
+
+#: Distinct states kept; an entry (estimate, fit, two figures, tables) is well under 1 MB.
+MAX_STATES = 256
+
+#: State that changes how a page looks, not the estimate or the fit: left out of the key, so
+#: switching units or opening the math reuses the result.
+DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins"})
+
+StateKey = tuple[tuple[str, Any], ...]
+
+
+def state_key(state: Mapping[str, Any]) -> StateKey:
+    """A hashable, order-free key for the state an estimate depends on (lists become tuples)."""
+    return tuple(
+        sorted(
+            (k, tuple(v) if isinstance(v, list) else v)
+            for k, v in state.items()
+            if k not in DISPLAY_KEYS
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Result:
+    """The model, setup, estimate and GPU fit for one state, or the messages saying why not."""
+
+    model: vram.ModelSpec | None
+    setup: vram.TrainingSetup | None
+    estimate: vram.Estimate | None
+    report: FitReport | None
+    errors: tuple[str, ...]
+
+
+def _gpu_list_path() -> str | None:
+    # The fit depends on the GPU list, which VRAM_GPUS_CSV can replace.
+    return os.environ.get("VRAM_GPUS_CSV") or None
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _result(key: StateKey, gpu_list: str | None) -> Result:
+    state = dict(key)
+    model, model_error = data.resolve_model(state)
+    setup, setup_errors = params.build_setup(state)
+    errors = tuple(([model_error] if model_error else []) + setup_errors)
+    if model is None or setup is None:
+        return Result(model, setup, None, None, errors)
+    est = vram.estimate(model, setup)
+    report = vram.fit(model, setup, data.gpus_from(gpu_list))
+    return Result(model, setup, est, report, errors)
+
+
+def result(state: Mapping[str, Any]) -> Result:
+    """The estimate and fit of `state` (cached by the state and the GPU list)."""
+    return _result(state_key(state), _gpu_list_path())
+
+
+def frozen_figure(fig: go.Figure) -> go.Figure:
+    """`fig`, with `to_dict()` computed once.
+
+    `st.plotly_chart` calls `to_dict()` on every run, a deep copy of the figure and its
+    template (about 2 ms); a cached figure is never changed, so its dict never changes either.
+    """
+    spec = fig.to_dict()
+    object.__setattr__(fig, "to_dict", lambda: spec)
+    return fig
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
+    est = _result(key, gpu_list).estimate
+    assert est is not None
+    return frozen_figure(
+        charts.breakdown_figure(est, unit=unit, capacities=data.capacities())
+    )
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _inference(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
+    est = _result(key, gpu_list).estimate
+    assert est is not None
+    return frozen_figure(charts.inference_figure(est, unit=unit))
+
+
+def breakdown_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
+    return _breakdown(state_key(state), _gpu_list_path(), unit)
+
+
+def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
+    return _inference(state_key(state), _gpu_list_path(), unit)
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _download_json(key: StateKey, gpu_list: str | None) -> str:
+    res = _result(key, gpu_list)
+    assert res.estimate is not None and res.report is not None
+    payload = {
+        "estimate": res.estimate.model_dump(mode="json"),
+        "cheapest": [
+            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
+            for o in res.report.fits[:10]
+        ],
+    }
+    return json.dumps(payload, indent=2)
+
+
+def download_json(state: Mapping[str, Any]) -> str:
+    """The estimate and the ten cheapest fits as the JSON file the page offers."""
+    return _download_json(state_key(state), _gpu_list_path())
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
+    # Arrow tables: st.dataframe sends them as they are, a pandas frame it converts each run.
+    report = _result(key, gpu_list).report
+    assert report is not None
+    fits, misses = render.fit_frames(report, unit)
+    return (pa.Table.from_pandas(fits, preserve_index=False),
+            pa.Table.from_pandas(misses, preserve_index=False))
+
+
+def fit_tables(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, pa.Table]:
+    """The tables of GPUs that hold the run and of those too small (immutable, shared)."""
+    return _fit_tables(state_key(state), _gpu_list_path(), unit)
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _model_config(key: StateKey) -> dict[str, Any] | None:
+    return data.model_config(dict(key))
+
+
+def model_config(state: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The config.json behind the chosen model, for the exact trace (read-only: shared)."""
+    return _model_config(state_key(state))
