@@ -319,7 +319,8 @@ def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingS
                             galore_rank=projection_rank(model.hidden_size))
     master = master_full // shards.optimizer
     state_bytes = state.state_bytes // shards.optimizer
-    paged = state_bytes if state.paged else 0
+    unpaged = state.unpaged_bytes // shards.optimizer
+    paged = state_bytes - unpaged if state.paged else 0
     divided = f" ÷ {shards.optimizer}" if shards.optimizer > 1 else ""
     if setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER):
         return OptimizerPart([], state, 0, state_bytes + master, 0)
@@ -327,9 +328,9 @@ def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingS
         key="optimizer.states", label=f"{setup.optimizer.value} state",
         formula=state.formula + divided,
         inputs={"trainable_params": trainable_params(groups), "shards": shards.optimizer},
-        bytes=0 if state.paged else state_bytes, source="see vram.optimizer",
-        note="paged: kept in CUDA unified memory, invisible to PyTorch's counters"
-        if state.paged else "",
+        bytes=unpaged if state.paged else state_bytes, source="see vram.optimizer",
+        note="paged: kept in CUDA unified memory, invisible to PyTorch's counters (tensors "
+             "under 1e5 values stay device memory)" if state.paged else "",
     )]
     if master:
         items.append(LineItem(

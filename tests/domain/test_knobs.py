@@ -224,3 +224,16 @@ def test_fused_linear_loss_never_holds_whole_logits() -> None:
     loss = [i for i in fused.bucket("activations").items if i.key == "activations.loss"]
     if loss:  # the peak may be elsewhere; when the loss is the peak, one chunk is in it
         assert loss[0].bytes >= 512 * 128_256 * 2
+
+
+def test_paged_optimizer_keeps_small_tensors_on_the_device() -> None:
+    """bitsandbytes pages a state only for tensors of 1e5 values or more (get_state_buffer):
+    LoRA's rank-16 matrices (16 x 4096 = 65,536 values) keep 32-bit PagedAdamW state as ordinary
+    device memory, two fp32 states each; a full fine-tune's large matrices are paged."""
+    lora = _est(method="lora", optimizer="paged-adamw", lora_targets="q_proj")
+    trainable = lora.params.trainable
+    states = [i for i in lora.bucket("optimizer").items if i.key == "optimizer.states"][0]
+    assert states.bytes == 2 * 4 * trainable
+    assert lora.paged_bytes == 0
+    full = _est(method="full", optimizer="paged-adamw", precision="bf16-true")
+    assert full.paged_bytes > 0.99 * 2 * 4 * full.params.trainable
