@@ -232,7 +232,7 @@ def test_paged_optimizer_keeps_small_tensors_on_the_device() -> None:
     device memory, two fp32 states each; a full fine-tune's large matrices are paged."""
     lora = _est(method="lora", optimizer="paged-adamw", lora_targets="q_proj")
     trainable = lora.params.trainable
-    states = [i for i in lora.bucket("optimizer").items if i.key == "optimizer.states"][0]
+    states = next(i for i in lora.bucket("optimizer").items if i.key == "optimizer.states")
     assert states.bytes == 2 * 4 * trainable
     assert lora.paged_bytes == 0
     full = _est(method="full", optimizer="paged-adamw", precision="bf16-true")
