@@ -18,8 +18,9 @@ def examples(unit: charts.Unit) -> None:
     """Full vs LoRA vs QLoRA of one teaching-size model, live."""
     teaching = [e for e in data.catalog() if e.teaching_size]
     slugs = [e.slug for e in teaching] or [data.default_model()]
-    if "learn_model" not in st.session_state:
-        st.session_state["learn_model"] = data.default_model()
+    if "learn_model" not in st.session_state:  # a link's model, if it is a teaching size
+        linked = st.session_state.get("model")
+        st.session_state["learn_model"] = linked if linked in slugs else data.default_model()
     st.segmented_control(
         "Model",
         slugs,

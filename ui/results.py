@@ -25,6 +25,7 @@ import pyarrow as pa
 import vram
 from ui import charts, data, params, render, server
 from ui.charts import Unit
+from vram import gpus
 from vram.gpus import FitReport
 
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
@@ -96,12 +97,25 @@ def frozen_figure(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def _runnable_capacities(res: Result, gpu_list: str | None) -> tuple[
+        list[tuple[str, int]], frozenset[str]]:
+    """The capacity lines to draw (GPUs that can run the setup's precision) and the names of
+    those too small for it: the same list the 'Too small' table shows."""
+    assert res.estimate is not None and res.report is not None
+    unsupported = {data.short_gpu_name(g.name) for g in res.report.unsupported}
+    caps = [(name, size) for name, size in data.capacities() if name not in unsupported]
+    small = frozenset(data.short_gpu_name(g.name) for g in gpus.too_small(
+        res.estimate.setup, res.estimate.device_peak_bytes, data.gpus_from(gpu_list)))
+    return caps, small
+
+
 @functools.lru_cache(maxsize=MAX_STATES)
 def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
-    est = _result(key, gpu_list).estimate
-    assert est is not None
+    res = _result(key, gpu_list)
+    assert res.estimate is not None
+    caps, small = _runnable_capacities(res, gpu_list)
     return frozen_figure(
-        charts.breakdown_figure(est, unit=unit, capacities=data.capacities())
+        charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small)
     )
 
 
@@ -142,9 +156,11 @@ def download_json(state: Mapping[str, Any]) -> str:
 @functools.lru_cache(maxsize=MAX_STATES)
 def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
     # Arrow tables: st.dataframe sends them as they are, a pandas frame it converts each run.
-    report = _result(key, gpu_list).report
-    assert report is not None
-    fits, misses = render.fit_frames(report, unit)
+    res = _result(key, gpu_list)
+    assert res.report is not None and res.estimate is not None
+    supported = [g for g in data.gpus_from(gpu_list) if g not in res.report.unsupported]
+    small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes, supported)
+    fits, misses = render.fit_frames(res.report, res.estimate, small, unit)
     return (pa.Table.from_pandas(fits, preserve_index=False),
             pa.Table.from_pandas(misses, preserve_index=False))
 

@@ -1,0 +1,53 @@
+"""The calculator: how much GPU memory one training step needs, where it goes, what holds it.
+
+Served as the first page of ``streamlit run app.py`` (app.py lists the pages). Streamlit reruns
+this script from the top on every widget change; it only reads the widgets, calls `vram`, and
+displays the result.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+import vram
+from ui import import_config, inputs, render, results, verify
+
+st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
+
+
+def main() -> None:
+    state, unit = inputs.page_start("How much GPU memory does this training run need?")
+
+    # The estimate, the fit, the figures and the tables are cached by the state (ui.results).
+    res = results.result(state)
+    if res.errors:
+        st.error("\n\n".join(res.errors))
+        return
+    model, est, report = res.model, res.estimate, res.report
+    assert model is not None and est is not None
+    st.caption(
+        f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} trained. "
+        "Figures are per GPU."
+    )
+    render.metrics(est, report, unit)
+
+    chart, compare = st.columns([3, 2])
+    with chart:
+        st.subheader("Where the memory goes")
+        render.plot(results.breakdown_figure(state, unit), key="breakdown")
+    with compare:
+        st.subheader("Training against inference")
+        render.plot(results.inference_figure(state, unit), key="inference")
+    render.notes(est)
+    render.fit_tables(
+        *results.fit_tables(state, unit), unit, n_gpus=est.setup.n_gpus,
+        unsupported=report.unsupported if report else (),
+        bf16=est.setup.precision in vram.gpus.BF16_PRECISIONS,
+    )
+    render.show_math(est, unit)
+    verify.panel(est, results.model_config(state), unit)
+    render.download(lambda: results.download_json(state))
+    import_config.export_downloads(est.setup, state["model"])
+
+
+main()
