@@ -13,7 +13,6 @@ are frozen, and the figures here are only read (see `frozen_figure`).
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import pyarrow as pa
 import vram
 from ui import charts, data, params, render, server
 from ui.charts import Unit
-from vram import gpus
+from vram import gpus, report
 from vram.gpus import FitReport
 
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
@@ -138,18 +137,12 @@ def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
 def _download_json(key: StateKey, gpu_list: str | None) -> str:
     res = _result(key, gpu_list)
     assert res.estimate is not None and res.report is not None
-    payload = {
-        "estimate": res.estimate.model_dump(mode="json"),
-        "cheapest": [
-            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
-            for o in res.report.fits[:10]
-        ],
-    }
-    return json.dumps(payload, indent=2)
+    return report.estimate_json_text(res.estimate, res.report)
 
 
 def download_json(state: Mapping[str, Any]) -> str:
-    """The estimate and the ten cheapest fits as the JSON file the page offers."""
+    """The JSON file the page offers: byte for byte what ``python -m vram estimate --json``
+    prints for the same state (one serializer, vram.report)."""
     return _download_json(state_key(state), _gpu_list_path())
 
 
