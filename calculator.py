@@ -35,6 +35,8 @@ def main() -> None:
     with chart:
         st.subheader("Where the memory goes")
         render.plot(results.breakdown_figure(state, unit), key="breakdown")
+        st.markdown("**At the peak, and through the step**")
+        render.through_step_table(est, unit)
     with compare:
         st.subheader("Training against inference")
         render.plot(results.inference_figure(state, unit), key="inference")

@@ -18,6 +18,7 @@ import plotly.graph_objects as go
 
 from ui import label_layout
 from vram.result import BUCKET_ORDER, BucketName, Estimate
+from vram.through_step import through_step
 
 Unit = Literal["GB", "GiB"]
 
@@ -127,7 +128,7 @@ BAR_HALF = 0.3
 LABEL_X = 0.42
 X_MIN = -0.35
 X_MAX = 2.65
-BREAKDOWN_MARGIN: dict[str, int] = {"l": 72, "r": 12, "t": 64, "b": 16}
+BREAKDOWN_MARGIN: dict[str, int] = {"l": 92, "r": 12, "t": 64, "b": 16}
 
 
 def _px_scale(height: int, margin: dict[str, int], top: float) -> float:
@@ -157,14 +158,18 @@ def breakdown_figure(
     bottom = 0.0
     centres: list[float] = []
     labels: list[str] = []
-    for name in BUCKET_ORDER:
-        n_bytes = estimate.bucket(name).bytes
+    for row in through_step(estimate):
+        name, n_bytes = row.name, row.at_peak_bytes
         value = to_unit(n_bytes, unit)
         text = f"{BUCKET_LABELS[name]}: {format_bytes(n_bytes, unit)}"
+        hover = f"{text} at the peak"
+        if row.why:  # gradients or activations that the peak moment holds only part of
+            hover += (f"<br>up to {format_bytes(row.most_bytes, unit)} at another moment"
+                      f"<br>{wrap_label(row.why, 60)}")
         traces.append({
             "type": "bar", "x": [0], "y": [value], "name": BUCKET_LABELS[name],
             "marker": {"color": BUCKET_COLORS[name], "line": {"color": "white", "width": 1}},
-            "hovertemplate": f"{text}<extra></extra>", "width": 2 * BAR_HALF,
+            "hovertemplate": f"{hover}<extra></extra>", "width": 2 * BAR_HALF,
         })
         centres.append(bottom + value / 2)
         labels.append(text)
@@ -313,6 +318,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
                 "range": [0, top],
                 "gridcolor": "#e5e5e5",
                 "fixedrange": True,
+                "automargin": True,
             },
             xaxis={"fixedrange": True, "tickfont": {"size": FONT_SIZE + 2}, "tickangle": 0},
             # Colours match the breakdown chart; hovering a segment names it.
@@ -320,7 +326,7 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
             title={"text": f"training = <b>{estimate.training_to_inference:.1f}×</b> inference",
                    "font": {"size": FONT_SIZE + 2, "color": "#222"},
                    "x": 0.01, "xref": "container", "xanchor": "left"},
-            margin={"l": 72, "r": 16, "t": 64, "b": 50},
+            margin={"l": 92, "r": 16, "t": 64, "b": 50},
             annotations=annotations,
         ),
     )
@@ -416,7 +422,7 @@ def compare_figure(
     top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
     top = top * (1 + 2 * label_layout.LINE_HEIGHT_EM * (font_px + 2) / plot_guess_px) or 1.0
     tick_lines = max((n.count("<br>") + 1 for n in names), default=1)
-    margin = {"l": 72, "r": 16, "t": 80, "b": int(tick_lines * font_px * 1.4) + 24}
+    margin = {"l": 92, "r": 16, "t": 80, "b": int(tick_lines * font_px * 1.4) + 24}
     scale = _px_scale(height, margin, top)
     # In the margin, long GPU names wrap onto a second line rather than squeeze the plot.
     cap_texts = [wrap_label(f"{name} · {format_bytes(size, unit)}", 16) for name, size in lines]

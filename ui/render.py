@@ -17,6 +17,7 @@ from ui.charts import Unit, format_bytes
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
 from vram.result import BUCKET_ORDER, Estimate, LineItem
+from vram.through_step import through_step
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """
@@ -24,6 +25,10 @@ _CSS = """
 [data-testid="stMetricValue"] { font-size: 2.4rem; font-weight: 700; }
 [data-testid="stMetricValue"] > div { white-space: normal; overflow-wrap: anywhere; }
 [data-testid="stMetricLabel"] p { font-size: 1.1rem; }
+/* Labels and deltas wrap rather than end in "…" on a laptop or a projector. */
+[data-testid="stMetricLabel"] *, [data-testid="stMetricDelta"] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+}
 [data-testid="stMetricDelta"] { font-size: 1.2rem; }
 </style>
 """
@@ -87,6 +92,30 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
         delta_arrow="off",
         help="Training memory against serving the same model with the same batch and length.",
     )
+
+
+def through_step_table(est: Estimate, unit: Unit) -> None:
+    """Each bucket at the peak beside the most it holds at any moment, and why they differ."""
+    rows = through_step(est)
+    st.dataframe(
+        pd.DataFrame([{
+            "bucket": charts.BUCKET_LABELS[r.name],
+            "at the peak": round(charts.to_unit(r.at_peak_bytes, unit), 2),
+            "most at any moment": round(charts.to_unit(r.most_bytes, unit), 2),
+        } for r in rows]),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "bucket": st.column_config.TextColumn(width="medium"),
+            "at the peak": st.column_config.NumberColumn(f"at the peak ({unit})",
+                                                         format="%.2f"),
+            "most at any moment": st.column_config.NumberColumn(
+                f"most at any moment of the step ({unit})", format="%.2f"),
+        },
+    )
+    for r in rows:
+        if r.why:
+            st.caption(f"**{charts.BUCKET_LABELS[r.name]}**: {r.why}")
 
 
 def notes(est: Estimate) -> None:

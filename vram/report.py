@@ -12,8 +12,9 @@ from typing import Any
 
 from vram.gpus import FitReport, Gpu
 from vram.knobs import setup_record
-from vram.result import Estimate, MomentBytes
+from vram.result import Estimate
 from vram.setup import Sharding, TrainingSetup
+from vram.through_step import peak_moment
 from vram.units import format_gib, size_text
 
 
@@ -68,11 +69,6 @@ def setup_warnings(setup: TrainingSetup) -> list[str]:
             "gradient and optimizer state (ZeRO-3's own buffers are still counted); "
             "give --gpus N to shard across N GPUs.")
     return warnings
-
-
-def peak_moment(result: Estimate) -> MomentBytes | None:
-    """The moment of the step the peak is at (the candidate holding the most), if known."""
-    return max(result.moments, key=lambda m: m.allocated_bytes, default=None)
 
 
 def _label_lines(label: str, width: int = 52) -> list[str]:

@@ -46,13 +46,16 @@ OTHER_PAGES: dict[str, str] = {
 _MEASURE = """() => {
   const out = [];
   document.querySelectorAll('.js-plotly-plot').forEach((plot, p) => {
+    const box = plot.getBoundingClientRect();
     plot.querySelectorAll('svg text').forEach((t) => {
       const text = (t.textContent || '').trim();
       const r = t.getBoundingClientRect();
       const style = getComputedStyle(t);
       if (!text || r.width < 1 || r.height < 1 || style.visibility === 'hidden'
           || style.display === 'none' || style.opacity === '0') return;
-      out.push({plot: p, text, l: r.left, t: r.top, r: r.right, b: r.bottom});
+      out.push({plot: p, text, l: r.left, t: r.top, r: r.right, b: r.bottom,
+                inside: r.left >= box.left - 1 && r.right <= box.right + 1
+                        && r.top >= box.top - 1 && r.bottom <= box.bottom + 1});
     });
   });
   return out;
@@ -80,7 +83,8 @@ def _open(page: Any, url: str, name: str) -> list[dict[str, Any]]:
 
 
 def _overlaps(boxes: list[dict[str, Any]]) -> list[str]:
-    found = []
+    """Pairs of text boxes that overlap, and text cut by its chart's edge."""
+    found = [f"{b['text']!r} cut by the chart's edge" for b in boxes if not b["inside"]]
     for a, b in itertools.combinations(boxes, 2):
         if (a["l"] < b["r"] - TOUCH_PX and b["l"] < a["r"] - TOUCH_PX
                 and a["t"] < b["b"] - TOUCH_PX and b["t"] < a["b"] - TOUCH_PX):
