@@ -10,13 +10,16 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import import_config, inputs, render, results, verify
+from ui import import_config, inputs, plan_panel, render, results, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
 
 def main() -> None:
+    plan_panel.read_url()  # before the shared URL registry reads the query string
     state, unit = inputs.page_start("How much GPU memory does this training run need?")
+    plan_panel.sidebar()
+    plan_panel.write_url()
 
     # The estimate, the fit, the figures and the tables are cached by the state (ui.results).
     res = results.result(state)
@@ -46,6 +49,7 @@ def main() -> None:
         unsupported=report.unsupported if report else (),
         bf16=est.setup.precision in vram.gpus.BF16_PRECISIONS,
     )
+    plan_panel.panel(model, est.setup, unit)
     render.show_math(est, unit)
     verify.panel(est, results.model_config(state), unit)
     render.download(lambda: results.download_json(state))

@@ -290,10 +290,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         loopback_only(url)
         asyncio.run(run(url, args.pid, args.sessions, modes))
         return
-    with served(free_port()) as pid:
-        port = next(  # the port we chose, from the process's command line
-            a.split("=")[1] for a in Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-            if a.startswith("--server.port="))
+    port = free_port()
+    with served(port) as pid:
         asyncio.run(run(f"ws://127.0.0.1:{port}/_stcore/stream", [pid], args.sessions, modes))
 
 

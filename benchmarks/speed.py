@@ -1,19 +1,26 @@
-"""Time one `estimate()` and a `validate` run over the shared cases.
+"""Time `estimate()`, `fit()` over the catalog, `plan()` over the catalog with every lever, a
+10,000-setup sweep, and a `validate` run over the shared cases.
 
-    .venv/bin/python benchmarks/speed.py [../shared/validation/cases.csv]
+    .venv/bin/python benchmarks/speed.py [../shared/validation/cases.csv] > benchmarks/speed.txt
 
-Targets (issue 2): one estimate under 1 ms; validate over the shared cases under 2 s.
+Targets (issue 10): estimate() median <= 0.12 ms; fit() over the catalog <= 1 ms; plan() for
+a 70B setup over the whole catalog with every lever <= 50 ms; 10,000 setups <= 1 s. When
+fitcheck-llm is installed in this venv its estimate is timed in the same run.
 """
 
 from __future__ import annotations
 
+import os
+import random
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import vram
+from vram.plan import default_mfu_table
 
 SETUPS = {
     "8B QLoRA, 2k tokens": ("llama-3.1-8b", vram.TrainingSetup()),
@@ -23,24 +30,73 @@ SETUPS = {
         method="lora", seq_len=32768, grad_ckpt=True, attention="flash")),
     "T0 3B full fp32": ("t0_3b", vram.TrainingSetup(method="full", precision="fp32")),
 }
+PLAN_70B = ("llama-3.1-70b", vram.TrainingSetup(method="full", n_gpus=8, sharding="zero3",
+                                                grad_ckpt=True))
 
 
-def time_estimate(model: vram.ModelSpec, setup: vram.TrainingSetup, runs: int = 2000) -> float:
-    for _ in range(100):
-        vram.estimate(model, setup)
+def median_seconds(call: Callable[[], object], runs: int, warmup: int = 10) -> float:
+    for _ in range(warmup):
+        call()
     samples = []
     for _ in range(runs):
         start = time.perf_counter()
-        vram.estimate(model, setup)
+        call()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
 
+def sweep_setups(n: int, seed: int = 0) -> list[vram.TrainingSetup]:
+    """n distinct single-GPU setups: methods, optimizers, precisions, batches, sequences."""
+    rng = random.Random(seed)
+    setups: set[vram.TrainingSetup] = set()
+    while len(setups) < n:
+        method = rng.choice(["full", "lora", "qlora"])
+        setups.add(vram.TrainingSetup(
+            method=method, optimizer=rng.choice(["adamw", "adamw-8bit", "paged-adamw-8bit"]),
+            precision=rng.choice(["bf16-mixed", "bf16-true"]),
+            micro_batch=rng.randint(1, 64), seq_len=rng.choice([512, 1024, 2048, 4096, 8192]),
+            grad_ckpt=rng.random() < 0.5, lora_rank=rng.choice([8, 16, 32, 64])))
+    return sorted(setups, key=lambda s: s.model_dump_json())
+
+
 def main() -> None:
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print("estimate() median over 2000 calls")
     for label, (slug, setup) in SETUPS.items():
-        median = time_estimate(vram.load_model(slug), setup)
+        model = vram.load_model(slug)
+        median = median_seconds(lambda m=model, s=setup: vram.estimate(m, s), 2000, 100)
         print(f"  {label:<28} {median * 1e3:7.3f} ms")
+    try:
+        import fitcheck  # type: ignore[import-not-found]  # noqa: F401
+        print("  fitcheck-llm: installed, but no adapter written yet")
+    except ImportError:
+        print("  fitcheck-llm: not installed in this venv (no side-by-side figure)")
+
+    model = vram.load_model("llama-3.1-8b")
+    gpus = vram.load_gpus()
+    fit_s = median_seconds(lambda: vram.fit(model, vram.TrainingSetup(), gpus), 200)
+    print(f"fit() over the catalog ({len(gpus)} GPUs), 8B QLoRA: {fit_s * 1e3:.2f} ms")
+
+    default_mfu_table()  # the calibration is read once per process
+    slug, setup = PLAN_70B
+    big = vram.load_model(slug)
+    last = vram.plan(big, setup, tokens=1e9)
+    plan_s = median_seconds(lambda: vram.plan(big, setup, tokens=1e9), 20, 2)
+    print(f"plan() 70B full over the catalog, every lever: {plan_s * 1e3:.1f} ms "
+          f"({last.estimates} estimates, {len(last.levers)} levers, {len(last.options)} "
+          "options)")
+    mine = vram.Hardware(gpu="h100-sxm", count=8)
+    last = vram.plan(big, setup, hardware=mine, tokens=1e9)
+    plan_s = median_seconds(lambda: vram.plan(big, setup, hardware=mine, tokens=1e9), 20, 2)
+    print(f"plan() 70B full on 8x H100 (path needed), every lever: {plan_s * 1e3:.1f} ms "
+          f"({last.estimates} estimates)")
+
+    setups = sweep_setups(10_000)
+    start = time.perf_counter()
+    for each in setups:
+        vram.estimate(model, each)
+    print(f"sweep: 10,000 distinct 8B setups estimated in {time.perf_counter() - start:.2f} s")
+
     cases = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/validation/cases.csv")
     if cases.exists():
         runs = []
@@ -51,6 +107,7 @@ def main() -> None:
             runs.append(time.perf_counter() - start)
         print(f"python -m vram validate {cases} (whole process, median of 5): "
               f"{statistics.median(runs):.2f} s")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-import vram
-from ui import data, inputs, params, render
+from ui import data, inputs, params, render, results
 
 st.set_page_config(page_title="vram · GPUs", page_icon="🧮", layout="wide")
 
@@ -14,14 +13,12 @@ def main() -> None:
     state, unit = inputs.page_start("GPUs: memory, speed, price, and what this run needs")
 
     gpus = data.gpus()
-    model, model_error = data.resolve_model(state)
-    setup, errors = params.build_setup(state)
-    report = None
-    if model is None or setup is None:
-        st.error("\n\n".join(([model_error] if model_error else []) + errors))
+    # The estimate and the fit are cached by the state, shared with the calculator page.
+    res = results.result(state)
+    model, setup, est, report = res.model, res.setup, res.estimate, res.report
+    if model is None or setup is None or est is None:
+        st.error("\n\n".join(res.errors))
     else:
-        est = vram.estimate(model, setup)
-        report = vram.fit(model, setup, gpus)
         st.markdown(
             f"**{model.name}**, {params.label('method', state['method'])}: needs "
             f"**{render.format_bytes(est.device_peak_bytes, unit)}** per GPU "

@@ -30,7 +30,8 @@ from vram.gpus import FitReport
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
 server.tune_gc()
 
-#: Distinct states kept; an entry (estimate, fit, two figures, tables) is well under 1 MB.
+#: Distinct states kept: an entry (estimate, fit, two figures, tables) holds about 0.25 MB
+#: (tracemalloc), so the caches stay under ~60 MB per process.
 MAX_STATES = 256
 
 #: State that changes how a page looks, not the estimate or the fit: left out of the key, so

@@ -5,6 +5,7 @@
     >>> result = vram.estimate(model, vram.TrainingSetup(method="qlora", seq_len=2048))
     >>> result.device_peak_bytes, result.bucket_bytes
     >>> vram.fit(model, result.setup).cheapest
+    >>> vram.plan(model, result.setup, hardware=vram.Hardware(gpu="rtx-4090"), tokens=1e9)
     >>> loaded = vram.load_training_config("qlora.yml")  # axolotl, torchtune, LLaMA-Factory, TRL
 """
 
@@ -13,6 +14,7 @@ from vram.catalog import CatalogEntry, load_model, model_catalog, teaching_model
 from vram.errors import CatalogError, ConfigError, VramError
 from vram.estimate import estimate
 from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
+from vram.plan import Hardware, Plan, plan  # `vram.plan` is the function; the package is
 from vram.readers import LoadedTrainingConfig, load_training_config
 from vram.result import (
     Bucket,
@@ -49,6 +51,7 @@ __all__ = [
     "FitReport",
     "Framework",
     "Gpu",
+    "Hardware",
     "InferenceEstimate",
     "LineItem",
     "LoadedTrainingConfig",
@@ -60,6 +63,7 @@ __all__ = [
     "Optimizer",
     "ParamCounts",
     "Phase",
+    "Plan",
     "Precision",
     "Quant",
     "Sharding",
@@ -73,5 +77,6 @@ __all__ = [
     "model_catalog",
     "model_from_config",
     "model_from_param_count",
+    "plan",
     "teaching_models",
 ]

@@ -23,6 +23,7 @@ from vram.errors import VramError
 from vram.estimate import estimate
 from vram.gpus import fit, load_gpus
 from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
+from vram.plan import cli as plan_cli
 from vram.readers import cli_hook
 from vram.report import (
     estimate_json,
@@ -32,6 +33,7 @@ from vram.report import (
     setup_warnings,
 )
 from vram.setup import TrainingSetup
+from vram.units import format_gib
 from vram.validate import report_lines, run_cases
 
 EXIT_USAGE = 2
@@ -109,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--json", action="store_true")
     validate = commands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
+    plan_cli.register(commands, _add_setup_flags)  # plan, validate-speed
     return parser
 
 
@@ -182,8 +185,8 @@ def _trace(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         for name, value in payload.get("buckets", {}).items():
-            print(f"{name:<12} {value / 2**30:10.2f} GiB")
-        print(f"{'peak':<12} {payload['allocated_peak_bytes'] / 2**30:10.2f} GiB "
+            print(f"{name:<12} {format_gib(value, 10)}")
+        print(f"{'peak':<12} {format_gib(payload['allocated_peak_bytes'], 10)} "
               f"(allocated, {payload.get('phase', '')})")
     return 0
 
@@ -220,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate, "export": _export}
+                "validate": _validate, "export": _export, **plan_cli.register_handlers()}
     try:
         return commands[args.command](args)
     except VramError as exc:

@@ -41,7 +41,8 @@ def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
     assert app.selectbox(key="model").value == DEFAULT_MODEL
     assert _peak(app) == _expected_peak()
     assert _metric(app, "Cheapest GPUs that hold it") != "none in the list"
-    assert len(app.get("plotly_chart")) == 2
+    # the breakdown, training against inference, and the "Make it fit" path (issue 10)
+    assert [c.key for c in app.get("plotly_chart")] == ["breakdown", "inference", "plan_path"]
     assert app.get("download_button")
 
 

@@ -16,6 +16,8 @@ EXPECTED_API = {
     "Quant", "Sharding", "TrainingSetup", "VramError", "estimate", "fit", "load_gpus",
     "load_model", "model_catalog", "model_from_config", "model_from_param_count",
     "teaching_models", "LoadedTrainingConfig", "load_training_config",
+    # the planner (issue 10)
+    "Hardware", "Plan", "plan",
 }
 
 

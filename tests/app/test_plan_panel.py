@@ -1,0 +1,68 @@
+"""The "Make it fit" panel: my GPU and tokens in the sidebar and the URL, the verdict and the
+path as `vram.plan` computes them."""
+
+from __future__ import annotations
+
+from streamlit.testing.v1 import AppTest
+
+import vram
+from ui.charts import format_bytes
+
+
+def _metric(at: AppTest, label_start: str) -> tuple[str, str]:
+    found = next(m for m in at.metric if m.label.startswith(label_start))
+    return found.value, str(found.delta)
+
+
+def test_my_gpu_from_the_link_gives_the_plan(app: AppTest) -> None:
+    app.query_params["mygpu"] = "rtx-4090"
+    app.query_params["seq"] = "4096"
+    app.query_params["batch"] = "4"
+    app.query_params["ckpt"] = "1"
+    app.query_params["tokens"] = "1000"
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert not app.error, [e.value for e in app.error]
+    setup = vram.TrainingSetup(method="qlora", seq_len=4096, micro_batch=4, grad_ckpt=True)
+    expected = vram.plan(vram.load_model("llama-3.1-8b"), setup,
+                         hardware=vram.Hardware(gpu="rtx-4090"), tokens=1e9)
+    value, delta = _metric(app, "On 1× rtx-4090")
+    assert value == "does not fit"
+    assert delta == f"short by {format_bytes(expected.shortfall_bytes, 'GB')}"
+    assert _metric(app, "Longest sequence")[0] == f"{expected.max_seq_len.value:,} tokens"
+    assert any(expected.path_summary in m.value for m in app.markdown)
+    assert app.session_state["mygpu"] == "rtx-4090" and app.session_state["tokens"] == 1000.0
+    # the link keeps the panel's keys beside the registry's
+    assert app.query_params["mygpu"] == ["rtx-4090"] or app.query_params["mygpu"] == "rtx-4090"
+
+
+def test_bad_panel_link_is_reported_not_raised(app: AppTest) -> None:
+    app.query_params["mygpu"] = "rtx-9999"
+    app.query_params["mycount"] = "0"
+    app.run()
+    assert not app.exception
+    messages = " ".join(e.value for e in app.error)
+    assert "URL parameter `mygpu`: unknown GPU 'rtx-9999'" in messages
+    assert "URL parameter `mycount`" in messages
+    assert app.session_state["mygpu"] == "any"
+
+
+def test_changing_my_gpu_moves_the_verdict(app: AppTest) -> None:
+    app.run()
+    app.selectbox(key="mygpu").select("h100-sxm").run()
+    assert not app.exception
+    value, _ = _metric(app, "On 1× h100-sxm")
+    assert value == "fits"
+
+
+def test_path_chart_rows_add_up() -> None:
+    from ui.plan_chart import path_figure, path_rows
+
+    setup = vram.TrainingSetup(method="qlora", seq_len=4096, micro_batch=4, grad_ckpt=True)
+    result = vram.plan(vram.load_model("llama-3.1-8b"), setup,
+                       hardware=vram.Hardware(gpu="rtx-4090"))
+    rows = path_rows(result)
+    assert rows[0]["bytes"] == result.device_peak_bytes
+    assert rows[0]["bytes"] + sum(r["bytes"] for r in rows[1:-1]) == rows[-1]["bytes"]
+    assert rows[-1]["bytes"] == result.path[-1].device_peak_bytes <= result.usable_bytes
+    assert len(path_figure(result).data[0].x) == len(result.path) + 2

@@ -1,0 +1,74 @@
+"""The state caches of `ui.results` give exactly what computing afresh gives, and are shared."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import vram
+from ui import charts, data, params, render, results
+
+
+@pytest.fixture
+def state() -> dict[str, object]:
+    return {**data.registry().defaults(), "batch": 3, "seq": 4096}
+
+
+def test_key_ignores_order_and_display_only_state(state: dict[str, object]) -> None:
+    reordered = dict(reversed(list(state.items())))
+    shown_differently = {**state, "unit": "GiB", "math": True, "fits": True}
+    assert results.state_key(reordered) == results.state_key(state)
+    assert results.state_key(shown_differently) == results.state_key(state)
+    assert results.state_key({**state, "batch": 4}) != results.state_key(state)
+    hash(results.state_key(state))  # lists (LoRA targets) became tuples
+
+
+def test_cached_result_equals_a_fresh_estimate_and_fit(state: dict[str, object]) -> None:
+    res = results.result(state)
+    model, _ = data.resolve_model(state)
+    setup, errors = params.build_setup(state)
+    assert not errors and model is not None and setup is not None
+    assert res.errors == ()
+    assert res.estimate == vram.estimate(model, setup)
+    assert res.report == vram.fit(model, setup, data.gpus())
+    assert results.result(dict(state)) is res  # a second session gets the same object
+
+
+def test_bad_state_is_cached_with_its_messages(state: dict[str, object]) -> None:
+    res = results.result({**state, "model": params.UPLOAD, "config": ""})
+    assert res.estimate is None and res.report is None
+    assert res.errors and res.errors[0].startswith("Model:")
+
+
+def test_figures_are_the_charts_and_their_dict_is_computed_once(
+    state: dict[str, object],
+) -> None:
+    est = results.result(state).estimate
+    assert est is not None
+    fig = results.breakdown_figure(state, "GiB")
+    fresh = charts.breakdown_figure(est, unit="GiB", capacities=data.capacities())
+    assert fig.to_dict() == fresh.to_dict()
+    assert fig.to_dict() is fig.to_dict()
+    assert results.inference_figure(state, "GB").to_dict() == (
+        charts.inference_figure(est, unit="GB").to_dict()
+    )
+
+
+def _records(frame: pd.DataFrame) -> list[dict[str, object]]:
+    # pandas keeps a missing price as NaN; Arrow (what st.dataframe receives) as null.
+    return [{k: None if v != v else v for k, v in row.items()} for row in frame.to_dict("records")]
+
+
+def test_tables_and_download_carry_the_report(state: dict[str, object]) -> None:
+    res = results.result(state)
+    assert res.report is not None and res.estimate is not None
+    fits, misses = results.fit_tables(state, "GB")
+    fits_df, misses_df = render.fit_frames(res.report, "GB")
+    assert fits.to_pylist() == _records(fits_df)
+    assert misses.to_pylist() == _records(misses_df)
+    assert len(fits) == len(res.report.fits) and len(misses) == len(res.report.misses)
+    payload = json.loads(results.download_json(state))
+    assert payload["estimate"]["device_peak_bytes"] == res.estimate.device_peak_bytes
+    assert [o["gpu"] for o in payload["cheapest"]] == [o.gpu.id for o in res.report.fits[:10]]

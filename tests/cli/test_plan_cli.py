@@ -1,0 +1,71 @@
+"""`python -m vram plan` and `validate-speed`: the keys design.md promises, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vram.cli import main
+
+PLAN = ["plan", "--model", "llama-3.1-8b", "--method", "qlora", "--seq", "4096", "--batch",
+        "4", "--grad-ckpt"]
+
+
+def test_plan_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--gpu", "rtx-4090", "--gpu-count", "2", "--tokens", "1e9",
+                 "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert {"fits", "headroom_bytes", "max_micro_batch", "max_seq_len", "levers", "path",
+            "hours", "usd_per_run", "options"} <= set(payload)
+    assert isinstance(payload["fits"], bool) and isinstance(payload["headroom_bytes"], int)
+    assert payload["hardware"] == {"gpu": "rtx-4090", "count": 2, "nodes": 1, "given": True}
+    lever = payload["levers"][0]
+    assert {"name", "setup_change", "saved_bytes", "time_factor", "quality_note"} <= set(lever)
+    option = payload["options"][0]
+    assert {"gpu", "count", "hours", "usd_per_run"} <= set(option)
+    costs = [o["usd_per_run"] for o in payload["options"] if o["usd_per_run"] is not None]
+    assert costs == sorted(costs) and len(costs) > 5
+    proof = payload["max_seq_len_proof"]
+    assert proof["value_peak_bytes"] <= proof["usable_bytes"] < proof["past_peak_bytes"]
+
+
+def test_steps_give_the_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--gpu", "h100-sxm", "--steps", "1000", "--grad-accum", "2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] == 1000 * 4 * 2 * 1 * 4096
+
+
+def test_dataset_tokens_times_epochs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--dataset-tokens", "5e7", "--epochs", "3", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["tokens"] == 1.5e8
+    assert payload["hardware"]["given"] is False  # no --gpu: the cheapest option that fits
+    assert payload["hardware"]["gpu"] == payload["options"][0]["gpu"]
+
+
+def test_plan_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--gpu", "rtx-4090", "--tokens", "1e9"]) == 0
+    out = capsys.readouterr().out
+    assert "Llama 3.1 8B on 1x rtx-4090" in out and "path: +" in out
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--gpu", "rtx-9999"], "--gpu: unknown GPU 'rtx-9999'"),
+    (["--gpu", "rtx-4090", "--gpu-count", "0"], "--gpu-count: must be 1 to 64"),
+    (["--tokens", "-5"], "--tokens: must be above 0"),
+    (["--tokens", "1e9", "--steps", "10"], "--steps: give one of"),
+])
+def test_bad_plan_flags_exit_2_naming_the_flag(
+        argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, *argv]) == 2
+    err = capsys.readouterr().err
+    assert flag in err and len(err.strip().splitlines()) == 1
+
+
+def test_validate_speed_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate-speed"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("rows=")
+    median = float(last.split("median_abs_pct=")[1].split()[0])
+    assert median <= 25.0

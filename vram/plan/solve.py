@@ -1,0 +1,154 @@
+"""Reverse solvers: the largest micro-batch, the longest sequence, the fewest GPUs that fit.
+
+Each searches on the estimate itself (galloping, then bisection) and keeps the invariant
+"`low` fits, `high` does not", so the answer is proved by two estimates whatever the shape of
+the curve: the one at the answer fits and the one just past it does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vram.plan.hardware import Estimator, setup_on
+from vram.setup import MAX_MICRO_BATCH, MAX_SEQ_LEN, TrainingSetup
+
+NonNegativeInt = Annotated[int, Field(ge=0)]
+
+
+class Proof(BaseModel):
+    """An answer and the two estimates that prove it.
+
+    `value` fits (`value_peak_bytes` <= `usable_bytes`) and `past` does not. `value` is 0
+    when even the smallest does not fit (then `past` is that smallest); `past` is None when
+    the search limit itself fits.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    value: NonNegativeInt
+    value_peak_bytes: NonNegativeInt | None
+    past: int | None
+    past_peak_bytes: NonNegativeInt | None
+    usable_bytes: NonNegativeInt
+
+
+def _narrow(peak_at: Callable[[int], int], usable: int, fit: int, miss: int,
+            axis: Callable[[int], float]) -> tuple[int, int]:
+    """Shrink a bracket (`fit` fits, `miss` does not; either order) to neighbours.
+
+    Probes cycle: a secant through the two latest probes along `axis` (memory is close to
+    linear in batch and sequence, and in 1/GPUs under sharding, so it lands near the answer),
+    the neighbour of that probe, then a bisection, which bounds the search at three probes
+    per halving."""
+    step = 1 if miss > fit else -1
+    # the two most recent points with their peaks: a secant through them
+    recent = [(fit, peak_at(fit)), (miss, peak_at(miss))]
+    last_fit = False
+    turn = 0
+    while abs(miss - fit) > 1:
+        (x0, p0), (x1, p1) = recent[-2], recent[-1]
+        if turn == 0 and p0 != p1 and axis(x0) != axis(x1):
+            x = axis(x1) + (usable - p1) * (axis(x1) - axis(x0)) / (p1 - p0)
+            guess = _nearest_value(x, fit, miss, axis)
+        elif turn == 1:
+            guess = x1 + step if last_fit else x1 - step
+        else:
+            guess = (fit + miss) // 2
+        turn = (turn + 1) % 3
+        lo, hi = min(fit, miss), max(fit, miss)
+        probe = max(lo + 1, min(hi - 1, guess))
+        peak = peak_at(probe)
+        recent.append((probe, peak))
+        last_fit = peak <= usable
+        if last_fit:
+            fit = probe
+        else:
+            miss = probe
+    return fit, miss
+
+
+def _nearest_value(x: float, fit: int, miss: int, axis: Callable[[int], float]) -> int:
+    """The integer between the bracket's ends whose `axis` value is nearest x, on the
+    fitting side (axis is monotone)."""
+    lo, hi = min(fit, miss), max(fit, miss)
+    while hi - lo > 1:  # bisection on the axis: no estimate, just arithmetic
+        middle = (lo + hi) // 2
+        if (axis(middle) - x) * (axis(hi) - axis(lo)) <= 0:
+            lo = middle
+        else:
+            hi = middle
+    return lo if miss > fit else hi
+
+
+def _identity(value: int) -> float:
+    return float(value)
+
+
+def _inverse(value: int) -> float:
+    return 1.0 / value
+
+
+def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limit: int
+                    ) -> Proof:
+    """The largest v in [1, limit] with peak_at(v) <= usable, searched from `start`."""
+    def fits(value: int) -> bool:
+        return peak_at(value) <= usable
+
+    start = max(1, min(start, limit))
+    if fits(start):
+        low, high = start, 0
+        step = start
+        while not high:
+            candidate = min(limit, low + step)
+            if candidate == low:
+                return Proof(value=low, value_peak_bytes=peak_at(low), past=None,
+                             past_peak_bytes=None, usable_bytes=usable)
+            if fits(candidate):
+                low, step = candidate, step * 2
+            else:
+                high = candidate
+    else:
+        if start == 1 or not fits(1):
+            return Proof(value=0, value_peak_bytes=None, past=1, past_peak_bytes=peak_at(1),
+                         usable_bytes=usable)
+        low, high = 1, start
+    low, high = _narrow(peak_at, usable, low, high, _identity)
+    return Proof(value=low, value_peak_bytes=peak_at(low), past=high,
+                 past_peak_bytes=peak_at(high), usable_bytes=usable)
+
+
+def smallest_fitting(peak_at: Callable[[int], int], usable: int, limit: int) -> Proof:
+    """The smallest v in [1, limit] with peak_at(v) <= usable; `past` is v - 1 (or None at 1).
+    value 0 means no v up to `limit` fits (`past` is then `limit`)."""
+    if peak_at(1) <= usable:
+        return Proof(value=1, value_peak_bytes=peak_at(1), past=None, past_peak_bytes=None,
+                     usable_bytes=usable)
+    if limit == 1 or peak_at(limit) > usable:
+        return Proof(value=0, value_peak_bytes=None, past=limit,
+                     past_peak_bytes=peak_at(limit), usable_bytes=usable)
+    high, low = _narrow(peak_at, usable, limit, 1, _inverse)
+    return Proof(value=high, value_peak_bytes=peak_at(high), past=low,
+                 past_peak_bytes=peak_at(low), usable_bytes=usable)
+
+
+def max_micro_batch(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
+    """The largest micro-batch per GPU whose step fits in `usable` bytes."""
+    return largest_fitting(
+        lambda b: est.peak(setup.model_copy(update={"micro_batch": b})), usable,
+        setup.micro_batch, MAX_MICRO_BATCH)
+
+
+def max_seq_len(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
+    """The longest sequence (tokens) whose step fits in `usable` bytes."""
+    return largest_fitting(
+        lambda s: est.peak(setup.model_copy(update={"seq_len": s})), usable,
+        setup.seq_len, MAX_SEQ_LEN)
+
+
+def fewest_gpus(est: Estimator, setup: TrainingSetup, usable: int, limit: int) -> Proof:
+    """The fewest GPUs of `usable` bytes each that hold the run (ZeRO-3 when sharding is
+    needed, as fit() does); exact, not only powers of two."""
+    return smallest_fitting(lambda n: est.peak(setup_on(setup, n)), usable, limit)
