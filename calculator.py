@@ -10,7 +10,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import import_config, inputs, plan_panel, render, results, verify
+from ui import import_config, inputs, plan_panel, present, render, results, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
@@ -28,21 +28,27 @@ def main() -> None:
         return
     model, est, report = res.model, res.estimate, res.report
     assert model is not None and est is not None
-    st.caption(
-        f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} trained. "
-        "Figures are per GPU."
-    )
-    render.metrics(est, report, unit)
-
-    chart, compare = st.columns([3, 2])
-    with chart:
-        st.subheader("Where the memory goes")
-        render.plot(results.breakdown_figure(state, unit), key="breakdown")
+    caption = (f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} "
+               "trained. Figures are per GPU.")
+    if present.is_on():  # the peak and one big chart above a projector's fold
+        render.metrics(est, report, unit)
+        render.plot(results.breakdown_figure(state, unit, present=True), key="breakdown")
+        st.caption(caption)
         st.markdown("**At the peak, and through the step**")
         render.through_step_table(est, unit)
-    with compare:
-        st.subheader("Training against inference")
         render.plot(results.inference_figure(state, unit), key="inference")
+    else:
+        st.caption(caption)
+        render.metrics(est, report, unit)
+        chart, compare = st.columns([3, 2])
+        with chart:
+            st.subheader("Where the memory goes")
+            render.plot(results.breakdown_figure(state, unit), key="breakdown")
+            st.markdown("**At the peak, and through the step**")
+            render.through_step_table(est, unit)
+        with compare:
+            st.subheader("Training against inference")
+            render.plot(results.inference_figure(state, unit), key="inference")
     render.notes(est)
     render.fit_tables(
         *results.fit_tables(state, unit), unit, n_gpus=est.setup.n_gpus,

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 import vram
 from ui import charts, data, params, render, server
+from ui import present as present_mode
 from ui.charts import Unit
 from vram import gpus, report
 from vram.gpus import FitReport
@@ -36,7 +37,7 @@ MAX_STATES = 256
 
 #: State that changes how a page looks, not the estimate or the fit: left out of the key, so
 #: switching units or opening the math reuses the result.
-DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins"})
+DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins", "present"})
 
 StateKey = tuple[tuple[str, Any], ...]
 
@@ -110,12 +111,15 @@ def _runnable_capacities(res: Result, gpu_list: str | None) -> tuple[
 
 
 @functools.lru_cache(maxsize=MAX_STATES)
-def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
+def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -> go.Figure:
     res = _result(key, gpu_list)
     assert res.estimate is not None
     caps, small = _runnable_capacities(res, gpu_list)
+    size = ({"font_px": present_mode.FONT_PX, "height": present_mode.CHART_HEIGHT}
+            if present else {})
     return frozen_figure(
-        charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small)
+        charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
+                                **size)
     )
 
 
@@ -126,8 +130,9 @@ def _inference(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
     return frozen_figure(charts.inference_figure(est, unit=unit))
 
 
-def breakdown_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
-    return _breakdown(state_key(state), _gpu_list_path(), unit)
+def breakdown_figure(state: Mapping[str, Any], unit: Unit, *, present: bool = False,
+                     ) -> go.Figure:
+    return _breakdown(state_key(state), _gpu_list_path(), unit, present)
 
 
 def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
