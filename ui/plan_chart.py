@@ -48,9 +48,12 @@ def path_figure(plan: Plan, *, unit: Unit = "GB", height: int = 420) -> go.Figur
                   annotation_text=f"{plan.hardware.gpu}: {format_bytes(plan.usable_bytes, unit)}",
                   annotation_font_size=SMALL_FONT_SIZE)
     fig.update_layout(
-        height=height, margin={"l": 10, "r": 10, "t": 30, "b": 10}, showlegend=False,
+        # Room for the axis labels inside the figure: with 10 px margins the tick labels and the
+        # step names were drawn outside it and cut (the browser test measures every text).
+        height=height, margin={"l": 92, "r": 16, "t": 40, "b": 40}, showlegend=False,
         font={"family": FONT_FAMILY, "size": FONT_SIZE},
-        yaxis={"title": f"memory per GPU ({unit})", "rangemode": "tozero"},
+        yaxis={"title": f"memory per GPU ({unit})", "rangemode": "tozero", "automargin": True},
+        xaxis={"automargin": True},
         plot_bgcolor="white",
     )
     return fig
