@@ -505,21 +505,29 @@ def timeline_figure(
          "hovertemplate": f"%{{y:.2f}} {unit}<extra></extra>"},
     ]
     annotations: list[dict[str, Any]] = []
+    # The timeline is the short (few-layer) trace; the peak is the full model's, extended from
+    # it. The axis covers both, and the full peak is its own line, so neither is off the chart.
+    full_peak = to_unit(peak_bytes, unit)
+    top = max([*ys, full_peak, 0.0]) * 1.12 or 1.0
     if points:
         traces.append({
             "type": "scatter", "mode": "markers", "x": [xs[peak_index]], "y": [ys[peak_index]],
             "name": "peak", "marker": {"size": 16, "color": "#D55E00", "symbol": "star"},
+            "hovertemplate": f"peak of the traced layers: %{{y:.2f}} {unit}<extra></extra>",
         })
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+                       "y0": full_peak, "y1": full_peak,
+                       "line": {"color": "#D55E00", "width": 2, "dash": "dash"}})
         annotations.append({
-            "x": xs[peak_index], "y": ys[peak_index], "xref": "x", "yref": "y", "yshift": 18,
-            "showarrow": False, "font": {"size": SMALL_FONT_SIZE},
-            "text": f"<b>peak {format_bytes(peak_bytes, unit)}</b> ({peak_phase})",
+            "xref": "paper", "x": 0.0, "xanchor": "left", "y": full_peak, "yref": "y",
+            "yanchor": "bottom", "showarrow": False, "font": {"size": SMALL_FONT_SIZE},
+            "text": f"<b>peak {format_bytes(peak_bytes, unit)}</b> ({peak_phase}), all layers",
         })
     return _figure(traces, _layout(
         height=height, showlegend=False, shapes=shapes, annotations=annotations,
         xaxis={"title": {"text": "operation in the traced step"}, "showgrid": False},
-        yaxis={"title": {"text": f"live memory ({unit})"}, "rangemode": "tozero",
-               "gridcolor": "#eee"},
+        yaxis={"title": {"text": f"live memory ({unit})"}, "range": [0, top],
+               "gridcolor": "#eee", "automargin": True},
         title={"text": "Exact trace: live memory over one step (shaded: forward, backward, "
                        "optimizer)", "font": {"size": FONT_SIZE}},
     ))

@@ -26,9 +26,10 @@ def test_presentation_mode_fits_the_projector(server: str, browser: Any, width: 
     for name, path in PAGES.items():
         page.goto(server + path)
         page.locator(".js-plotly-plot svg text").first.wait_for(timeout=90_000)
-        page.wait_for_timeout(500)
-        page.locator('[data-testid="stStatusWidget"]').wait_for(state="hidden", timeout=60_000)
-        page.wait_for_timeout(1500)
+        # The header (and its running indicator) is hidden in this mode: wait for the page to
+        # stop changing instead.
+        page.wait_for_load_state("networkidle")
+        page.wait_for_timeout(4000)
         page.screenshot(path=str(ARTIFACTS / f"present-{name}-{width}x{height}.png"))
         assert not page.locator('[data-testid="stException"]').count(), name
         assert not page.locator('[data-testid="stSidebar"]').is_visible(), name
