@@ -122,6 +122,10 @@ def capacity_lines(
     return [(" / ".join(by_size[s][:2]), s) for s in shown]
 
 
+#: The narrowest plot a chart is drawn in (a 400 px phone, less the page's padding and the
+#: axis): labels are wrapped to fit their share of it.
+MIN_PLOT_PX = 260
+
 #: Bar geometry of the breakdown chart, in x-axis units: the bar spans [-BAR_HALF, BAR_HALF],
 #: bucket labels start at LABEL_X, the axis ends at X_MAX (the capacity labels' right edge).
 #: The bar takes a fifth of the plot's width, 56 px on a 400 px phone.
@@ -180,13 +184,18 @@ def breakdown_figure(
     top = max([to_unit(peak, unit)] + [to_unit(s, unit) for _, s in lines]) * 1.06 or 1.0
     margin = dict(BREAKDOWN_MARGIN)
     scale = _px_scale(height, margin, top)
-    cap_texts = [f"{name} · {format_bytes(size, unit)}" for name, size in lines]
+    # Wrapped to the room right of the bar on the narrowest plot, so a long GPU name never
+    # reaches back over the bar on a phone.
+    room_chars = int((X_MAX - LABEL_X) / (X_MAX - X_MIN) * MIN_PLOT_PX
+                     / (label_layout.CHAR_WIDTH_EM * font_px))
+    cap_texts = [wrap_label(f"{name}\u00a0· {format_bytes(size, unit)}", room_chars)
+                 for name, size in lines]
     cap_values = [to_unit(size, unit) for _, size in lines]
     for name_text, value in zip(cap_texts, cap_values, strict=True):
         traces.append({
             "type": "scatter", "mode": "lines", "x": [X_MIN, X_MAX], "y": [value, value],
             "line": {"color": "#333", "width": 2, "dash": "dash"}, "showlegend": False,
-            "hovertemplate": f"{name_text}<extra>capacity</extra>",
+            "hovertemplate": f"{name_text.replace('<br>', ' ')}<extra>capacity</extra>",
         })
     plot_px = height - margin["t"] - margin["b"]
     all_texts = labels + cap_texts
@@ -344,9 +353,6 @@ def wrap_label(text: str, max_chars: int = 18) -> str:
     return "<br>".join(lines)
 
 
-#: The narrowest plot a compare chart is drawn in (a phone, less the axis): tick labels are
-#: wrapped to fit their bar's share of it.
-MIN_PLOT_PX = 300
 
 
 _NUMBERED = re.compile(r"^(\d+)\. ")
