@@ -182,7 +182,8 @@ def breakdown_figure(
 
     lines = capacity_lines(capacities, peak, too_small=too_small)
     top = max([to_unit(peak, unit)] + [to_unit(s, unit) for _, s in lines]) * 1.06 or 1.0
-    margin = dict(BREAKDOWN_MARGIN)
+    # Room for the tick labels and the axis title, which grow with the type.
+    margin = {**BREAKDOWN_MARGIN, "l": max(BREAKDOWN_MARGIN["l"], round(5.75 * font_px))}
     scale = _px_scale(height, margin, top)
     # Wrapped to the room right of the bar on the narrowest plot, so a long GPU name never
     # reaches back over the bar on a phone.
@@ -429,7 +430,8 @@ def compare_figure(
     top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
     top = top * (1 + 2 * label_layout.LINE_HEIGHT_EM * (font_px + 2) / plot_guess_px) or 1.0
     tick_lines = max((n.count("<br>") + 1 for n in names), default=1)
-    margin = {"l": 92, "r": 16, "t": 80, "b": int(tick_lines * font_px * 1.4) + 24}
+    margin = {"l": max(92, round(5.75 * font_px)), "r": 16, "t": 80,
+              "b": int(tick_lines * font_px * 1.4) + 24}
     scale = _px_scale(height, margin, top)
     # In the margin, long GPU names wrap onto a second line rather than squeeze the plot.
     cap_texts = [wrap_label(f"{name} · {format_bytes(size, unit)}", 16) for name, size in lines]

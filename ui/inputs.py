@@ -218,7 +218,7 @@ def page_start(title: str, *, sync_url: bool = True) -> tuple[dict[str, Any], Un
     render.page_style()
     present.style()
     state = sidebar()
-    head, units = st.columns([4, 1])
+    head, units = st.columns([3, 1])
     head.title(title)
     with units:
         unit = unit_switch()

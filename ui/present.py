@@ -22,8 +22,12 @@ _CSS = """
 .block-container, [data-testid="stMainBlockContainer"] {
   padding-top: 0.75rem !important; max-width: 100% !important;
 }
-html, body, [data-testid="stMarkdownContainer"] p { font-size: 1.25rem; color: #000; }
-[data-testid="stMetricValue"] { font-size: 3.2rem !important; color: #000; }
+[data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li {
+  font-size: 1.25rem; color: #000;
+}
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] * {
+  font-size: 3.2rem !important; color: #000; line-height: 1.15;
+}
 [data-testid="stMetricLabel"] p { font-size: 1.35rem !important; color: #000; }
 </style>
 """
@@ -34,7 +38,7 @@ def is_on() -> bool:
 
 
 def toggle() -> None:
-    st.toggle("Presentation mode", key="present",
+    st.toggle("Presentation", key="present",
               help="Large type, no sidebar, the peak and the chart above the fold; "
                    "also in the link (present=1).")
 
