@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, data, inputs, learn, params, present, render
+from ui import charts, data, inputs, learn, params, present, render, text
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 
@@ -35,7 +35,7 @@ def examples(unit: charts.Unit) -> None:
         state = {**base, "method": method}
         setup, errors = params.build_setup(state)
         if setup is None:
-            st.error("\n".join(errors))
+            text.error(errors)
             return
         labelled.append((params.label("method", method), vram.estimate(model, setup)))
     render.plot(
@@ -99,7 +99,7 @@ def exercises() -> None:
             model, _ = data.resolve_model(state)
             setup, errors = params.build_setup(state)
             if model is None or setup is None:
-                st.error("\n".join(errors))
+                text.error(errors)
                 continue
             est = vram.estimate(model, setup)
             baseline = None

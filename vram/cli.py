@@ -32,6 +32,7 @@ from vram.report import (
     gpus_table,
     setup_warnings,
 )
+from vram.rl import cli as rl_cli
 from vram.setup import TrainingSetup
 from vram.units import format_gib
 from vram.validate import report_lines, run_cases
@@ -112,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
     plan_cli.register(commands, _add_setup_flags)  # plan, validate-speed
+    rl_cli.add_command(commands)
     return parser
 
 
@@ -223,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate, "export": _export, **plan_cli.register_handlers()}
+                "validate": _validate, "export": _export, **plan_cli.register_handlers(),
+                "rl": rl_cli.run}
     try:
         return commands[args.command](args)
     except VramError as exc:
