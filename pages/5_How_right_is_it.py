@@ -21,6 +21,7 @@ def main() -> None:
     render.page_style()
     present.style()
     st.title("How right is it?")
+    inputs.show_url_errors()
     points, have_shared = _points()
     if not have_shared:
         st.info("The shared case file (../shared/validation/cases.csv) is not beside this copy "
