@@ -10,11 +10,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from ui import label_layout
 from ui.charts import (
     FONT_FAMILY,
     FONT_SIZE,
-    MIN_PLOT_PX,
     SMALL_FONT_SIZE,
     Unit,
     format_bytes,
@@ -41,27 +39,24 @@ def path_rows(plan: Plan) -> list[dict[str, Any]]:
 
 
 def path_figure(plan: Plan, *, unit: Unit = "GB", height: int = 420) -> go.Figure:
-    """The waterfall, laid out so no two texts meet at any width: step names wrapped to their
-    bar's share of the narrowest plot (never rotated), each size inside its own bar (hidden,
-    left to the hover, where it does not fit), and the capacity label in a right margin sized
-    to it, where no bar's text can reach."""
+    """The waterfall on its side, laid out so no two texts meet at any width: each step's name
+    on its own row of the y axis (wrapped, never rotated), each size inside its own bar
+    (hidden, left to the hover, where it does not fit), and the capacity label above the plot
+    at its line, where no bar's text can reach."""
     rows = path_rows(plan)
     final = rows[-1]["bytes"]
     font_px = SMALL_FONT_SIZE
-    max_chars = max(6, int(MIN_PLOT_PX / max(1, len(rows))
-                           / (label_layout.CHAR_WIDTH_EM * font_px)))
-    labels = [wrap_label(row["label"], max_chars) for row in rows]
-    tick_lines = max(label.count("<br>") + 1 for label in labels)
+    labels = [wrap_label(row["label"], 18) for row in rows]
     sizes = [format_bytes(abs(row["bytes"]), unit) for row in rows]
     fig = go.Figure(go.Waterfall(
-        x=labels,
-        y=[to_unit(row["bytes"], unit) for row in rows],
+        orientation="h",
+        y=labels,
+        x=[to_unit(row["bytes"], unit) for row in rows],
         measure=[row["measure"] for row in rows],
         text=sizes,
         textposition="inside",
         textfont={"size": font_px},
-        customdata=[[row["label"].replace("<br>", " "), size] for row, size in zip(
-            rows, sizes, strict=True)],
+        customdata=[[row["label"], size] for row, size in zip(rows, sizes, strict=True)],
         hovertemplate="%{customdata[0]}: %{customdata[1]}<extra></extra>",
         decreasing={"marker": {"color": SAVED_COLOR}},
         increasing={"marker": {"color": OVER_COLOR}},
@@ -69,23 +64,20 @@ def path_figure(plan: Plan, *, unit: Unit = "GB", height: int = 420) -> go.Figur
         connector={"line": {"color": "#999999"}},
     ))
     capacity = to_unit(plan.usable_bytes, unit)
-    cap_text = wrap_label(f"{plan.hardware.gpu}: {format_bytes(plan.usable_bytes, unit)}", 14)
-    fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=capacity, y1=capacity,
+    top = max(to_unit(plan.device_peak_bytes, unit), capacity) * 1.05 or 1.0
+    fig.add_shape(type="line", yref="paper", y0=0, y1=1, xref="x", x0=capacity, x1=capacity,
                   line={"color": "#333333", "dash": "dash", "width": 2})
-    fig.add_annotation(xref="paper", x=1.0, xanchor="left", xshift=6, yref="y", y=capacity,
-                       showarrow=False, text=cap_text,
+    fig.add_annotation(yref="paper", y=1.0, yanchor="bottom", xref="x", x=capacity,
+                       xanchor="right" if capacity > top / 2 else "left", showarrow=False,
+                       text=f"{plan.hardware.gpu}: {format_bytes(plan.usable_bytes, unit)}",
                        font={"size": font_px, "color": "#333333"})
-    top = max(to_unit(plan.device_peak_bytes, unit), capacity) * 1.08 or 1.0
     fig.update_layout(
-        # Room for the axis labels inside the figure: with 10 px margins the tick labels and the
-        # step names were drawn outside it and cut (the browser test measures every text).
-        height=height, showlegend=False,
-        margin={"l": 92, "r": int(label_layout.text_width_px(cap_text, font_px)) + 16,
-                "t": 30, "b": int(tick_lines * font_px * 1.4) + 24},
+        height=max(height, 70 * len(rows) + 80), showlegend=False,
+        margin={"l": 16, "r": 16, "t": 40, "b": 56},
         font={"family": FONT_FAMILY, "size": FONT_SIZE},
         uniformtext={"minsize": font_px, "mode": "hide"},
-        yaxis={"title": f"memory per GPU ({unit})", "range": [0, top], "automargin": True},
-        xaxis={"tickangle": 0, "tickfont": {"size": font_px}},
+        xaxis={"title": f"memory per GPU ({unit})", "range": [0, top], "automargin": True},
+        yaxis={"autorange": "reversed", "tickfont": {"size": font_px}, "automargin": True},
         plot_bgcolor="white",
     )
     return fig
