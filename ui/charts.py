@@ -205,7 +205,7 @@ def breakdown_figure(
     placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
     if placed is None:  # no room for the capacity labels: the lines keep their hover
         all_texts, wanted, heights = labels, wanted[: len(labels)], heights[: len(labels)]
-        cap_texts = []
+        cap_texts, cap_values = [], []
         placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px) or wanted
     annotations: list[dict[str, Any]] = []
     for text, centre, label_px in zip(labels, centres, placed, strict=False):
