@@ -199,14 +199,17 @@ def breakdown_figure(
             "hovertemplate": f"{name_text.replace('<br>', ' ')}<extra>capacity</extra>",
         })
     plot_px = height - margin["t"] - margin["b"]
-    all_texts = labels + cap_texts
     wanted = [c * scale for c in centres] + [v * scale for v in cap_values]
-    heights = [label_layout.text_height_px(t, font_px) for t in all_texts]
+    heights = [label_layout.text_height_px(t, font_px) for t in labels + cap_texts]
     placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
-    if placed is None:  # no room for the capacity labels: the lines keep their hover
-        all_texts, wanted, heights = labels, wanted[: len(labels)], heights[: len(labels)]
-        cap_texts, cap_values = [], []
-        placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px) or wanted
+    while placed is None and cap_texts:
+        # No room: drop the capacity label farthest below the peak (the smallest card) and
+        # try again; a dropped line keeps its hover.
+        cap_texts, cap_values = cap_texts[1:], cap_values[1:]
+        del wanted[len(labels)], heights[len(labels)]
+        placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
+    if placed is None:
+        placed = wanted
     annotations: list[dict[str, Any]] = []
     for text, centre, label_px in zip(labels, centres, placed, strict=False):
         annotations.append({
