@@ -12,7 +12,7 @@ import streamlit as st
 #: Chart text in presentation mode (px): readable from about 10 m on a 1280x720 projector.
 FONT_PX = 22
 #: The big chart's height (px): with the metrics above it, it ends above a 720 px fold.
-CHART_HEIGHT = 460
+CHART_HEIGHT = 385
 
 _CSS = """
 <style>
