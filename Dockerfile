@@ -25,7 +25,7 @@ RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))
 # The app runs from /app, where `vram` and `data/` sit next to it.
 COPY vram ./vram
 COPY data ./data
-COPY app.py ./
+COPY app.py calculator.py ./
 COPY ui ./ui
 COPY pages ./pages
 COPY .streamlit ./.streamlit

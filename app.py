@@ -1,52 +1,18 @@
-"""The calculator: how much GPU memory one training step needs, where it goes, what holds it.
+"""The app: the calculator first, then every page in pages/ (a new file there appears by itself).
 
-Run with ``streamlit run app.py``. Streamlit reruns this script from the top on every widget
-change; it only reads the widgets, calls `vram`, and displays the result.
+Run with ``streamlit run app.py``. `st.navigation` names the first entry "Calculator" (the
+automatic pages/ listing would call it "app"); the other titles and URL paths come from the
+file names as before (``pages/1_Learn.py`` -> "Learn", ``/Learn``), so old links still work.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
-from ui import data, import_config, inputs, plan_panel, render, results, text, verify
+ROOT = Path(__file__).resolve().parent
 
-st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
-
-
-def main() -> None:
-    data.stop_if_gpu_list_is_bad()  # the plan panel reads the GPU list first
-    plan_panel.read_url()  # before the shared URL registry reads the query string
-    state, unit = inputs.page_start("How much GPU memory does this training run need?")
-    plan_panel.sidebar()
-    plan_panel.write_url()
-
-    # The estimate, the fit, the figures and the tables are cached by the state (ui.results).
-    res = results.result(state)
-    if res.errors:
-        text.error(res.errors)
-        return
-    model, est, report = res.model, res.estimate, res.report
-    assert model is not None and est is not None
-    st.caption(
-        f"{text.plain(model.name)}: {est.params.total:,} parameters, "
-        f"{est.params.trainable:,} trained. Figures are per GPU."
-    )
-    render.metrics(est, report, unit)
-
-    chart, compare = st.columns([3, 2])
-    with chart:
-        st.subheader("Where the memory goes")
-        render.plot(results.breakdown_figure(state, unit), key="breakdown")
-    with compare:
-        st.subheader("Training against inference")
-        render.plot(results.inference_figure(state, unit), key="inference")
-    render.notes(est)
-    render.fit_tables(*results.fit_tables(state, unit))
-    plan_panel.panel(model, est.setup, unit)
-    render.show_math(est, unit)
-    verify.panel(est, results.model_config(state), unit)
-    render.download(lambda: results.download_json(state))
-    import_config.export_downloads(est.setup, state["model"])
-
-
-main()
+pages = [st.Page(str(ROOT / "calculator.py"), title="Calculator", icon="🧮", default=True)]
+pages += [st.Page(str(path)) for path in sorted((ROOT / "pages").glob("*.py"))]
+st.navigation(pages).run()

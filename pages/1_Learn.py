@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, data, inputs, learn, params, render, text
+from ui import charts, data, inputs, learn, params, present, render, text
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 
@@ -18,8 +18,9 @@ def examples(unit: charts.Unit) -> None:
     """Full vs LoRA vs QLoRA of one teaching-size model, live."""
     teaching = [e for e in data.catalog() if e.teaching_size]
     slugs = [e.slug for e in teaching] or [data.default_model()]
-    if "learn_model" not in st.session_state:
-        st.session_state["learn_model"] = data.default_model()
+    if "learn_model" not in st.session_state:  # a link's model, if it is a teaching size
+        linked = st.session_state.get("model")
+        st.session_state["learn_model"] = linked if linked in slugs else data.default_model()
     st.segmented_control(
         "Model",
         slugs,
@@ -38,10 +39,43 @@ def examples(unit: charts.Unit) -> None:
             return
         labelled.append((params.label("method", method), vram.estimate(model, setup)))
     render.plot(
-        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480),
+        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
+                              font_px=present.FONT_PX if present.is_on() else 16),
         key="learn_examples",
     )
     st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
+
+
+def seeds(unit: charts.Unit) -> None:
+    """The seed figures in one click: parameters × bytes per parameter, the recipe named, and
+    what the calculator says for the same run."""
+    reg = data.registry()
+    by_key = {seed.key: seed for seed in learn.SEEDS}
+    if "learn_seed" not in st.session_state:
+        st.session_state["learn_seed"] = learn.SEEDS[0].key
+    st.segmented_control("Seed figure", list(by_key), key="learn_seed",
+                         format_func=lambda k: by_key[k].title)
+    seed = by_key.get(st.session_state.get("learn_seed") or "", learn.SEEDS[0])
+    low, high = learn.seed_range_bytes(seed)
+    figure = (charts.format_bytes(low, unit) if low == high else
+              f"{charts.format_bytes(low, unit)} to {charts.format_bytes(high, unit)}")
+    st.markdown(f"### {seed.params_billions:g}B × {seed.bytes_per_param:g} B/param ≈ {figure}")
+    st.markdown(f"**Recipe.** {seed.recipe}\n\n**Why it matters.** {seed.why}")
+    state = {**reg.defaults(), **seed.state}
+    model, _ = data.resolve_model(state)
+    setup, _ = params.build_setup(state)
+    if model is not None and setup is not None:
+        est = vram.estimate(model, setup)
+        held = learn.model_state_bytes(est)
+        link = "/?" + "&".join(f"{k}={v}" for k, v in seed.state.items())
+        st.caption(
+            f"The calculator for {model.name} ({params.label('method', state['method'])}, "
+            f"{state['prec']}): weights + all gradients + optimizer state = "
+            f"{charts.format_bytes(held, unit)} ({held / est.params.total:.1f} B per "
+            f"parameter of {est.params.total:,}), peak "
+            f"{charts.format_bytes(est.device_peak_bytes, unit)} per GPU with activations and "
+            f"overhead. [Open it in the calculator]({link})"
+        )
 
 
 def exercises() -> None:
@@ -68,7 +102,14 @@ def exercises() -> None:
                 text.error(errors)
                 continue
             est = vram.estimate(model, setup)
-            result = learn.grade(float(answer), learn.target_bytes(est, ex.target))
+            baseline = None
+            if ex.baseline is not None:
+                base_setup, base_errors = params.build_setup({**reg.defaults(), **ex.baseline})
+                if base_setup is None:
+                    st.error("\n".join(base_errors))
+                    continue
+                baseline = vram.estimate(model, base_setup)
+            result = learn.grade(float(answer), learn.answer_bytes(ex, est, baseline))
             (st.success if result.ok else st.warning)(result.message)
             st.markdown(learn.explanation(est, ex.target))
 
@@ -76,8 +117,13 @@ def exercises() -> None:
 def main() -> None:
     inputs.init_state()
     render.page_style()
+    present.style()
     st.title("Where does training memory go?")
-    unit = inputs.unit_switch()
+    units, mode = st.columns(2)
+    with units:
+        unit = inputs.unit_switch()
+    with mode:
+        present.toggle()
     inputs.show_url_errors()
     inputs.write_url()
     st.markdown(
@@ -95,6 +141,10 @@ Below, the same model three ways, computed live:
 """
     )
     examples(unit)
+    st.header("Seed figures in one click")
+    st.markdown("The back-of-the-envelope numbers a course starts from, each with its recipe, "
+                "beside what the calculator says for the same run.")
+    seeds(unit)
     st.header("The levers: which technique shrinks which bucket")
     st.markdown(learn.LEVERS_MARKDOWN)
     st.header("Common wrong beliefs")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, compare, data, inputs, render, text
+from ui import charts, compare, data, inputs, present, render, text
 
 st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide")
 
@@ -35,7 +35,9 @@ def main() -> None:
     if not labelled:
         return
     render.plot(
-        charts.compare_figure(labelled, unit=unit, capacities=data.capacities()), key="compare"
+        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(),
+                              font_px=present.FONT_PX if present.is_on() else 16),
+        key="compare",
     )
     st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
     compare.remove_buttons(labelled)

@@ -10,12 +10,15 @@ its colour everywhere.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import plotly.graph_objects as go
 
+from ui import label_layout
 from vram.result import BUCKET_ORDER, BucketName, Estimate
+from vram.through_step import through_step
 from vram.units import GB, GIB
 
 Unit = Literal["GB", "GiB"]
@@ -48,8 +51,6 @@ WORKING_COLOR = "#D55E00"  # vermillion
 FONT_SIZE = 18
 SMALL_FONT_SIZE = 16
 FONT_FAMILY = "Source Sans Pro, Arial, sans-serif"
-#: Right margin (px) for capacity labels placed beside the plot.
-CAPACITY_MARGIN = 275
 
 
 def to_unit(n_bytes: int, unit: Unit) -> float:
@@ -92,36 +93,15 @@ def _layout(**extra: Any) -> dict[str, Any]:
     return layout
 
 
-def spread_labels(centres: Sequence[float], min_gap: float) -> list[float]:
-    """Move label positions apart so that neighbours are at least `min_gap` apart.
-
-    Keeps the order; pushes labels up from the lowest, then pulls the whole stack down again
-    as far as the lowest label's own position allows, so it stays centred on what it names.
-    """
-    if not centres:
-        return []
-    order = sorted(range(len(centres)), key=lambda i: centres[i])
-    placed: list[float] = []
-    for i in order:
-        want = centres[i]
-        placed.append(want if not placed else max(want, placed[-1] + min_gap))
-    wanted = [centres[i] for i in order]
-    excess = sum(p - w for p, w in zip(placed, wanted, strict=True)) / len(placed)
-    # Pull down by the mean displacement, but keep every label at or above zero.
-    shift = max(0.0, min(excess, placed[0]))
-    placed = [p - shift for p in placed]
-    out = [0.0] * len(centres)
-    for slot, i in enumerate(order):
-        out[i] = placed[slot]
-    return out
-
-
 def capacity_lines(
-    capacities: Iterable[tuple[str, int]], peak_bytes: int, *, max_below: int = 3
+    capacities: Iterable[tuple[str, int]], peak_bytes: int, *, max_below: int = 3,
+    too_small: frozenset[str] | None = None,
 ) -> list[tuple[str, int]]:
     """The capacities worth drawing: the largest few below the peak, and the first above it.
 
-    Names sharing a size are joined ("L4 / A10"), so each line is drawn once.
+    Names sharing a size are joined ("L4 / A10"), so each line is drawn once. `too_small`, when
+    given, names the GPUs the fit found too small (vram.gpus.too_small, which counts each GPU's
+    own CUDA context): a line is drawn below the peak exactly when its GPU is in that list.
     """
     by_size: dict[int, list[str]] = {}
     for name, size in capacities:
@@ -129,38 +109,36 @@ def capacity_lines(
         if name not in names:
             names.append(name)
     sizes = sorted(by_size)
-    shown = [s for s in sizes if s < peak_bytes][-max_below:] if max_below else []
-    above = [s for s in sizes if s >= peak_bytes]
+
+    def below(size: int) -> bool:
+        if too_small is None:
+            return size < peak_bytes
+        return any(name in too_small for name in by_size[size])
+
+    shown = [s for s in sizes if below(s)][-max_below:] if max_below else []
+    above = [s for s in sizes if not below(s)]
     if above:
         shown.append(above[0])
     return [(" / ".join(by_size[s][:2]), s) for s in shown]
 
 
-def capacity_marks(lines: Sequence[tuple[str, int]], unit: Unit, axis_top: float, *,
-                   in_margin: bool = False,
-                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Dashed lines at GPU capacities and their labels, kept about one text line apart.
+#: The narrowest plot a chart is drawn in (a 400 px phone, less the page's padding and the
+#: axis): labels are wrapped to fit their share of it.
+MIN_PLOT_PX = 260
 
-    Labels sit at the plot's right edge on a white box (Compare), or in the right margin when
-    the plot has its own labels there (the breakdown's segment labels), so neither hides the
-    other; the figure then needs a right margin of CAPACITY_MARGIN.
-    """
-    label_ys = spread_labels([to_unit(size, unit) for _, size in lines], 0.06 * axis_top)
-    shapes: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
-    for (name, size), label_y in zip(lines, label_ys, strict=True):
-        y = to_unit(size, unit)
-        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
-                       "y0": y, "y1": y, "line": {"color": "#333", "width": 2, "dash": "dash"}})
-        place = ({"xanchor": "left", "yanchor": "middle", "y": label_y} if in_margin else
-                 {"xanchor": "right", "yanchor": "bottom", "y": label_y,
-                  "bgcolor": "rgba(255,255,255,0.85)"})
-        annotations.append({
-            "xref": "paper", "x": 1.0, "yref": "y", "showarrow": False,
-            "text": f"{name} · {format_bytes(size, unit)}",
-            "font": {"size": SMALL_FONT_SIZE, "color": "#333"}, **place,
-        })
-    return shapes, annotations
+#: Bar geometry of the breakdown chart, in x-axis units: the bar spans [-BAR_HALF, BAR_HALF],
+#: bucket labels start at LABEL_X, the axis ends at X_MAX (the capacity labels' right edge).
+#: The bar takes a fifth of the plot's width, 56 px on a 400 px phone.
+BAR_HALF = 0.3
+LABEL_X = 0.42
+X_MIN = -0.35
+X_MAX = 2.65
+BREAKDOWN_MARGIN: dict[str, int] = {"l": 92, "r": 12, "t": 64, "b": 16}
+
+
+def _px_scale(height: int, margin: dict[str, int], top: float) -> float:
+    """Pixels per y-axis unit: the height is fixed, so this is exact."""
+    return (height - margin["t"] - margin["b"]) / top
 
 
 def breakdown_figure(
@@ -169,96 +147,113 @@ def breakdown_figure(
     unit: Unit = "GB",
     capacities: Iterable[tuple[str, int]] = (),
     height: int = 560,
+    font_px: int = SMALL_FONT_SIZE,
+    too_small: frozenset[str] | None = None,
 ) -> go.Figure:
     """One stacked bar of the buckets (per GPU), each labelled, with GPU capacities as lines.
 
     `capacities` are ``(name, memory_bytes)`` pairs; the lines below the peak and the first one
-    above it are drawn, so the picture shows the smallest card that holds the run.
+    above it are drawn, so the picture shows the smallest card that holds the run. Bucket and
+    capacity labels share one column beside the bar and are spread so that none overlaps
+    another (ui.label_layout); a label moved off what it names gets a leader line. The peak is
+    the title, where no label can cover it.
     """
     peak = estimate.device_peak_bytes
     traces: list[dict[str, Any]] = []
     bottom = 0.0
     centres: list[float] = []
     labels: list[str] = []
-    colors: list[str] = []
-    x_name = "Per GPU"
-    for name in BUCKET_ORDER:
-        n_bytes = estimate.bucket(name).bytes
+    for row in through_step(estimate):
+        name, n_bytes = row.name, row.at_peak_bytes
         value = to_unit(n_bytes, unit)
         text = f"{BUCKET_LABELS[name]}: {format_bytes(n_bytes, unit)}"
-        traces.append(
-            dict(
-                type="bar",
-                x=[x_name],
-                y=[value],
-                name=BUCKET_LABELS[name],
-                marker={"color": BUCKET_COLORS[name], "line": {"color": "white", "width": 1}},
-                hovertemplate=f"{text}<extra></extra>",
-                width=0.5,
-            )
-        )
+        hover = f"{text} at the peak"
+        if row.why:  # gradients or activations that the peak moment holds only part of
+            hover += (f"<br>up to {format_bytes(row.most_bytes, unit)} at another moment"
+                      f"<br>{wrap_label(row.why, 60)}")
+        traces.append({
+            "type": "bar", "x": [0], "y": [value], "name": BUCKET_LABELS[name],
+            "marker": {"color": BUCKET_COLORS[name], "line": {"color": "white", "width": 1}},
+            "hovertemplate": f"{hover}<extra></extra>", "width": 2 * BAR_HALF,
+        })
         centres.append(bottom + value / 2)
         labels.append(text)
-        colors.append(BUCKET_COLORS[name])
         bottom += value
 
-    lines = capacity_lines(capacities, peak)
-    top = max([to_unit(peak, unit)] + [to_unit(s, unit) for _, s in lines]) * 1.08 or 1.0
-    min_gap = top * 0.075
-    positions = spread_labels(centres, min_gap)
+    lines = capacity_lines(capacities, peak, too_small=too_small)
+    top = max([to_unit(peak, unit)] + [to_unit(s, unit) for _, s in lines]) * 1.06 or 1.0
+    # Room for the tick labels and the axis title, which grow with the type.
+    margin = {**BREAKDOWN_MARGIN, "l": max(BREAKDOWN_MARGIN["l"], round(5.75 * font_px))}
+    scale = _px_scale(height, margin, top)
+    # Wrapped to the room right of the bar on the narrowest plot, so a long GPU name never
+    # reaches back over the bar on a phone.
+    room_chars = int((X_MAX - LABEL_X) / (X_MAX - X_MIN) * MIN_PLOT_PX
+                     / (label_layout.CHAR_WIDTH_EM * font_px))
+    cap_texts = [wrap_label(f"{name}\u00a0· {format_bytes(size, unit)}", room_chars)
+                 for name, size in lines]
+    cap_values = [to_unit(size, unit) for _, size in lines]
+    for name_text, value in zip(cap_texts, cap_values, strict=True):
+        traces.append({
+            "type": "scatter", "mode": "lines", "x": [X_MIN, X_MAX], "y": [value, value],
+            "line": {"color": "#333", "width": 2, "dash": "dash"}, "showlegend": False,
+            "hovertemplate": f"{name_text.replace('<br>', ' ')}<extra>capacity</extra>",
+        })
+    plot_px = height - margin["t"] - margin["b"]
+    wanted = [c * scale for c in centres] + [v * scale for v in cap_values]
+    heights = [label_layout.text_height_px(t, font_px) for t in labels + cap_texts]
+    placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
+    while placed is None and cap_texts:
+        # No room: drop the capacity label farthest below the peak (the smallest card) and
+        # try again; a dropped line keeps its hover.
+        cap_texts, cap_values = cap_texts[1:], cap_values[1:]
+        del wanted[len(labels)], heights[len(labels)]
+        placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
+    if placed is None:
+        placed = wanted
     annotations: list[dict[str, Any]] = []
-    for text, y, label_y, color in zip(labels, centres, positions, colors, strict=True):
-        annotations.append(
-            {
-                # The text sits at the arrow's tail (ax, ay); the head points at the segment.
-                "x": 0.27,
-                "y": y,
-                "xref": "x",
-                "yref": "y",
-                "ax": 0.36,
-                "ay": label_y,
-                "axref": "x",
-                "ayref": "y",
-                "text": f"<span style='color:{color}'>■</span> {text}",
-                "showarrow": True,
-                "arrowhead": 0,
-                "arrowwidth": 1,
-                "arrowcolor": "#555",
-                "xanchor": "left",
-                "font": {"size": FONT_SIZE, "color": "#222"},
-                # a capacity line crossing the label passes behind it, not through the text
-                "bgcolor": "rgba(255,255,255,0.92)",
-            }
-        )
-    annotations.append(
-        {
-            "x": x_name,
-            "y": to_unit(peak, unit),
-            "yshift": 14,
-            "showarrow": False,
-            "text": f"<b>{format_bytes(peak, unit)}</b>",
-            "font": {"size": FONT_SIZE + 4, "color": "#222"},
-            "bgcolor": "rgba(255,255,255,0.85)",
-        }
-    )
-    shapes, marks = capacity_marks(lines, unit, top, in_margin=True)
-    annotations.extend(marks)
+    for text, centre, label_px in zip(labels, centres, placed, strict=False):
+        annotations.append({
+            # The text sits at the arrow's tail (ax, ay); the head points at the segment.
+            "x": BAR_HALF, "y": centre, "xref": "x", "yref": "y",
+            "ax": LABEL_X, "ay": label_px / scale, "axref": "x", "ayref": "y",
+            "text": text, "showarrow": True, "arrowhead": 0, "arrowwidth": 1,
+            "arrowcolor": "#555", "xanchor": "left",
+            "font": {"size": font_px, "color": "#222"},
+            # a capacity line crossing the label passes behind it, not through the text
+            "bgcolor": "rgba(255,255,255,0.92)",
+        })
+    for text, value, label_px in zip(cap_texts, cap_values, placed[len(labels):], strict=True):
+        moved = abs(label_px - value * scale) > 2
+        annotations.append({
+            "x": X_MAX, "y": value, "xref": "x", "yref": "y",
+            "ax": X_MAX, "ay": label_px / scale, "axref": "x", "ayref": "y",
+            "showarrow": moved, "arrowhead": 0, "arrowwidth": 1, "arrowcolor": "#333",
+            "text": text, "xanchor": "right",
+            "font": {"size": font_px, "color": "#333"},
+            "bgcolor": "rgba(255,255,255,0.92)",
+        })
     return _figure(
         traces,
         _layout(
             barmode="stack",
             height=height,
             showlegend=False,
-            margin={"l": 80, "r": CAPACITY_MARGIN if lines else 20, "t": 60, "b": 50},
-            xaxis={"range": [-0.35, 2.0], "showticklabels": False, "fixedrange": True},
+            margin=margin,
+            title={"text": f"Peak <b>{format_bytes(peak, unit)}</b> per GPU",
+                   "font": {"size": font_px + 6, "color": "#222"},
+                   "x": 0.01, "xref": "container", "xanchor": "left",
+                   "y": 1 - 12 / height, "yref": "container", "yanchor": "top"},
+            xaxis={"range": [X_MIN, X_MAX], "showticklabels": False, "fixedrange": True,
+                   "showgrid": False, "zeroline": False},
             yaxis={
-                "title": {"text": f"memory per GPU ({unit})"},
+                "title": {"text": f"memory per GPU ({unit})", "font": {"size": font_px}},
+                "tickfont": {"size": font_px},
                 "range": [0, top],
                 "gridcolor": "#e5e5e5",
                 "fixedrange": True,
+                "automargin": True,
             },
             annotations=annotations,
-            shapes=shapes,
         ),
     )
 
@@ -308,7 +303,8 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
         {
             "x": "Training",
             "y": to_unit(train, unit),
-            "yshift": 16,
+            "yshift": 4,
+            "yanchor": "bottom",
             "showarrow": False,
             "text": f"<b>{format_bytes(train, unit)}</b>",
             "font": {"size": FONT_SIZE + 2},
@@ -317,21 +313,12 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
         {
             "x": "Inference",
             "y": to_unit(infer, unit),
-            "yshift": 16,
+            "yshift": 4,
+            "yanchor": "bottom",
             "showarrow": False,
             "text": f"<b>{format_bytes(infer, unit)}</b>",
             "font": {"size": FONT_SIZE + 2},
             "bgcolor": "rgba(255,255,255,0.85)",
-        },
-        {
-            "xref": "paper",
-            "x": 0.5,
-            "yref": "paper",
-            "y": 1.0,
-            "yanchor": "bottom",
-            "showarrow": False,
-            "text": f"training = <b>{estimate.training_to_inference:.1f}×</b> inference",
-            "font": {"size": FONT_SIZE + 2, "color": "#222"},
         },
     ]
     return _figure(
@@ -345,13 +332,52 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
                 "range": [0, top],
                 "gridcolor": "#e5e5e5",
                 "fixedrange": True,
+                "automargin": True,
             },
             xaxis={"fixedrange": True, "tickfont": {"size": FONT_SIZE + 2}, "tickangle": 0},
             # Colours match the breakdown chart; hovering a segment names it.
             showlegend=False,
+            title={"text": f"training = <b>{estimate.training_to_inference:.1f}×</b> inference",
+                   "font": {"size": FONT_SIZE + 2, "color": "#222"},
+                   "x": 0.01, "xref": "container", "xanchor": "left"},
+            margin={"l": 92, "r": 16, "t": 64, "b": 50},
             annotations=annotations,
         ),
     )
+
+
+def wrap_label(text: str, max_chars: int = 18) -> str:
+    """`text` broken at spaces into lines of at most `max_chars` (a word never cut), ``<br>``."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and len(lines[-1]) + 1 + len(word) <= max_chars:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "<br>".join(lines)
+
+
+
+
+_NUMBERED = re.compile(r"^(\d+)\. ")
+
+
+def tick_labels(labels: Sequence[str], font_px: int) -> list[str]:
+    """Short, wrapped names under the bars: the parts (`` · ``-separated) that tell the setups
+    apart, each part's words wrapped to the width one bar gets in the narrowest plot."""
+    numbered = [_NUMBERED.match(label) for label in labels]
+    numbers = [m.group(1) + ". " if m else "" for m in numbered]
+    rests = [label[m.end():] if m else label for label, m in zip(labels, numbered, strict=True)]
+    parts = [rest.split(" · ") for rest in rests]
+    common = set.intersection(*(set(p) for p in parts)) if len(parts) > 1 else set()
+    max_chars = max(4, int(MIN_PLOT_PX / max(1, len(labels)) / (label_layout.CHAR_WIDTH_EM
+                                                                 * font_px)))
+    ticks = []
+    for number, rest, pieces in zip(numbers, rests, parts, strict=True):
+        distinct = [p for p in pieces if p not in common] or [rest]
+        distinct[0] = number + distinct[0]
+        ticks.append("<br>".join(wrap_label(p, max_chars) for p in distinct))
+    return ticks
 
 
 def compare_figure(
@@ -360,13 +386,21 @@ def compare_figure(
     unit: Unit = "GB",
     capacities: Iterable[tuple[str, int]] = (),
     height: int = 560,
+    font_px: int = SMALL_FONT_SIZE,
 ) -> go.Figure:
-    """Several setups side by side: one stacked bar each, the total written above it."""
-    names = [label for label, _ in labelled]
+    """Several setups side by side: one stacked bar each, the total written above it.
+
+    Setup names are wrapped under their bars (never rotated into the legend), the legend sits
+    above the plot, and the capacity labels sit in a right margin sized to their text, spread
+    so that none overlaps another; the totals inside the plot cannot meet them.
+    """
+    names = tick_labels([label for label, _ in labelled], font_px)
+    full_names = [label for label, _ in labelled]
     traces: list[dict[str, Any]] = []
     for bucket in BUCKET_ORDER:
         values = [to_unit(est.bucket(bucket).bytes, unit) for _, est in labelled]
-        texts = [format_bytes(est.bucket(bucket).bytes, unit) for _, est in labelled]
+        texts = [[format_bytes(est.bucket(bucket).bytes, unit), full]
+                 for (_, est), full in zip(labelled, full_names, strict=True)]
         traces.append(
             dict(
                 type="bar",
@@ -375,7 +409,8 @@ def compare_figure(
                 name=BUCKET_LABELS[bucket],
                 marker={"color": BUCKET_COLORS[bucket], "line": {"color": "white", "width": 1}},
                 customdata=texts,
-                hovertemplate=f"{BUCKET_LABELS[bucket]}: %{{customdata}}<extra>%{{x}}</extra>",
+                hovertemplate=(f"{BUCKET_LABELS[bucket]}: %{{customdata[0]}}"
+                               "<extra>%{customdata[1]}</extra>"),
             )
         )
     peaks = [est.device_peak_bytes for _, est in labelled]
@@ -383,32 +418,62 @@ def compare_figure(
         {
             "x": name,
             "y": to_unit(peak, unit),
-            "yshift": 16,
+            "yshift": 4,
+            "yanchor": "bottom",
             "showarrow": False,
             "text": f"<b>{format_bytes(peak, unit)}</b>",
-            "font": {"size": FONT_SIZE + 2},
+            "font": {"size": font_px + 2},
             "bgcolor": "rgba(255,255,255,0.85)",
         }
         for name, peak in zip(names, peaks, strict=True)
     ]
     lines = capacity_lines(capacities, max(peaks, default=0))
+    # Room above the tallest bar for its total (a line of text at this height).
+    plot_guess_px = height - 200
     top = max([to_unit(p, unit) for p in peaks] + [to_unit(s, unit) for _, s in lines] + [0.0])
-    shapes, marks = capacity_marks(lines, unit, top * 1.15)
-    annotations.extend(marks)
+    top = top * (1 + 2 * label_layout.LINE_HEIGHT_EM * (font_px + 2) / plot_guess_px) or 1.0
+    tick_lines = max((n.count("<br>") + 1 for n in names), default=1)
+    margin = {"l": max(92, round(5.75 * font_px)), "r": 16, "t": 80,
+              "b": int(tick_lines * font_px * 1.4) + 24}
+    scale = _px_scale(height, margin, top)
+    # In the margin, long GPU names wrap onto a second line rather than squeeze the plot.
+    cap_texts = [wrap_label(f"{name} · {format_bytes(size, unit)}", 16) for name, size in lines]
+    cap_values = [to_unit(size, unit) for _, size in lines]
+    placed = label_layout.spread_in_column(
+        [v * scale for v in cap_values],
+        [label_layout.text_height_px(t, font_px) for t in cap_texts],
+        0.0, height - margin["t"] - margin["b"],
+    )
+    shapes: list[dict[str, Any]] = []
+    for text, value, label_px in zip(cap_texts, cap_values, placed or [], strict=False):
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+                       "y0": value, "y1": value,
+                       "line": {"color": "#333", "width": 2, "dash": "dash"}})
+        annotations.append({
+            "xref": "paper", "x": 1.0, "yref": "y", "y": label_px / scale,
+            "xanchor": "left", "xshift": 6, "showarrow": False, "text": text,
+            "font": {"size": font_px, "color": "#333"},
+        })
+    if placed:
+        margin["r"] = int(max(label_layout.text_width_px(t, font_px) for t in cap_texts)) + 16
     return _figure(
         traces,
         _layout(
             barmode="stack",
             height=height,
             bargap=0.35,
+            margin=margin,
             yaxis={
-                "title": {"text": f"memory per GPU ({unit})"},
-                "range": [0, top * 1.15 or 1.0],
+                "title": {"text": f"memory per GPU ({unit})", "font": {"size": font_px}},
+                "tickfont": {"size": font_px},
+                "range": [0, top],
                 "gridcolor": "#e5e5e5",
                 "fixedrange": True,
+                "automargin": True,
             },
-            xaxis={"fixedrange": True, "tickfont": {"size": SMALL_FONT_SIZE}},
-            legend={"font": {"size": SMALL_FONT_SIZE}, "orientation": "h", "y": -0.15},
+            xaxis={"fixedrange": True, "tickfont": {"size": font_px}, "tickangle": 0},
+            legend={"font": {"size": font_px}, "orientation": "h", "x": 0, "xanchor": "left",
+                    "y": 1.02, "yanchor": "bottom"},
             annotations=annotations,
             shapes=shapes,
         ),
@@ -451,21 +516,29 @@ def timeline_figure(
          "hovertemplate": f"%{{y:.2f}} {unit}<extra></extra>"},
     ]
     annotations: list[dict[str, Any]] = []
+    # The timeline is the short (few-layer) trace; the peak is the full model's, extended from
+    # it. The axis covers both, and the full peak is its own line, so neither is off the chart.
+    full_peak = to_unit(peak_bytes, unit)
+    top = max([*ys, full_peak, 0.0]) * 1.12 or 1.0
     if points:
         traces.append({
             "type": "scatter", "mode": "markers", "x": [xs[peak_index]], "y": [ys[peak_index]],
             "name": "peak", "marker": {"size": 16, "color": "#D55E00", "symbol": "star"},
+            "hovertemplate": f"peak of the traced layers: %{{y:.2f}} {unit}<extra></extra>",
         })
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
+                       "y0": full_peak, "y1": full_peak,
+                       "line": {"color": "#D55E00", "width": 2, "dash": "dash"}})
         annotations.append({
-            "x": xs[peak_index], "y": ys[peak_index], "xref": "x", "yref": "y", "yshift": 18,
-            "showarrow": False, "font": {"size": SMALL_FONT_SIZE},
-            "text": f"<b>peak {format_bytes(peak_bytes, unit)}</b> ({peak_phase})",
+            "xref": "paper", "x": 0.0, "xanchor": "left", "y": full_peak, "yref": "y",
+            "yanchor": "bottom", "showarrow": False, "font": {"size": SMALL_FONT_SIZE},
+            "text": f"<b>peak {format_bytes(peak_bytes, unit)}</b> ({peak_phase}), all layers",
         })
     return _figure(traces, _layout(
         height=height, showlegend=False, shapes=shapes, annotations=annotations,
         xaxis={"title": {"text": "operation in the traced step"}, "showgrid": False},
-        yaxis={"title": {"text": f"live memory ({unit})"}, "rangemode": "tozero",
-               "gridcolor": "#eee"},
+        yaxis={"title": {"text": f"live memory ({unit})"}, "range": [0, top],
+               "gridcolor": "#eee", "automargin": True},
         title={"text": "Exact trace: live memory over one step (shaded: forward, backward, "
                        "optimizer)", "font": {"size": FONT_SIZE}},
     ))

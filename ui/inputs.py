@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, import_config, params, render, text
+from ui import data, import_config, params, present, render, text
 from ui.charts import Unit
 from vram.architecture import read_config_text
 from vram.errors import VramError
@@ -217,11 +217,13 @@ def page_start(title: str, *, sync_url: bool = True) -> tuple[dict[str, Any], Un
     switch beside it, URL problems, and (unless the page writes it later) the URL."""
     init_state()
     render.page_style()
+    present.style()
     state = sidebar()
-    head, units = st.columns([4, 1])
+    head, units = st.columns([3, 1])
     head.title(title)
     with units:
         unit = unit_switch()
+        present.toggle()
     show_url_errors()
     if sync_url:
         write_url()

@@ -10,6 +10,7 @@ from typing import Any
 
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
+from vram.through_step import through_step
 from vram.units import GB
 
 
@@ -20,9 +21,13 @@ class Exercise:
     key: str
     question: str
     state: dict[str, Any] = field(default_factory=dict)
-    #: A bucket name, or "peak" for the device peak per GPU.
+    #: What the answer is: "peak" (device peak per GPU), a bucket name (at the peak),
+    #: "most:<bucket>" (the most that bucket holds at any moment of the step), or
+    #: "item:<line item key>" (one line item, e.g. the allocator's slack or the loss).
     target: str = "peak"
     hint: str = ""
+    #: For "the price of a lever": the answer is target(state) - target(baseline state).
+    baseline: dict[str, Any] | None = None
 
 
 EXERCISES: tuple[Exercise, ...] = (
@@ -63,19 +68,112 @@ EXERCISES: tuple[Exercise, ...] = (
         target=BucketName.ACTIVATIONS.value,
         hint="Activations grow with batch × sequence; the logits with batch × sequence × vocab.",
     ),
+    Exercise(
+        key="ex5",
+        question=(
+            "Full fine-tuning of the 8B model (AdamW, bf16 mixed): at the peak the page shows "
+            "gradients of 0 GB. How many GB do the **gradients** take at the optimizer step, "
+            "when all of them exist?"
+        ),
+        state={"method": "full", "opt": "adamw", "prec": "bf16-mixed"},
+        target="most:gradients",
+        hint="One gradient per trained parameter, in the parameter's own dtype (fp32 here).",
+    ),
+    Exercise(
+        key="ex6",
+        question=(
+            "Full fine-tuning of the 8B model: what is the **overhead** in GB (the CUDA context "
+            "plus the allocator's cache, which nvidia-smi counts and PyTorch does not)?"
+        ),
+        state={"method": "full"},
+        target=BucketName.OVERHEAD.value,
+        hint="About 1 GB of context, plus slack that grows with the largest blocks.",
+    ),
+    Exercise(
+        key="ex7",
+        question=(
+            "QLoRA of the 8B model, batch 1, 2,048 tokens: how many GB does **fragmentation** "
+            "(the caching allocator's reserved but unused slack) add?"
+        ),
+        state={"method": "qlora"},
+        target="item:overhead.allocator",
+        hint="PyTorch reserves whole segments; what it reserves but does not use is slack.",
+    ),
+    Exercise(
+        key="ex8",
+        question=(
+            "QLoRA of the 8B model at 8,192 tokens: how many GB do the **logits, the loss and "
+            "their gradients** take? (Vocabulary 128,256, upcast to fp32 for the loss.)"
+        ),
+        state={"method": "qlora", "seq": 8192},
+        target="item:activations.loss",
+        hint="batch × sequence × vocabulary numbers, several copies, some in fp32.",
+    ),
+    Exercise(
+        key="ex9",
+        question=(
+            "**The price of a lever.** QLoRA of the 8B model at 8,192 tokens: how many GB of "
+            "peak memory does turning **gradient checkpointing** on save?"
+        ),
+        state={"method": "qlora", "seq": 8192, "ckpt": False},
+        baseline={"method": "qlora", "seq": 8192, "ckpt": True},
+        target="peak",
+        hint="Checkpointing keeps one input per layer and recomputes the rest (about 30 % "
+             "more compute).",
+    ),
+    Exercise(
+        key="ex10",
+        question=(
+            "**The price of a lever.** Full fine-tuning of the 8B model: how many GB of "
+            "**optimizer state** does 8-bit AdamW save against AdamW?"
+        ),
+        state={"method": "full", "opt": "adamw"},
+        baseline={"method": "full", "opt": "adamw-8bit"},
+        target=BucketName.OPTIMIZER.value,
+        hint="Two states per parameter: 4 bytes each against about 1 byte each.",
+    ),
 )
 
 
 def target_bytes(est: Estimate, target: str) -> int:
-    return est.device_peak_bytes if target == "peak" else est.bucket(target).bytes
+    """The figure an exercise asks for, in bytes (see `Exercise.target`)."""
+    if target == "peak":
+        return est.device_peak_bytes
+    if target.startswith("most:"):
+        name = BucketName(target.removeprefix("most:"))
+        return next(r.most_bytes for r in through_step(est) if r.name is name)
+    if target.startswith("item:"):
+        key = target.removeprefix("item:")
+        return sum(i.bytes for b in est.buckets for i in b.items if i.key == key)
+    return est.bucket(target).bytes
+
+
+def answer_bytes(ex: Exercise, est: Estimate, baseline: Estimate | None) -> int:
+    """The right answer: the target, or for a lever what it saves against the baseline."""
+    value = target_bytes(est, ex.target)
+    return value if baseline is None else value - target_bytes(baseline, ex.target)
 
 
 def target_label(target: str) -> str:
-    return "peak per GPU" if target == "peak" else BUCKET_LABELS[BucketName(target)].lower()
+    if target == "peak":
+        return "peak per GPU"
+    if ":" in target:
+        return target.split(":", 1)[1]
+    return BUCKET_LABELS[BucketName(target)].lower()
 
 
 def explanation(est: Estimate, target: str) -> str:
     """Where the right answer comes from: the bucket's line items, or the buckets of the peak."""
+    if target.startswith("most:"):
+        row = next(r for r in through_step(est)
+                   if r.name is BucketName(target.removeprefix("most:")))
+        return (f"At the peak: {format_bytes(row.at_peak_bytes, 'GB')}; at most: "
+                f"{format_bytes(row.most_bytes, 'GB')}. {row.why}")
+    if target.startswith("item:"):
+        key = target.removeprefix("item:")
+        found = [i for b in est.buckets for i in b.items if i.key == key]
+        return "Where it comes from: " + "; ".join(
+            f"{i.label}: `{i.formula}` = {i.bytes:,} bytes" for i in found)
     if target == "peak":
         parts = [
             f"{BUCKET_LABELS[b.name].lower()} {format_bytes(b.bytes, 'GB')}" for b in est.buckets
@@ -148,3 +246,68 @@ BELIEFS_MARKDOWN = """
 - **"nvidia-smi and PyTorch should agree."** PyTorch counts live tensors; nvidia-smi adds the
   allocator's cache and the CUDA context, often one to several GB more.
 """
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A back-of-the-envelope figure a class starts from: parameters × bytes per parameter,
+    with the recipe that gives that many bytes, and the calculator's run to compare with."""
+
+    key: str
+    title: str
+    params_billions: float
+    bytes_per_param: float
+    recipe: str
+    why: str
+    #: The calculator's state for the same run (a link and the live comparison).
+    state: dict[str, Any] = field(default_factory=dict)
+    #: The seed's upper figure, where it is a range (QLoRA's constants).
+    upper_bytes_per_param: float | None = None
+
+
+SEEDS: tuple[Seed, ...] = (
+    Seed("7b-full", "7B, full fine-tuning", 7, 16,
+         "16 bytes per parameter: 16-bit weights (2) + 16-bit gradients (2) + an fp32 master "
+         "copy of the weights (4) + AdamW's two fp32 moments (4 + 4).",
+         "Mixed-precision AdamW before any activation: the rule of thumb behind '7B needs "
+         "more than an 80 GB card to fully fine-tune'.",
+         {"model": "llama-2-7b", "method": "full", "opt": "adamw", "prec": "bf16-mixed"}),
+    Seed("70b-full-16", "70B, full, 16 B/param", 70, 16,
+         "The same 16 bytes per parameter: 16-bit weights and gradients, an fp32 master copy, "
+         "fp32 Adam moments.",
+         "1,120 GB of model state alone: fourteen 80 GB GPUs before activations, so it is "
+         "sharded (ZeRO-3/FSDP) across nodes.",
+         {"model": "llama-3.1-70b", "method": "full", "opt": "adamw", "prec": "bf16-mixed"}),
+    Seed("70b-full-12", "70B, full, 12 B/param", 70, 12,
+         "12 bytes per parameter: 16-bit weights (2) and gradients (2) plus AdamW's two fp32 "
+         "moments (8), with no fp32 master copy (pure bf16 training, e.g. bf16-true).",
+         "840 GB against 1,120 GB: the 280 GB between them is the fp32 master copy (4 bytes per "
+         "parameter) that mixed precision keeps so small updates are not rounded away.",
+         {"model": "llama-3.1-70b", "method": "full", "opt": "adamw", "prec": "bf16-true"}),
+    Seed("70b-lora", "70B, LoRA on a 16-bit base", 70, 2,
+         "2 bytes per parameter: the frozen base in bf16; the adapters (well under 1 % of the "
+         "parameters) carry the only gradients and optimizer state.",
+         "About 140 GB of weights: two 80 GB GPUs, or one 141 GB H200, before activations.",
+         {"model": "llama-3.1-70b", "method": "lora"}),
+    Seed("70b-qlora", "70B, QLoRA (4-bit base)", 70, 0.5,
+         "0.5 bytes per parameter for the 4-bit (NF4) base, plus its quantization constants "
+         "(one absmax per 64 weights: up to about 0.06 bytes per parameter): 35-40 GB.",
+         "What real stacks add on top: the embeddings and the LM head stay unquantized in "
+         "16 bits (about 4 GB for Llama 3.1 70B's 128k vocabulary), the activations and the "
+         "logits, and with reentrant checkpointing bitsandbytes keeps each layer's input.",
+         {"model": "llama-3.1-70b", "method": "qlora"}, upper_bytes_per_param=0.5625),
+)
+
+
+def seed_range_bytes(seed: Seed) -> tuple[int, int]:
+    """The seed's figure (low, high) in bytes: billions × 10^9 × bytes per parameter."""
+    low = round(seed.params_billions * 1e9 * seed.bytes_per_param)
+    upper = seed.upper_bytes_per_param or seed.bytes_per_param
+    return low, round(seed.params_billions * 1e9 * upper)
+
+
+def model_state_bytes(est: Estimate) -> int:
+    """Weights + every gradient + optimizer state: what the seeds' bytes per parameter count
+    (the most each holds through the step, so gradients are all there)."""
+    wanted = {BucketName.WEIGHTS, BucketName.GRADIENTS, BucketName.OPTIMIZER}
+    return sum(r.most_bytes for r in through_step(est) if r.name in wanted)

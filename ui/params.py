@@ -249,6 +249,7 @@ def registry(model_slugs: tuple[str, ...], default_model: str, *,
             Param("fits", False, _bool, _dump_bool, title="Only GPUs that hold this run"),
             Param("math", False, _bool, _dump_bool, title="Show the math"),
             Param("unit", "GB", _choice(("gb", "gib")), title="Units"),
+            Param("present", False, _bool, _dump_bool, title="Presentation mode"),
         ),
         model_options=model_options,
     )

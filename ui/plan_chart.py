@@ -10,7 +10,15 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from ui.charts import FONT_FAMILY, FONT_SIZE, SMALL_FONT_SIZE, Unit, format_bytes, to_unit
+from ui.charts import (
+    FONT_FAMILY,
+    FONT_SIZE,
+    SMALL_FONT_SIZE,
+    Unit,
+    format_bytes,
+    to_unit,
+    wrap_label,
+)
 from vram.plan.planner import Plan
 
 SAVED_COLOR = "#009E73"  # Okabe-Ito bluish green: memory given back
@@ -31,26 +39,45 @@ def path_rows(plan: Plan) -> list[dict[str, Any]]:
 
 
 def path_figure(plan: Plan, *, unit: Unit = "GB", height: int = 420) -> go.Figure:
+    """The waterfall on its side, laid out so no two texts meet at any width: each step's name
+    on its own row of the y axis (wrapped, never rotated), each size inside its own bar
+    (hidden, left to the hover, where it does not fit), and the capacity label above the plot
+    at its line, where no bar's text can reach."""
     rows = path_rows(plan)
     final = rows[-1]["bytes"]
+    font_px = SMALL_FONT_SIZE
+    labels = [wrap_label(row["label"], 18) for row in rows]
+    sizes = [format_bytes(abs(row["bytes"]), unit) for row in rows]
     fig = go.Figure(go.Waterfall(
-        x=[row["label"] for row in rows],
-        y=[to_unit(row["bytes"], unit) for row in rows],
+        orientation="h",
+        y=labels,
+        x=[to_unit(row["bytes"], unit) for row in rows],
         measure=[row["measure"] for row in rows],
-        text=[format_bytes(abs(row["bytes"]), unit) for row in rows],
-        textposition="outside",
+        text=sizes,
+        textposition="inside",
+        textfont={"size": font_px},
+        customdata=[[row["label"], size] for row, size in zip(rows, sizes, strict=True)],
+        hovertemplate="%{customdata[0]}: %{customdata[1]}<extra></extra>",
         decreasing={"marker": {"color": SAVED_COLOR}},
         increasing={"marker": {"color": OVER_COLOR}},
         totals={"marker": {"color": PEAK_COLOR if final <= plan.usable_bytes else OVER_COLOR}},
         connector={"line": {"color": "#999999"}},
     ))
-    fig.add_hline(y=to_unit(plan.usable_bytes, unit), line_dash="dash", line_color="#333333",
-                  annotation_text=f"{plan.hardware.gpu}: {format_bytes(plan.usable_bytes, unit)}",
-                  annotation_font_size=SMALL_FONT_SIZE)
+    capacity = to_unit(plan.usable_bytes, unit)
+    top = max(to_unit(plan.device_peak_bytes, unit), capacity) * 1.05 or 1.0
+    fig.add_shape(type="line", yref="paper", y0=0, y1=1, xref="x", x0=capacity, x1=capacity,
+                  line={"color": "#333333", "dash": "dash", "width": 2})
+    fig.add_annotation(yref="paper", y=1.0, yanchor="bottom", xref="x", x=capacity,
+                       xanchor="right" if capacity > top / 2 else "left", showarrow=False,
+                       text=f"{plan.hardware.gpu}: {format_bytes(plan.usable_bytes, unit)}",
+                       font={"size": font_px, "color": "#333333"})
     fig.update_layout(
-        height=height, margin={"l": 10, "r": 10, "t": 30, "b": 10}, showlegend=False,
+        height=max(height, 70 * len(rows) + 80), showlegend=False,
+        margin={"l": 16, "r": 16, "t": 40, "b": 56},
         font={"family": FONT_FAMILY, "size": FONT_SIZE},
-        yaxis={"title": f"memory per GPU ({unit})", "rangemode": "tozero"},
+        uniformtext={"minsize": font_px, "mode": "hide"},
+        xaxis={"title": f"memory per GPU ({unit})", "range": [0, top], "automargin": True},
+        yaxis={"autorange": "reversed", "tickfont": {"size": font_px}, "automargin": True},
         plot_bgcolor="white",
     )
     return fig

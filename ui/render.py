@@ -14,8 +14,10 @@ import streamlit as st
 
 from ui import charts, data
 from ui.charts import Unit, format_bytes
+from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
 from vram.result import BUCKET_ORDER, Estimate, LineItem
+from vram.through_step import through_step
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """
@@ -23,6 +25,10 @@ _CSS = """
 [data-testid="stMetricValue"] { font-size: 2.4rem; font-weight: 700; }
 [data-testid="stMetricValue"] > div { white-space: normal; overflow-wrap: anywhere; }
 [data-testid="stMetricLabel"] p { font-size: 1.1rem; }
+/* Labels and deltas wrap rather than end in "…" on a laptop or a projector. */
+[data-testid="stMetricLabel"] *, [data-testid="stMetricDelta"] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+}
 [data-testid="stMetricDelta"] { font-size: 1.2rem; }
 </style>
 """
@@ -88,6 +94,30 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
     )
 
 
+def through_step_table(est: Estimate, unit: Unit) -> None:
+    """Each bucket at the peak beside the most it holds at any moment, and why they differ."""
+    rows = through_step(est)
+    st.dataframe(
+        pd.DataFrame([{
+            "bucket": charts.BUCKET_LABELS[r.name],
+            "at the peak": round(charts.to_unit(r.at_peak_bytes, unit), 2),
+            "most at any moment": round(charts.to_unit(r.most_bytes, unit), 2),
+        } for r in rows]),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "bucket": st.column_config.TextColumn(width="medium"),
+            "at the peak": st.column_config.NumberColumn(f"at the peak ({unit})",
+                                                         format="%.2f"),
+            "most at any moment": st.column_config.NumberColumn(
+                f"most at any moment of the step ({unit})", format="%.2f"),
+        },
+    )
+    for r in rows:
+        if r.why:
+            st.caption(f"**{charts.BUCKET_LABELS[r.name]}**: {r.why}")
+
+
 def notes(est: Estimate) -> None:
     if est.approximate:
         st.warning("The model's shape is approximate, so the figures are too.")
@@ -99,55 +129,94 @@ def notes(est: Estimate) -> None:
         st.caption(note)
 
 
-def fit_frames(report: FitReport, unit: Unit) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """GPUs that hold the run (cheapest first) and those that do not, by how much."""
+def fit_frames(report: FitReport, est: Estimate, too_small: Sequence[Gpu], unit: Unit,
+               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """GPUs that hold the run (cheapest first, with how many), and those too small for it as
+    set up (`vram.gpus.too_small`: the same cards whose lines sit below the chart's peak).
+
+    Sizes are numbers in `unit` (one decimal), so the columns sort and format as numbers; an
+    unknown price is left empty, never the text "None".
+    """
+    def size(n_bytes: int) -> float:
+        return round(charts.to_unit(n_bytes, unit), 1)
+
     fits = pd.DataFrame(
         [
             {
                 "GPU": data.short_gpu_name(o.gpu.name),
                 "count": o.count,
                 "sharding": str(getattr(o.sharding, "value", o.sharding)),
-                "$ per hour": o.usd_per_hour,
-                "usable per GPU": format_bytes(o.usable_bytes, unit),
-                "needs per GPU": format_bytes(o.device_peak_bytes, unit),
-                "headroom": format_bytes(o.headroom_bytes, unit),
+                "$ per hour": o.usd_per_hour if o.usd_per_hour is not None else float("nan"),
+                "needs per GPU": size(o.device_peak_bytes),
+                "usable per GPU": size(o.usable_bytes),
+                "headroom": size(o.headroom_bytes),
             }
             for o in report.fits
-        ]
+        ],
+        columns=["GPU", "count", "sharding", "$ per hour", "needs per GPU", "usable per GPU",
+                 "headroom"],
     )
+    setup = est.setup
     misses = pd.DataFrame(
         [
             {
-                "GPU": data.short_gpu_name(o.gpu.name),
-                "usable per GPU": format_bytes(o.usable_bytes, unit),
-                "needs per GPU": format_bytes(o.device_peak_bytes, unit),
-                "short by": format_bytes(-o.headroom_bytes, unit),
+                "GPU": data.short_gpu_name(g.name),
+                "needs per GPU": size(need := est.device_peak_bytes
+                                      + gpus_module.context_difference(g, setup)),
+                "usable per GPU": size(g.memory_bytes),
+                "short by": size(need - g.memory_bytes),
             }
-            for o in report.misses
-        ]
+            for g in too_small
+        ],
+        columns=["GPU", "needs per GPU", "usable per GPU", "short by"],
     )
     return fits, misses
 
 
-def fit_tables(fits: Any, misses: Any) -> None:
-    """The two tables of `fit_frames` (pandas or Arrow), side by side."""
-    left, right = st.columns([3, 2])
-    with left:
-        st.subheader(f"GPUs that hold it ({len(fits)})")
-        if len(fits) == 0:
-            st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
-        else:
-            st.dataframe(
-                fits,
-                hide_index=True,
-                column_config={"$ per hour": st.column_config.NumberColumn(format="$%.2f")},
-            )
-    with right:
-        st.subheader(f"Too small ({len(misses)})")
-        if len(misses) == 0:
-            st.write("Every GPU in the list holds it.")
-        else:
-            st.dataframe(misses, hide_index=True)
+def _size_columns(unit: Unit, *names: str) -> dict[str, Any]:
+    return {name: st.column_config.NumberColumn(f"{name} ({unit})", format="%.1f",
+                                                width="small") for name in names}
+
+
+def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
+               unsupported: Sequence[Gpu] = (), bf16: bool = False) -> None:
+    """The two tables of `fit_frames` (pandas or Arrow), each the page's full width so that no
+    column is cut (side by side, half of them scrolled out of sight on a laptop)."""
+    st.subheader(f"GPUs that hold it ({len(fits)})")
+    if len(fits) == 0:
+        st.write("None: shrink a bucket (see the levers on the Learn page) or add GPUs.")
+    else:
+        st.dataframe(
+            fits,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "GPU": st.column_config.TextColumn(width="large", pinned=True),
+                "count": st.column_config.NumberColumn("GPUs", width="small"),
+                "sharding": st.column_config.TextColumn(width="small"),
+                "$ per hour": st.column_config.NumberColumn(format="$%.2f", width="small"),
+                **_size_columns(unit, "needs per GPU", "usable per GPU", "headroom"),
+            },
+        )
+    each = "one GPU" if n_gpus == 1 else f"{n_gpus} GPUs, each"
+    st.subheader(f"Too small on {each} ({len(misses)})")
+    if unsupported:
+        names = ", ".join(data.short_gpu_name(g.name) for g in unsupported)
+        hint = (" Set Precision to fp16 mixed to run there (fp16 needs loss scaling; "
+                "bf16 does not)." if bf16 else "")
+        st.caption(f"Left out: {names}, which have no bf16 hardware.{hint}")
+    if len(misses) == 0:
+        st.write("Every GPU in the list holds it as set up.")
+    else:
+        st.dataframe(
+            misses,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "GPU": st.column_config.TextColumn(width="large", pinned=True),
+                **_size_columns(unit, "needs per GPU", "usable per GPU", "short by"),
+            },
+        )
 
 
 def _inputs_text(inputs: dict[str, Any]) -> str:
@@ -233,6 +302,10 @@ def download(payload_json: Callable[[], str]) -> None:
     )
 
 
+def _number(value: float | None) -> float:
+    return float("nan") if value is None else float(value)
+
+
 def gpu_table(
     gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *, only_fits: bool
 ) -> pd.DataFrame:
@@ -253,14 +326,18 @@ def gpu_table(
                 "GPU": data.short_gpu_name(gpu.name),
                 "segment": gpu.segment,
                 f"memory ({unit})": round(charts.to_unit(gpu.memory_bytes, unit), 1),
-                "bf16 TFLOPS": gpu.bf16_dense_tflops,
-                "bandwidth (GB/s)": gpu.memory_bandwidth_gbps,
-                "$ per GPU-hour": gpu.usd_per_hour,
+                "bf16 TFLOPS": _number(gpu.bf16_dense_tflops),
+                "bandwidth (GB/s)": _number(gpu.memory_bandwidth_gbps),
+                "$ per GPU-hour": (gpu.usd_per_hour if gpu.usd_per_hour is not None
+                                   else float("nan")),
                 "holds it": "yes" if fits else ("no" if found is not None else "?"),
-                "GPUs needed": found.count if fits and found else None,
-                "$ per hour, all": found.usd_per_hour if fits and found else None,
+                # Empty cells (NaN), not the text "None", where a figure does not apply.
+                "GPUs needed": found.count if fits and found else float("nan"),
+                "$ per hour, all": (found.usd_per_hour if fits and found
+                                    and found.usd_per_hour is not None else float("nan")),
                 f"headroom ({unit})": (
-                    round(charts.to_unit(found.headroom_bytes, unit), 1) if found else None
+                    round(charts.to_unit(found.headroom_bytes, unit), 1) if found
+                    else float("nan")
                 ),
             }
         )
@@ -276,6 +353,7 @@ def gpu_dataframe(table: pd.DataFrame, unit: Unit) -> None:
             "GPU": st.column_config.TextColumn(width="medium", pinned=True),
             "$ per GPU-hour": money,
             "$ per hour, all": money,
+            "GPUs needed": st.column_config.NumberColumn(format="%d"),
         },
         height=min(800, 40 + 36 * max(1, len(table))),
         row_height=34,

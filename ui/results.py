@@ -13,7 +13,6 @@ are frozen, and the figures here are only read (see `frozen_figure`).
 from __future__ import annotations
 
 import functools
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,8 +23,10 @@ import pyarrow as pa
 
 import vram
 from ui import charts, data, params, render, server
+from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
+from vram import gpus, report
 from vram.gpus import FitReport
 from vram.plan.hardware import Hardware
 from vram.plan.planner import Plan
@@ -39,7 +40,7 @@ MAX_STATES = 256
 
 #: State that changes how a page looks, not the estimate or the fit: left out of the key, so
 #: switching units or opening the math reuses the result.
-DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins"})
+DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins", "present"})
 
 StateKey = tuple[tuple[str, Any], ...]
 
@@ -100,12 +101,28 @@ def frozen_figure(fig: go.Figure) -> go.Figure:
     return fig
 
 
+def _runnable_capacities(res: Result, gpu_list: str | None) -> tuple[
+        list[tuple[str, int]], frozenset[str]]:
+    """The capacity lines to draw (GPUs that can run the setup's precision) and the names of
+    those too small for it: the same list the 'Too small' table shows."""
+    assert res.estimate is not None and res.report is not None
+    unsupported = {data.short_gpu_name(g.name) for g in res.report.unsupported}
+    caps = [(name, size) for name, size in data.capacities() if name not in unsupported]
+    small = frozenset(data.short_gpu_name(g.name) for g in gpus.too_small(
+        res.estimate.setup, res.estimate.device_peak_bytes, data.gpus_from(gpu_list)))
+    return caps, small
+
+
 @functools.lru_cache(maxsize=MAX_STATES)
-def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
-    est = _result(key, gpu_list).estimate
-    assert est is not None
+def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -> go.Figure:
+    res = _result(key, gpu_list)
+    assert res.estimate is not None
+    caps, small = _runnable_capacities(res, gpu_list)
+    size = ({"font_px": present_mode.FONT_PX, "height": present_mode.CHART_HEIGHT}
+            if present else {})
     return frozen_figure(
-        charts.breakdown_figure(est, unit=unit, capacities=data.capacities())
+        charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
+                                **size)
     )
 
 
@@ -116,8 +133,9 @@ def _inference(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
     return frozen_figure(charts.inference_figure(est, unit=unit))
 
 
-def breakdown_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
-    return _breakdown(state_key(state), _gpu_list_path(), unit)
+def breakdown_figure(state: Mapping[str, Any], unit: Unit, *, present: bool = False,
+                     ) -> go.Figure:
+    return _breakdown(state_key(state), _gpu_list_path(), unit, present)
 
 
 def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
@@ -128,27 +146,23 @@ def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
 def _download_json(key: StateKey, gpu_list: str | None) -> str:
     res = _result(key, gpu_list)
     assert res.estimate is not None and res.report is not None
-    payload = {
-        "estimate": res.estimate.model_dump(mode="json"),
-        "cheapest": [
-            {"gpu": o.gpu.id, "count": o.count, "usd_per_hour": o.usd_per_hour}
-            for o in res.report.fits[:10]
-        ],
-    }
-    return json.dumps(payload, indent=2)
+    return report.estimate_json_text(res.estimate, res.report)
 
 
 def download_json(state: Mapping[str, Any]) -> str:
-    """The estimate and the ten cheapest fits as the JSON file the page offers."""
+    """The JSON file the page offers: byte for byte what ``python -m vram estimate --json``
+    prints for the same state (one serializer, vram.report)."""
     return _download_json(state_key(state), _gpu_list_path())
 
 
 @functools.lru_cache(maxsize=MAX_STATES)
 def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
     # Arrow tables: st.dataframe sends them as they are, a pandas frame it converts each run.
-    report = _result(key, gpu_list).report
-    assert report is not None
-    fits, misses = render.fit_frames(report, unit)
+    res = _result(key, gpu_list)
+    assert res.report is not None and res.estimate is not None
+    supported = [g for g in data.gpus_from(gpu_list) if g not in res.report.unsupported]
+    small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes, supported)
+    fits, misses = render.fit_frames(res.report, res.estimate, small, unit)
     return (pa.Table.from_pandas(fits, preserve_index=False),
             pa.Table.from_pandas(misses, preserve_index=False))
 

@@ -42,8 +42,14 @@ def comparison_table(est: Estimate, traced: dict[str, Any], unit: Unit) -> pd.Da
     return pd.DataFrame(rows)
 
 
+def signed_pct(value: float) -> str:
+    """``+1.2 %``, ``-3.4 %``, and ``0.0 %`` for anything that rounds to zero (never -0.0)."""
+    rounded = round(value, 1)
+    return "0.0 %" if rounded == 0 else f"{rounded:+.1f} %"
+
+
 def _row(name: str, ours: int, theirs: int, unit: Unit) -> dict[str, str]:
-    diff = "—" if not theirs else f"{100 * (ours - theirs) / theirs:+.1f} %"
+    diff = "—" if not theirs else signed_pct(100 * (ours - theirs) / theirs)
     return {"": name, "estimate": charts.format_bytes(ours, unit),
             "exact trace": charts.format_bytes(theirs, unit), "difference": diff}
 

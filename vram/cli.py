@@ -25,7 +25,13 @@ from vram.gpus import fit, load_gpus
 from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
 from vram.plan import cli as plan_cli
 from vram.readers import cli_hook
-from vram.report import estimate_json, estimate_table, gpus_table
+from vram.report import (
+    estimate_json,
+    estimate_json_text,
+    estimate_table,
+    gpus_table,
+    setup_warnings,
+)
 from vram.rl import cli as rl_cli
 from vram.setup import TrainingSetup
 from vram.units import format_gib
@@ -138,8 +144,10 @@ def _estimate(args: argparse.Namespace) -> int:
     model = load_model(args.model)
     result = estimate(model, setup)
     report = fit(model, setup)
+    for warning in setup_warnings(setup):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
-        print(json.dumps(estimate_json(result, report), indent=2))
+        sys.stdout.write(estimate_json_text(result, report))
     else:
         print(estimate_table(result, report))
     return 0
@@ -149,6 +157,8 @@ def _estimate_from_file(args: argparse.Namespace) -> int:
     model, setup, loaded = cli_hook.from_file(args, build_parser(), args.argv)
     result = estimate(model, setup)
     report = fit(model, setup)
+    for warning in setup_warnings(setup):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.json:
         payload = cli_hook.add_to_json(estimate_json(result, report), setup, loaded)
         print(json.dumps(payload, indent=2))

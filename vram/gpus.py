@@ -21,7 +21,7 @@ from vram.estimate import estimate
 from vram.files import read_csv_rows
 from vram.overhead import cuda_context_bytes
 from vram.paths import data_dir
-from vram.setup import MAX_CONTEXT_MIB, Sharding, TrainingSetup
+from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
 from vram.units import MIB
 
 GPUS_ENV = "VRAM_GPUS_CSV"
@@ -42,6 +42,10 @@ class Gpu(BaseModel):
     memory_bytes: Annotated[int, Field(gt=0, lt=2**50)]
     memory_source: str = ""
     bf16_dense_tflops: Annotated[float, Field(gt=0)] | None = None
+    #: Whether the GPU computes in bf16: False where a list has the bf16 column and leaves it
+    #: empty (data/gpus.csv: T4, V100); None where a team's list has no such column (unknown,
+    #: taken as able).
+    bf16: bool | None = None
     memory_bandwidth_gbps: Annotated[float, Field(gt=0)] | None = None
     usd_per_hour: Annotated[float, Field(gt=0, lt=10_000)] | None = None
     price_source: str = ""
@@ -69,6 +73,7 @@ def _row_to_gpu(row: dict[str, str]) -> Gpu:
         segment=row["segment"].strip(),
         memory_bytes=int(memory), memory_source=row.get("memory_source") or "",
         bf16_dense_tflops=number("bf16_dense_tflops"),
+        bf16=(number("bf16_dense_tflops") is not None) if "bf16_dense_tflops" in row else None,
         memory_bandwidth_gbps=number("memory_bandwidth_gbps"),
         usd_per_hour=number("usd_per_hour"), price_source=row.get("price_source") or "",
         max_per_node=int((row.get("max_per_node") or "8").strip()),
@@ -140,6 +145,8 @@ class FitReport(BaseModel):
 
     fits: tuple[FitOption, ...]
     misses: tuple[FitOption, ...]
+    #: GPUs that cannot run the setup's number format at all (bf16 on a T4 or V100), by size.
+    unsupported: tuple[Gpu, ...] = ()
 
     @property
     def cheapest(self) -> FitOption | None:
@@ -170,7 +177,7 @@ def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
     return counts
 
 
-def _context_difference(gpu: Gpu, setup: TrainingSetup) -> int:
+def context_difference(gpu: Gpu, setup: TrainingSetup) -> int:
     """The GPU's own CUDA context instead of the estimate's constant, unless the setup gives
     the context it measured (`context_mib`)."""
     if setup.context_mib is not None:
@@ -178,9 +185,37 @@ def _context_difference(gpu: Gpu, setup: TrainingSetup) -> int:
     return gpu.cuda_context_bytes - cuda_context_bytes()
 
 
+BF16_PRECISIONS = frozenset({Precision.BF16_MIXED, Precision.BF16_TRUE})
+
+
+def runs_precision(gpu: Gpu, precision: Precision) -> bool:
+    """Whether `gpu` computes in `precision`: bf16 needs bf16 hardware (NVIDIA Ampere and later;
+    CUDA's bf16 kernels refuse Turing and Volta), which the catalog marks with a bf16 TFLOPS
+    figure; data/gpus.csv leaves it empty for the T4 and V100. fp16 and fp32 run everywhere."""
+    return precision not in BF16_PRECISIONS or gpu.bf16 is not False
+
+
+def too_small(setup: TrainingSetup, device_peak_bytes: int, gpus: Sequence[Gpu]) -> tuple[Gpu, ...]:
+    """GPUs that cannot hold this run as set up (its own GPU count), smallest first: the same
+    comparison as the fit (the GPU's own CUDA context), so the chart's capacity lines and the
+    'too small' list name the same cards."""
+    return tuple(sorted(
+        (g for g in gpus
+         if device_peak_bytes + context_difference(g, setup) > g.memory_bytes),
+        key=lambda g: g.memory_bytes,
+    ))
+
+
 def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:
-    """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall."""
+    """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall.
+
+    A GPU that cannot compute in the setup's precision (bf16 on a T4) is neither a fit nor a
+    miss: it is listed in `unsupported`, where fp16 would run.
+    """
     catalog = tuple(gpus) if gpus is not None else load_gpus()
+    unsupported = tuple(sorted((g for g in catalog if not runs_precision(g, setup.precision)),
+                               key=lambda g: g.memory_bytes))
+    catalog = tuple(g for g in catalog if runs_precision(g, setup.precision))
     peaks: dict[int, int] = {}
     fits: list[FitOption] = []
     misses: list[FitOption] = []
@@ -192,7 +227,7 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
                 peaks[count] = estimate(model, _setup_for(setup, count)).device_peak_bytes
             option = FitOption(
                 gpu=gpu, count=count, sharding=_setup_for(setup, count).sharding,
-                device_peak_bytes=peaks[count] + _context_difference(gpu, setup),
+                device_peak_bytes=peaks[count] + context_difference(gpu, setup),
                 usable_bytes=gpu.memory_bytes,
                 usd_per_hour=gpu.usd_per_hour * count if gpu.usd_per_hour else None,
             )
@@ -206,4 +241,4 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
             misses.append(first)
     fits.sort(key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0.0, o.count))
     misses.sort(key=lambda o: o.headroom_bytes, reverse=True)
-    return FitReport(fits=tuple(fits), misses=tuple(misses))
+    return FitReport(fits=tuple(fits), misses=tuple(misses), unsupported=unsupported)

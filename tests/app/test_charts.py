@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 import vram
-from ui import charts
+from ui import charts, label_layout
 from vram.result import BUCKET_ORDER
 from vram.setup import TrainingSetup
 
@@ -41,7 +41,7 @@ def test_breakdown_segments_sum_to_the_peak(est: vram.Estimate, unit: charts.Uni
     texts = " ".join(a.text for a in fig.layout.annotations)
     for name in BUCKET_ORDER:  # every segment carries its size
         assert charts.format_bytes(est.bucket(name).bytes, unit) in texts
-    assert charts.format_bytes(est.device_peak_bytes, unit) in texts
+    assert charts.format_bytes(est.device_peak_bytes, unit) in fig.layout.title.text
 
 
 def test_bucket_colours_are_fixed_and_distinct(est: vram.Estimate) -> None:
@@ -84,16 +84,36 @@ def test_capacity_lines_show_the_first_card_that_holds_it() -> None:
 
 def test_inference_figure_writes_the_multiple(est: vram.Estimate) -> None:
     fig = charts.inference_figure(est)
-    texts = " ".join(a.text for a in fig.layout.annotations)
-    assert f"{est.training_to_inference:.1f}×" in texts
+    assert f"{est.training_to_inference:.1f}×" in fig.layout.title.text
     inference = [b for b in _bars(fig) if b.x[0] == "Inference"]
     assert sum(b.y[0] for b in inference) == pytest.approx(est.inference.total_bytes / 1e9)
 
 
-def test_spread_labels_keeps_order_and_gap() -> None:
-    out = charts.spread_labels([0.0, 0.1, 0.2, 10.0], min_gap=1.0)
-    assert out == sorted(out)
-    assert all(b - a >= 1.0 - 1e-9 for a, b in itertools.pairwise(out))
+def test_column_labels_never_share_a_row() -> None:
+    heights = [20.0, 20.0, 30.0, 20.0]
+    out = label_layout.spread_in_column([0.0, 5.0, 6.0, 300.0], heights, 0.0, 310.0)
+    assert out is not None
+    boxes = sorted((c - h / 2, c + h / 2) for c, h in zip(out, heights, strict=True))
+    assert boxes[0][0] >= 0.0 and boxes[-1][1] <= 310.0
+    assert all(b[0] >= a[1] - 1e-9 for a, b in itertools.pairwise(boxes))
+    assert out[3] == pytest.approx(300.0)  # a label with room stays on what it names
+    assert label_layout.spread_in_column([0.0] * 4, heights, 0.0, 50.0) is None  # no room
+
+
+def test_breakdown_labels_do_not_overlap_on_the_estimate(est: vram.Estimate) -> None:
+    """The server-side estimate of every label box: none overlaps another (the browser test
+    measures the real boxes)."""
+    caps = [("T4", 15 * GIB), ("L4", 22 * GIB), ("A100", 40 * GIB), ("H100", 80 * GIB)]
+    fig = charts.breakdown_figure(est, capacities=caps)
+    scale = (fig.layout.height - fig.layout.margin.t - fig.layout.margin.b) / (
+        fig.layout.yaxis.range[1])
+    rows = []
+    for a in fig.layout.annotations:
+        centre = (a.ay if a.showarrow else a.y) * scale
+        half = label_layout.text_height_px(a.text, a.font.size) / 2
+        rows.append((centre - half, centre + half))
+    rows.sort()
+    assert all(b[0] >= a[1] - 1e-6 for a, b in itertools.pairwise(rows))
 
 
 @pytest.mark.parametrize(
@@ -108,3 +128,14 @@ def test_spread_labels_keeps_order_and_gap() -> None:
 )
 def test_format_bytes(n_bytes: int, unit: charts.Unit, text: str) -> None:
     assert charts.format_bytes(n_bytes, unit) == text
+
+
+def test_capacity_labels_drop_to_the_hover_when_there_is_no_room(est: vram.Estimate) -> None:
+    """Too short a chart for every label: the bucket labels stay, the capacity labels go from
+    the smallest card up (their lines keep the hover) rather than overlap or fail."""
+    caps = [("T4", 15 * GIB), ("L4", 22 * GIB), ("A100", 40 * GIB), ("H100", 80 * GIB)]
+    fig = charts.breakdown_figure(est, capacities=caps, height=260, font_px=22)
+    texts = [a.text for a in fig.layout.annotations]
+    assert len(BUCKET_ORDER) <= len(texts) < len(BUCKET_ORDER) + len(caps)
+    assert not any("T4" in t for t in texts)
+    assert any(t.type == "scatter" and "capacity" in t.hovertemplate for t in fig.data)

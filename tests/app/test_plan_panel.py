@@ -66,4 +66,4 @@ def test_path_chart_rows_add_up() -> None:
     assert rows[0]["bytes"] == result.device_peak_bytes
     assert rows[0]["bytes"] + sum(r["bytes"] for r in rows[1:-1]) == rows[-1]["bytes"]
     assert rows[-1]["bytes"] == result.path[-1].device_peak_bytes <= result.usable_bytes
-    assert len(path_figure(result).data[0].x) == len(result.path) + 2
+    assert len(path_figure(result).data[0].y) == len(result.path) + 2

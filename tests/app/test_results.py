@@ -9,6 +9,7 @@ import pytest
 
 import vram
 from ui import charts, data, params, render, results
+from vram import gpus
 
 
 @pytest.fixture
@@ -65,10 +66,12 @@ def test_tables_and_download_carry_the_report(state: dict[str, object]) -> None:
     res = results.result(state)
     assert res.report is not None and res.estimate is not None
     fits, misses = results.fit_tables(state, "GB")
-    fits_df, misses_df = render.fit_frames(res.report, "GB")
+    small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes,
+                           [g for g in data.gpus() if g not in res.report.unsupported])
+    fits_df, misses_df = render.fit_frames(res.report, res.estimate, small, "GB")
     assert fits.to_pylist() == _records(fits_df)
     assert misses.to_pylist() == _records(misses_df)
-    assert len(fits) == len(res.report.fits) and len(misses) == len(res.report.misses)
+    assert len(fits) == len(res.report.fits) and len(misses) == len(small)
     payload = json.loads(results.download_json(state))
-    assert payload["estimate"]["device_peak_bytes"] == res.estimate.device_peak_bytes
-    assert [o["gpu"] for o in payload["cheapest"]] == [o.gpu.id for o in res.report.fits[:10]]
+    assert payload["device_peak_bytes"] == res.estimate.device_peak_bytes
+    assert [o["gpu"] for o in payload["cheapest"]] == [o.gpu.id for o in res.report.fits]

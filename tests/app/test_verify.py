@@ -17,10 +17,28 @@ def test_timeline_marks_the_peak_and_shades_phases() -> None:
     line, peak = fig.data
     assert list(line.y) == [p[1] / 1e9 for p in points]
     assert list(peak.x) == [2]
-    assert [s.fillcolor for s in fig.layout.shapes] == [
+    assert [s.fillcolor for s in fig.layout.shapes if s.type == "rect"] == [
         charts.PHASE_COLORS["forward"], charts.PHASE_COLORS["backward"],
         charts.PHASE_COLORS["optimizer step"]]
     assert "backward" in fig.layout.annotations[0].text
+
+
+def test_the_timeline_axis_covers_the_full_models_peak() -> None:
+    """The timeline is a few-layer trace; the peak is the whole model's (1,129 GB against
+    80 GB): the axis must reach it, and a line marks it."""
+    points = [(0, 10 * 10**9, "forward"), (1, 80 * 10**9, "backward")]
+    fig = charts.timeline_figure(points, peak_bytes=1_129 * 10**9, peak_phase="backward")
+    assert fig.layout.yaxis.range[1] >= 1_129
+    assert any(s.type == "line" and s.y0 == 1_129 for s in fig.layout.shapes)
+    assert "1,129 GB" in fig.layout.annotations[0].text
+
+
+@pytest.mark.parametrize(("value", "text"), [(-0.04, "0.0 %"), (0.0, "0.0 %"), (1.26, "+1.3 %"),
+                                             (-3.44, "-3.4 %")])
+def test_differences_never_read_minus_zero(value: float, text: str) -> None:
+    from ui.verify import signed_pct
+
+    assert signed_pct(value) == text
 
 
 def test_without_the_extra_the_panel_says_how_to_install(
@@ -31,7 +49,7 @@ def test_without_the_extra_the_panel_says_how_to_install(
     monkeypatch.setattr(ui.verify, "trace_available", lambda: False)
     app.run()
     assert not app.exception
-    assert any("vram[trace]" in info.value for info in app.info)
+    assert any(".[trace]" in info.value for info in app.info)
 
 
 @pytest.mark.trace

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from vram import CatalogError, TrainingSetup, fit, load_gpus, load_model
-from vram.gpus import GPUS_ENV
+from vram import CatalogError, TrainingSetup, estimate, fit, load_gpus, load_model
+from vram.gpus import GPUS_ENV, too_small
 
 MIB = 2**20
 
@@ -63,3 +63,29 @@ def test_small_runs_fit_a_single_consumer_gpu() -> None:
                  TrainingSetup(method="qlora", seq_len=512, grad_ckpt=True))
     assert report.cheapest is not None
     assert report.cheapest.count == 1
+
+
+def test_bf16_runs_never_land_on_gpus_without_bf16() -> None:
+    """data/gpus.csv leaves bf16 TFLOPS empty for the T4 and V100: a bf16 run is offered
+    neither as a fit nor as a miss there; the same run in fp16 is."""
+    model = load_model("llama-3.1-8b")
+    no_bf16 = {"t4", "v100-16gb", "v100-32gb"}
+    bf16 = fit(model, TrainingSetup(method="qlora", precision="bf16-mixed"))
+    placed = {o.gpu.id for o in (*bf16.fits, *bf16.misses)}
+    assert not placed & no_bf16
+    assert {g.id for g in bf16.unsupported} == no_bf16
+    fp16 = fit(model, TrainingSetup(method="qlora", precision="fp16-mixed"))
+    assert {o.gpu.id for o in (*fp16.fits, *fp16.misses)} >= no_bf16
+    assert not fp16.unsupported
+
+
+def test_too_small_is_the_same_comparison_as_the_fit() -> None:
+    model = load_model("llama-3.1-8b")
+    setup = TrainingSetup(method="full")
+    est = estimate(model, setup)
+    gpus = load_gpus()
+    small = too_small(setup, est.device_peak_bytes, gpus)
+    assert small and [g.memory_bytes for g in small] == sorted(g.memory_bytes for g in small)
+    one_gpu = {o.gpu.id for o in fit(model, setup).fits if o.count == 1}
+    assert not one_gpu & {g.id for g in small}  # a card that holds it alone is never "too small"
+    assert {g.id for g in gpus} - {g.id for g in small} >= one_gpu

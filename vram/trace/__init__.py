@@ -1,6 +1,7 @@
 """An exact trace of one training step: a real PyTorch step on fake tensors, every byte counted.
 
-Optional: needs the `trace` extra (torch, transformers, peft): `pip install 'vram[trace]'`.
+Optional: needs the `trace` extra (torch, transformers, peft): `pip install -e '.[trace]'`
+from a checkout.
 This package imports without them; `trace_available()` says whether a trace can run, and
 `trace_step` raises `TraceUnavailable` with the install command when it cannot.
 
@@ -23,7 +24,9 @@ if TYPE_CHECKING:
 
 __all__ = ["TimelinePoint", "TraceResult", "TraceUnavailable", "trace_available", "trace_step"]
 
-INSTALL_HINT = "pip install 'vram[trace]'"
+#: `vram` is installed from a checkout (it is not on PyPI, where the name is another project's),
+#: so the hint installs the extra from the checkout's root.
+INSTALL_HINT = "pip install -e '.[trace]' (from the project's checkout)"
 REQUIRED = ("torch", "transformers", "peft")
 
 

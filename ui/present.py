@@ -1,0 +1,48 @@
+"""Presentation mode (`present=1` in the URL, a toggle): for a projector at the back of a room.
+
+Large type, no sidebar and no page title, the peak and one big four-bucket chart above the
+fold at 1280x720, and chart text at a bigger size. The state key is a view key
+(ui.results.DISPLAY_KEYS): it changes how a page looks, never the estimate.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+#: Chart text in presentation mode (px): readable from about 10 m on a 1280x720 projector.
+FONT_PX = 22
+#: The big chart's height (px): with the metrics above it, it ends above a 720 px fold.
+CHART_HEIGHT = 385
+
+_CSS = """
+<style>
+[data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"],
+[data-testid="stToolbar"], h1 { display: none !important; }
+[data-testid="stHeader"] { background: transparent; height: 0; }
+.block-container, [data-testid="stMainBlockContainer"] {
+  padding-top: 0.75rem !important; max-width: 100% !important;
+}
+[data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li {
+  font-size: 1.25rem; color: #000;
+}
+[data-testid="stMetricValue"], [data-testid="stMetricValue"] * {
+  font-size: 3.2rem !important; color: #000; line-height: 1.15;
+}
+[data-testid="stMetricLabel"] p { font-size: 1.35rem !important; color: #000; }
+</style>
+"""
+
+
+def is_on() -> bool:
+    return bool(st.session_state.get("present"))
+
+
+def toggle() -> None:
+    st.toggle("Presentation", key="present",
+              help="Large type, no sidebar, the peak and the chart above the fold; "
+                   "also in the link (present=1).")
+
+
+def style() -> None:
+    if is_on():
+        st.html(_CSS)
