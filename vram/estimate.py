@@ -23,6 +23,7 @@ from enum import Enum
 from vram import activations as act
 from vram.architecture import ModelSpec, Role
 from vram.inference import inference_estimate
+from vram.memo import memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import STORAGE_BYTES, ParamGroup, Storage, param_groups, trainable_params
@@ -772,20 +773,56 @@ def _overhead_items(setup: TrainingSetup, slack: int, paged: int,
     return items
 
 
-def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
-    """Per-GPU memory of one training step of `model` under `setup`."""
+@dataclass(frozen=True, slots=True)
+class StatePart:
+    """What does not depend on the batch or the sequence: the stack's behaviours, the
+    parameter groups, and the weights, gradients and optimizer parts built from them."""
+
+    profile: StackProfile
+    groups: list[ParamGroup]
+    shards: Shards
+    weight_items: list[LineItem]
+    host: int
+    optimizer: OptimizerPart
+    grads: GradientPart
+    working: dict[Stage, list[LineItem]]
+
+
+#: Setup fields no part of `StatePart` reads (a sweep over them reuses one `StatePart`).
+TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
+
+
+def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     profile = profile_for(setup)
     groups = param_groups(model, setup, profile)
     shards = shards_of(setup)
+    weight_items, host = _weight_items(model, setup, profile, groups, shards)
+    return StatePart(
+        profile=profile, groups=groups, shards=shards, weight_items=weight_items, host=host,
+        optimizer=_optimizer_part(model, groups, setup, profile, shards),
+        grads=_gradient_part(model, setup, groups, shards),
+        working={stage: _working_items(model, setup, profile, groups, shards, stage)
+                 for stage in Stage})
+
+
+def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
+    """`_state_part`, remembered per model for setups equal but for batch and sequence."""
+    return memoized(model, ("state", setup_key(setup, TOKEN_FIELDS)),
+                    lambda: _state_part(model, setup))
+
+
+def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
+    """Per-GPU memory of one training step of `model` under `setup`."""
+    part = state_part(model, setup)
+    profile, groups, shards = part.profile, part.groups, part.shards
     plan = act.plan(model, setup, profile)
 
-    weight_items, host = _weight_items(model, setup, profile, groups, shards)
+    weight_items, host = part.weight_items, part.host
     weights = sum(item.bytes for item in weight_items)
-    optimizer = _optimizer_part(model, groups, setup, profile, shards)
+    optimizer = part.optimizer
     opt_bytes = sum(item.bytes for item in optimizer.items)
-    grads = _gradient_part(model, setup, groups, shards)
-    working = {stage: _working_items(model, setup, profile, groups, shards, stage)
-               for stage in Stage}
+    grads = part.grads
+    working = part.working
     moments = _moments(model, setup, plan, grads, working, optimizer.step_temp_bytes)
 
     static = weights + opt_bytes + grads.ddp_buckets

@@ -1,0 +1,60 @@
+"""Per-model memo tables: what an estimate recomputes identically for setups that differ only
+in batch and sequence (parameter groups, the weights, gradients and optimizer parts).
+
+A `ModelSpec` is frozen but hashing it walks every stack and Linear (~8 µs), so the tables are
+keyed by the model object itself (its `id`, checked against a weak reference: a dead model's
+table is dropped, and a copy gets its own). Within a table, keys are the setup's field values
+without the ones a cached part does not read.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable
+from typing import TypeVar
+
+from vram.architecture import ModelSpec
+from vram.setup import TrainingSetup
+
+T = TypeVar("T")
+
+#: Entries one model's table holds before it is emptied (a sweep's distinct structures).
+MAX_ENTRIES_PER_MODEL = 4096
+
+_TABLES: dict[int, tuple[weakref.ref[ModelSpec], dict[Hashable, object]]] = {}
+
+
+def _table(model: ModelSpec) -> dict[Hashable, object]:
+    key = id(model)
+    entry = _TABLES.get(key)
+    if entry is not None and entry[0]() is model:
+        return entry[1]
+    table: dict[Hashable, object] = {}
+    _TABLES[key] = (weakref.ref(model, lambda _ref: _drop(key, _ref)), table)
+    return table
+
+
+def _drop(key: int, ref: weakref.ref[ModelSpec]) -> None:
+    entry = _TABLES.get(key)
+    if entry is not None and entry[0] is ref:
+        del _TABLES[key]
+
+
+def setup_key(setup: TrainingSetup, ignored: frozenset[str]) -> tuple[object, ...]:
+    """The setup's field values, in field order, leaving out `ignored` (a new field is part of
+    the key unless it is named here: a cache can only be too fine, never too coarse)."""
+    return tuple(value for name, value in setup.__dict__.items() if name not in ignored)
+
+
+def memoized(model: ModelSpec, key: Hashable, compute: Callable[[], T]) -> T:
+    """`compute()`, remembered for `model` under `key` (the caller names what it depends on)."""
+    table = _table(model)
+    try:
+        return table[key]  # type: ignore[return-value]
+    except KeyError:
+        pass
+    value = compute()
+    if len(table) >= MAX_ENTRIES_PER_MODEL:
+        table.clear()
+    table[key] = value
+    return value
