@@ -47,3 +47,42 @@ def test_a_copy_of_a_model_gets_its_own_cache() -> None:
     assert state_part(model, setup) == _state_part(model, setup)
     assert state_part(bigger, setup) == _state_part(bigger, setup)
     assert state_part(bigger, setup) != state_part(model, setup)
+
+
+def _fit_reference(model, setup, catalog):  # type: ignore[no-untyped-def]
+    """fit() as first written: a fresh estimate for every GPU and count."""
+    from vram.gpus import _context_difference, _counts, _setup_for
+    fits, misses = [], []
+    for gpu in catalog:
+        first = best = None
+        for count in _counts(gpu, setup):
+            run = _setup_for(setup, count)
+            peak = estimate(model.model_copy(), run).device_peak_bytes
+            option = (gpu.id, count, run.sharding, peak + _context_difference(gpu, setup))
+            first = first or option
+            if option[3] <= gpu.memory_bytes:
+                best = option
+                break
+        if best is not None:
+            fits.append(best)
+        elif first is not None:
+            misses.append(first)
+    return sorted(fits), sorted(misses)
+
+
+@settings(max_examples=8, deadline=None)
+@given(name=st.sampled_from(["llama-3.1-8b", "llama-3.1-70b", "mixtral-8x7b-v0.1"]),
+       method=st.sampled_from(["full", "lora", "qlora"]), n_gpus=st.sampled_from([1, 4]),
+       seq_len=st.sampled_from([2048, 32768]))
+def test_fit_equals_a_fresh_estimate_per_gpu_and_count(name: str, method: str, n_gpus: int,
+                                                       seq_len: int) -> None:
+    from vram import fit, load_gpus
+    model = load_model(name)
+    setup = TrainingSetup(method=method, n_gpus=n_gpus, seq_len=seq_len,
+                          sharding="zero3" if n_gpus > 1 else "none")
+    catalog = load_gpus()
+    fit(model, setup, catalog)  # warm the caches
+    report = fit(model, setup, catalog)
+    got = (sorted((o.gpu.id, o.count, o.sharding, o.device_peak_bytes) for o in report.fits),
+           sorted((o.gpu.id, o.count, o.sharding, o.device_peak_bytes) for o in report.misses))
+    assert got == _fit_reference(model, setup, catalog)
