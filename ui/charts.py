@@ -5,7 +5,7 @@ data they carry. Colours come from the Okabe-Ito palette (Okabe & Ito 2008, "Col
 Design"), which stays distinguishable for the common forms of colour blindness; each bucket keeps
 its colour everywhere.
 
-    >>> fig = breakdown_figure(estimate, unit="GB", capacities=[("RTX 4090", 24 * 2**30)])
+    >>> fig = breakdown_figure(estimate, unit="GB", capacities=[("RTX 4090", 24 * GIB)])
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from typing import Any, Literal
 import plotly.graph_objects as go
 
 from vram.result import BUCKET_ORDER, BucketName, Estimate
+from vram.units import GB, GIB
 
 Unit = Literal["GB", "GiB"]
 
 #: Bytes per display unit. GB = 10^9 (what vendors print), GiB = 2^30 (what nvidia-smi shows).
-UNIT_BYTES: dict[str, int] = {"GB": 10**9, "GiB": 2**30}
+UNIT_BYTES: dict[str, int] = {"GB": GB, "GiB": GIB}
 
 #: Okabe-Ito colours, one per bucket; overhead is a neutral grey so the four buckets stand out.
 BUCKET_COLORS: dict[BucketName, str] = {

@@ -10,6 +10,7 @@ from typing import Any
 
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
+from vram.units import GB
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class Grade:
 
 def grade(answer_gb: float, actual_bytes: int, *, tolerance: float = 0.15) -> Grade:
     """Within `tolerance` (relative) counts as right; otherwise say how far off and which way."""
-    actual_gb = actual_bytes / 1e9
+    actual_gb = actual_bytes / GB
     if actual_gb == 0:
         ok = abs(answer_gb) < 0.05
         return Grade(ok, "Right: nothing at all." if ok else "It is zero here.")

@@ -25,7 +25,7 @@ from vram.attention import Kernel, attention_kernel, mask_bytes, needs_mask
 from vram.head import HeadActivations, head_activations
 from vram.numerics import FP32, Numerics, numerics, zero_half_model
 from vram.params import is_targeted, targeted_roles
-from vram.setup import Attention, Method, Offload, Precision, TrainingSetup
+from vram.setup import Attention, Method, Offload, TrainingSetup
 from vram.spec import MlpKind, ModelSpec, NormKind, Role, Stack
 from vram.stack import StackProfile, runs_transformers_code
 
@@ -438,9 +438,7 @@ def dropout_term(c: LayerContext) -> Term | None:
 def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:
     """Transformers' `grouped_mm` experts need bf16 operands: bf16 weights without autocast.
     Anything else runs the eager per-expert loop (transformers/integrations/moe.py)."""
-    bf16_weights = setup.precision is Precision.BF16_TRUE or (
-        zero_half_model(setup) and setup.precision is Precision.BF16_MIXED)  # no autocast
-    return runs_transformers_code(profile) and bf16_weights
+    return runs_transformers_code(profile) and profile.precision.bf16_without_autocast
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from vram.plan import cli as plan_cli
 from vram.readers import cli_hook
 from vram.report import estimate_json, estimate_table, gpus_table
 from vram.setup import TrainingSetup
+from vram.units import format_gib
 from vram.validate import report_lines, run_cases
 
 EXIT_USAGE = 2
@@ -174,8 +175,8 @@ def _trace(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         for name, value in payload.get("buckets", {}).items():
-            print(f"{name:<12} {value / 2**30:10.2f} GiB")
-        print(f"{'peak':<12} {payload['allocated_peak_bytes'] / 2**30:10.2f} GiB "
+            print(f"{name:<12} {format_gib(value, 10)}")
+        print(f"{'peak':<12} {format_gib(payload['allocated_peak_bytes'], 10)} "
               f"(allocated, {payload.get('phase', '')})")
     return 0
 

@@ -36,7 +36,7 @@ from vram.result import (
     ParamCounts,
     Phase,
 )
-from vram.setup import Offload, Precision, Sharding, TrainingSetup
+from vram.setup import Offload, Sharding, TrainingSetup
 from vram.stack import StackProfile, profile_for
 from vram.units import FP32_BYTES as FP32
 
@@ -189,7 +189,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
         biggest = _largest_matrix(model, profile, with_head=not head_out)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
-        compute = FP32 if setup.precision is Precision.FP32 else 2  # bnb's compute dtype
+        compute = profile.precision.dequantized  # bnb's compute dtype
         per_param = 2 + compute if profile.dequantizes_via_fp16 else compute
         items.append(LineItem(
             key="activations.dequant", label="dequantized weight of the Linear being computed",
@@ -211,9 +211,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     with it only the recomputed layer's (none while the loss runs its backward: the trace).
     Frozen weights are not cached.
     """
-    if setup.precision not in (Precision.FP16_MIXED, Precision.BF16_MIXED):
-        return 0
-    if act.zero_half_model(setup):
+    if not profile_for(setup).precision.casts_weights:
         return 0
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
@@ -672,8 +670,7 @@ def _bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan
     experts = max(1, grads.bank_experts)
     buffers = 2 * grads.bank_gate_up + grads.bank_gate_up // experts + grads.bank_down
     casts = 0
-    if setup.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED) \
-            and not act.zero_half_model(setup):
+    if profile_for(setup).precision.casts_weights:
         # autocast casts each expert's slice (not a leaf: never cached) and the Linear keeps
         # the cast; the two experts through backward have dropped theirs
         bank_params = max(sum(ln.weight_params for ln in st.linears if ln.copies > 1)

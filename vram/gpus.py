@@ -22,7 +22,8 @@ from vram.estimate import estimate
 from vram.memo import memoized
 from vram.overhead import cuda_context_bytes
 from vram.paths import data_dir
-from vram.setup import Sharding, TrainingSetup
+from vram.setup import MAX_CONTEXT_MIB, Sharding, TrainingSetup
+from vram.units import MIB
 
 GPUS_ENV = "VRAM_GPUS_CSV"
 MAX_GPU_ROWS = 10_000
@@ -47,14 +48,14 @@ class Gpu(BaseModel):
     max_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     #: The CUDA context as nvidia-smi counts it on this GPU, where measured (GPUS_SOURCES.md);
     #: None: unknown, the estimate's constant (1 GiB) is used.
-    cuda_context_mib: Annotated[int, Field(ge=0, le=64 * 1024)] | None = None
+    cuda_context_mib: Annotated[int, Field(ge=0, le=MAX_CONTEXT_MIB)] | None = None
 
     @property
     def cuda_context_bytes(self) -> int:
         """The context a run on this GPU holds beside its tensors (nvidia-smi)."""
         if self.cuda_context_mib is None:
             return cuda_context_bytes()
-        return self.cuda_context_mib * 2**20
+        return self.cuda_context_mib * MIB
 
 
 def _row_to_gpu(row: dict[str, str]) -> Gpu:

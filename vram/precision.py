@@ -62,6 +62,21 @@ class PrecisionPolicy:
     half_model: bool
     #: The recipe's 16-bit dtype (fp16 for fp16-mixed, bf16 otherwise).
     sixteen_bit: Dtype
+    #: The dtype bitsandbytes dequantizes a 4-bit weight into (its compute dtype: fp32 on an
+    #: fp32 recipe, 16 bits otherwise).
+    dequantized: int
+
+    @property
+    def casts_weights(self) -> bool:
+        """torch.autocast casts fp32 weights to 16 bits for each matmul (a mixed recipe that
+        does not run a 16-bit model)."""
+        return self.autocast and not self.half_model
+
+    @property
+    def bf16_without_autocast(self) -> bool:
+        """bf16 weights and no autocast (bf16-true, or a ZeRO bf16-mixed model): what
+        transformers' grouped_mm experts need (transformers/integrations/moe.py)."""
+        return self.weights == BF16_BYTES and self.sixteen_bit is Dtype.BF16
 
 
 def is_mixed(setup: TrainingSetup) -> bool:
@@ -149,4 +164,5 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
         compute=compute, residual=residual, attention=attention, autocast=autocast,
         input_copy_per_linear=input_copy, half_model=half_model,
         sixteen_bit=Dtype.FP16 if setup.precision is Precision.FP16_MIXED else Dtype.BF16,
+        dequantized=FP32_BYTES if setup.precision is Precision.FP32 else BF16_BYTES,
     )
