@@ -1,30 +1,31 @@
-"""Per-model memo tables: what an estimate recomputes identically for setups that differ only
-in batch and sequence (parameter groups, the weights, gradients and optimizer parts).
+"""Per-model memo tables: what estimates recompute identically for one model (parameter
+counts, served weights) or for setups that differ only in batch and sequence (parameter
+groups, the weights, gradients and optimizer parts).
 
 A `ModelSpec` is frozen but hashing it walks every stack and Linear (~8 µs), so the tables are
 keyed by the model object itself (its `id`, checked against a weak reference: a dead model's
-table is dropped, and a copy gets its own). Within a table, keys are the setup's field values
-without the ones a cached part does not read.
+table is dropped, and a copy, even `model_copy(update=...)`, gets its own). Within a table,
+keys name what a value depends on beyond the model.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Hashable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from vram.architecture import ModelSpec
-from vram.setup import TrainingSetup
+if TYPE_CHECKING:  # imported by vram.spec itself: no runtime import of the model types
+    from vram.setup import TrainingSetup
 
 T = TypeVar("T")
 
 #: Entries one model's table holds before it is emptied (a sweep's distinct structures).
 MAX_ENTRIES_PER_MODEL = 4096
 
-_TABLES: dict[int, tuple[weakref.ref[ModelSpec], dict[Hashable, object]]] = {}
+_TABLES: dict[int, tuple[weakref.ref[object], dict[Hashable, object]]] = {}
 
 
-def _table(model: ModelSpec) -> dict[Hashable, object]:
+def _table(model: object) -> dict[Hashable, object]:
     key = id(model)
     entry = _TABLES.get(key)
     if entry is not None and entry[0]() is model:
@@ -34,7 +35,7 @@ def _table(model: ModelSpec) -> dict[Hashable, object]:
     return table
 
 
-def _drop(key: int, ref: weakref.ref[ModelSpec]) -> None:
+def _drop(key: int, ref: weakref.ref[object]) -> None:
     entry = _TABLES.get(key)
     if entry is not None and entry[0] is ref:
         del _TABLES[key]
@@ -46,7 +47,7 @@ def setup_key(setup: TrainingSetup, ignored: frozenset[str]) -> tuple[object, ..
     return tuple(value for name, value in setup.__dict__.items() if name not in ignored)
 
 
-def memoized(model: ModelSpec, key: Hashable, compute: Callable[[], T]) -> T:
+def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
     """`compute()`, remembered for `model` under `key` (the caller names what it depends on)."""
     table = _table(model)
     try:

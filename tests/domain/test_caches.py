@@ -86,3 +86,13 @@ def test_fit_equals_a_fresh_estimate_per_gpu_and_count(name: str, method: str, n
     got = (sorted((o.gpu.id, o.count, o.sharding, o.device_peak_bytes) for o in report.fits),
            sorted((o.gpu.id, o.count, o.sharding, o.device_peak_bytes) for o in report.misses))
     assert got == _fit_reference(model, setup, catalog)
+
+
+def test_remembered_parameter_counts_follow_the_model_object() -> None:
+    model = load_model("llama-3.1-8b")
+    assert model.n_params == 8_030_261_248  # the published count, remembered after this
+    wider = model.model_copy(update={"vocab_size": model.vocab_size + 1,
+                                     "embedding_params": model.embedding_params
+                                     + model.hidden_size})
+    assert wider.n_params == model.n_params + 2 * model.hidden_size  # embedding + head rows
+    assert model.n_params == 8_030_261_248
