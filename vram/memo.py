@@ -59,3 +59,13 @@ def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
         table.clear()
     table[key] = value
     return value
+
+
+PER_TOKEN_IGNORED = frozenset({"micro_batch"})
+
+
+def per_token_key(setup: TrainingSetup) -> tuple[object, ...]:
+    """The key of a per-token figure (a layer's activation bytes per token): every field but
+    the batch size, of which only "one sequence or more" matters (Transformers' eager
+    attention expands K/V only for a batch of more than one: `vram.activations`)."""
+    return (*setup_key(setup, PER_TOKEN_IGNORED), setup.micro_batch > 1)
