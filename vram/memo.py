@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Hashable
+from functools import cache
+from operator import attrgetter
 from typing import TYPE_CHECKING, TypeVar
+
+from pydantic import BaseModel
 
 if TYPE_CHECKING:  # imported by vram.spec itself: no runtime import of the model types
     from vram.setup import TrainingSetup
@@ -44,7 +48,18 @@ def _drop(key: int, ref: weakref.ref[object]) -> None:
 def setup_key(setup: TrainingSetup, ignored: frozenset[str]) -> tuple[object, ...]:
     """The setup's field values, in field order, leaving out `ignored` (a new field is part of
     the key unless it is named here: a cache can only be too fine, never too coarse)."""
-    return tuple(value for name, value in setup.__dict__.items() if name not in ignored)
+    return _field_getter(type(setup), ignored)(setup)
+
+
+@cache
+def _field_getter(kind: type[BaseModel],
+                  ignored: frozenset[str]) -> attrgetter[tuple[object, ...]]:
+    """One C-level getter of the kept fields (it returns a tuple: more than one field)."""
+    names = [name for name in kind.model_fields if name not in ignored]
+    if len(names) < 2:
+        raise ValueError(f"ignored: leaves {len(names)} field(s) of {kind.__name__}; a key "
+                         "needs at least two")
+    return attrgetter(*names)
 
 
 def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
