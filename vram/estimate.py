@@ -455,12 +455,13 @@ def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPl
         inputs={"tokens": plan.tokens}, bytes=plan.previous_step_bytes,
         source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
     )] if plan.previous_step_bytes else []
+    saved = _saved_layer_items(model, setup, plan)  # the same in the forward and the backward
     return StepContext(
         model=model, setup=setup, plan=plan, grads=grads, working=working,
         step_temp_bytes=step_temp, in_backward=in_backward,
         accumulated_bytes=grads.total if setup.grad_accum > 1 and not in_backward else 0,
-        layers=_layer_items(model, setup, plan, forward=False),
-        forward_layers=_layer_items(model, setup, plan, forward=True), previous=previous,
+        layers=_mask_items(setup, plan, forward=False) + saved,
+        forward_layers=_mask_items(setup, plan, forward=True) + saved, previous=previous,
         bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
     )
 
@@ -700,15 +701,14 @@ def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
     )
 
 
-def _layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan, *,
-                 forward: bool) -> list[LineItem]:
-    """What the layers keep from forward for backward (and the causal mask they share)."""
-    mask = [LineItem(
+def _mask_items(setup: TrainingSetup, plan: act.ActivationPlan, *,
+                forward: bool) -> list[LineItem]:
+    """The causal mask the layers share, beside what they keep (`_saved_layer_items`)."""
+    return [LineItem(
         key="activations.mask", label="causal attention mask (eager/math attention)",
         formula="batch × s × s × e (one per window kind)", inputs={"seq": setup.seq_len},
         bytes=plan.mask_bytes, source="transformers masking_utils: a 4-D additive mask",
     )] if plan.mask_bytes and (forward or setup.grad_ckpt) else []
-    return mask + _saved_layer_items(model, setup, plan)
 
 
 def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
