@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import import_config, inputs, plan_panel, render, results, verify
+from ui import import_config, inputs, plan_panel, render, results, text, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
@@ -22,13 +22,13 @@ def main() -> None:
     # The estimate, the fit, the figures and the tables are cached by the state (ui.results).
     res = results.result(state)
     if res.errors:
-        st.error("\n\n".join(res.errors))
+        text.error(res.errors)
         return
     model, est, report = res.model, res.estimate, res.report
     assert model is not None and est is not None
     st.caption(
-        f"{model.name}: {est.params.total:,} parameters, {est.params.trainable:,} trained. "
-        "Figures are per GPU."
+        f"{text.plain(model.name)}: {est.params.total:,} parameters, "
+        f"{est.params.trainable:,} trained. Figures are per GPU."
     )
     render.metrics(est, report, unit)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, data, inputs, learn, params, render
+from ui import charts, data, inputs, learn, params, render, text
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 
@@ -34,7 +34,7 @@ def examples(unit: charts.Unit) -> None:
         state = {**base, "method": method}
         setup, errors = params.build_setup(state)
         if setup is None:
-            st.error("\n".join(errors))
+            text.error(errors)
             return
         labelled.append((params.label("method", method), vram.estimate(model, setup)))
     render.plot(
@@ -65,7 +65,7 @@ def exercises() -> None:
             model, _ = data.resolve_model(state)
             setup, errors = params.build_setup(state)
             if model is None or setup is None:
-                st.error("\n".join(errors))
+                text.error(errors)
                 continue
             est = vram.estimate(model, setup)
             result = learn.grade(float(answer), learn.target_bytes(est, ex.target))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, compare, data, inputs, render
+from ui import charts, compare, data, inputs, render, text
 
 st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide")
 
@@ -28,10 +28,8 @@ def main() -> None:
         model, model_error = data.resolve_model(pin)
         setup, errors = compare.build(pin)
         if model is None or setup is None:
-            st.error(
-                f"Pinned setup {n + 1}: "
-                + " ".join(([model_error] if model_error else []) + errors)
-            )
+            text.error([" ".join(([model_error] if model_error else []) + errors)],
+                       lead=f"Pinned setup {n + 1}:")
             continue
         labelled.append((compare.label(pin, model.name, n), vram.estimate(model, setup)))
     if not labelled:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import data, inputs, params, render, results
+from ui import data, inputs, params, render, results, text
 
 st.set_page_config(page_title="vram · GPUs", page_icon="🧮", layout="wide")
 
@@ -17,10 +17,10 @@ def main() -> None:
     res = results.result(state)
     model, setup, est, report = res.model, res.setup, res.estimate, res.report
     if model is None or setup is None or est is None:
-        st.error("\n\n".join(res.errors))
+        text.error(res.errors)
     else:
         st.markdown(
-            f"**{model.name}**, {params.label('method', state['method'])}: needs "
+            f"**{text.plain(model.name)}**, {params.label('method', state['method'])}: needs "
             f"**{render.format_bytes(est.device_peak_bytes, unit)}** per GPU "
             f"with {setup.n_gpus} GPU(s). Click a column header to sort."
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import inputs, params
+from ui import inputs, params, text
 from vram.result import Estimate
 from vram.setup import TrainingSetup
 
@@ -61,7 +61,8 @@ def pin_buttons() -> None:
 def remove_buttons(labelled: Sequence[tuple[str, Estimate]]) -> None:
     cols = st.columns(max(1, len(labelled)))
     for n, (col, (name, _)) in enumerate(zip(cols, labelled, strict=False)):
-        col.button(f"✕ Remove {n + 1}", on_click=remove, args=(n,), key=f"unpin_{n}", help=name)
+        col.button(f"✕ Remove {n + 1}", on_click=remove, args=(n,), key=f"unpin_{n}",
+                   help=text.plain(name))
 
 
 def build(pin: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import streamlit as st
+from streamlit.errors import FragmentHandledException
 
 import vram
-from ui import params
+from ui import params, text
 from vram.architecture import read_config_text
 from vram.catalog import load_config
 from vram.errors import VramError
@@ -87,6 +88,21 @@ def gpus_from(path: str | None) -> tuple[vram.Gpu, ...]:
 def gpus() -> tuple[vram.Gpu, ...]:
     """The GPU catalog, or the team's own list named by VRAM_GPUS_CSV (read once per path)."""
     return gpus_from(os.environ.get("VRAM_GPUS_CSV") or None)
+
+
+def stop_if_gpu_list_is_bad() -> None:
+    """Name a GPU list that cannot be used (a team's VRAM_GPUS_CSV) and end the run as failed.
+
+    The page shows the file and the line; the run ends with an exception Streamlit counts as
+    an error without drawing its own box, so `/_stcore/script-health-check` (enabled with
+    `server.scriptHealthCheckEnabled`) answers 503 and an orchestrator notices (docs/app.md).
+    """
+    try:
+        gpus()
+    except VramError as exc:
+        text.error([str(exc)], lead="**The GPU list cannot be used.** Fix the file named below "
+                   "and restart the app.")
+        raise FragmentHandledException from None
 
 
 def filter_gpus(gpu_list: Sequence[vram.Gpu], vendors: Sequence[str],

@@ -12,7 +12,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, params
+from ui import data, params, text
 from vram.catalog import catalog_entry
 from vram.errors import VramError
 from vram.knobs import setup_knobs
@@ -100,11 +100,11 @@ def panel() -> None:
         st.selectbox("Format", ("auto", *FORMATS), key="import_format")
         st.button("Import", key="import_go", on_click=_on_import)
         if st.session_state.get(_ERROR):
-            st.error(st.session_state[_ERROR])
+            text.error([st.session_state[_ERROR]])  # quotes the file: shown as text
         shown = st.session_state.get(_REPORT)
         if shown:
             report = shown["report"]
-            st.caption(f"Read as {report.format} ({report.tool_version})")
+            st.caption(f"Read as {report.format} ({text.plain(report.tool_version)})")
             st.dataframe([row.model_dump() for row in report.mapped], hide_index=True)
             if report.defaults:
                 st.caption("Defaults the file leaves out")
@@ -116,7 +116,7 @@ def panel() -> None:
                 st.caption("Ignored")
                 st.dataframe([i.model_dump() for i in report.ignored], hide_index=True)
             for note in [*report.notes, *shown["notes"]]:
-                st.caption(note)
+                st.caption(text.plain(note))
 
 
 def export_downloads(setup: TrainingSetup, model_choice: str) -> None:
@@ -124,10 +124,11 @@ def export_downloads(setup: TrainingSetup, model_choice: str) -> None:
     from vram.export import to_axolotl_yaml, to_trl_yaml
 
     model = model_choice if catalog_entry(model_choice) else "YOUR-ORG/YOUR-MODEL"
-    axolotl_text, _ = to_axolotl_yaml(setup, model)
-    trl_text, _ = to_trl_yaml(setup, model)
     left, right = st.columns(2)
-    left.download_button("This run as an axolotl config", axolotl_text, "axolotl.yml",
+    # Deferred: the YAML is written when someone clicks, not stored on every rerun.
+    left.download_button("This run as an axolotl config",
+                         lambda: to_axolotl_yaml(setup, model)[0], "axolotl.yml",
                          mime="application/yaml", key="export_axolotl")
-    right.download_button("This run as a TRL config", trl_text, "trl_sft.yml",
+    right.download_button("This run as a TRL config",
+                          lambda: to_trl_yaml(setup, model)[0], "trl_sft.yml",
                           mime="application/yaml", key="export_trl")

@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, import_config, params, render
+from ui import data, import_config, params, render, text
 from ui.charts import Unit
 from vram.architecture import read_config_text
 from vram.errors import VramError
@@ -33,6 +33,7 @@ def init_state() -> None:
     keeps widget state alive when the person moves to a page that does not draw that widget
     (Streamlit drops the state of widgets that were not drawn in a run).
     """
+    data.stop_if_gpu_list_is_bad()
     reg = data.registry()
     state = st.session_state
     if not state.get(_READY):
@@ -56,9 +57,9 @@ def show_url_errors() -> None:
     """Report URL parameters that were ignored (once, on the run that read them)."""
     errors = st.session_state.pop(_ERRORS, [])
     if errors:
-        st.error(
+        st.error(  # each line quotes the URL: shown as plain text, never as Markdown
             "Some settings in the link could not be used:\n\n"
-            + "\n".join(f"- {line}" for line in errors)
+            + "\n".join(f"- {text.plain(line)}" for line in errors)
         )
 
 
@@ -98,12 +99,12 @@ def _on_upload() -> None:
         return
     raw = file.getvalue()
     try:
-        text = raw.decode("utf-8")
+        decoded = raw.decode("utf-8")
     except UnicodeDecodeError:
         st.session_state["_upload_error"] = "config.json: the file is not UTF-8 text."
         return
     try:
-        config = read_config_text(text)  # JSON only; nothing in the file is executed
+        config = read_config_text(decoded)  # JSON only; nothing in the file is executed
     except VramError as exc:
         st.session_state["_upload_error"] = str(exc)
         return
@@ -169,7 +170,7 @@ def sidebar() -> dict[str, Any]:
                 "It is read as JSON only.",
             )
             if st.session_state.get("_upload_error"):
-                st.error(st.session_state["_upload_error"])
+                text.error([st.session_state["_upload_error"]])
         elif model == params.BY_SIZE:
             st.number_input(
                 "Parameters (billions)",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui import urlpack
 from vram.knobs import (
     AUTO,
     MAX_NUMBER_CHARS,
@@ -138,7 +139,7 @@ def _size(text: str) -> float:
 def _config(text: str) -> str:
     if len(text) > MAX_CONFIG_BYTES:
         raise ValueError(f"too large ({len(text):,} characters; at most {MAX_CONFIG_BYTES:,})")
-    return text
+    return urlpack.unpack(text, MAX_CONFIG_BYTES)  # links carry it compressed (ui/urlpack.py)
 
 
 def _knob_parser(knob: SetupKnob) -> Callable[[str], Any]:
@@ -241,7 +242,7 @@ def registry(model_slugs: tuple[str, ...], default_model: str, *,
         params=(
             Param("model", default_model, _choice(model_options), title="Model"),
             Param("size", 7.0, _size, _dump_size, title="Parameters (billions)"),
-            Param("config", "", _config, title="Uploaded config.json"),
+            Param("config", "", _config, dump=urlpack.pack, title="Uploaded config.json"),
             *(_knob_param(knob) for knob in setup_knobs()),
             Param("vendor", [], _names_in(gpu_vendors), _dump_names, title="GPU vendors"),
             Param("segment", [], _names_in(gpu_segments), _dump_names, title="GPU segments"),
@@ -307,7 +308,7 @@ def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State]
     for n, text in enumerate(texts[:limit], start=1):
         try:
             raw = json.loads(text) if len(text) <= MAX_CONFIG_BYTES else None
-        except (json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # bad JSON, or an integer over 4,300 digits
             raw = None
         if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
             errors.append(f"URL parameter `pin` #{n}: not a pinned setup; it was ignored.")

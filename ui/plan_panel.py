@@ -14,9 +14,8 @@ from typing import Any
 import streamlit as st
 
 import vram
-from ui import data, render
+from ui import data, render, results, text
 from ui.charts import Unit, format_bytes
-from ui.plan_chart import path_figure
 
 ANY = "any"
 #: key -> default; tokens are in millions.
@@ -108,11 +107,12 @@ def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
     """The panel itself; call after the calculator's own tables."""
     state = st.session_state
     for message in state.pop(_ERRORS, []):
-        st.error(message)
+        text.error([message])
     gpu_id = state.get("mygpu", ANY)
     hardware = None if gpu_id == ANY else vram.Hardware(gpu=gpu_id, count=int(state["mycount"]))
     tokens = float(state.get("tokens", DEFAULTS["tokens"])) * 1e6
-    result = vram.plan(model, setup, hardware=hardware, tokens=tokens, gpus=data.gpus())
+    # Cached by its inputs (ui.results): a plan is dozens of estimates.
+    result = results.plan(model, setup, hardware, tokens)
 
     st.subheader("Make it fit")
     where = f"{result.hardware.total}× {result.hardware.gpu}"
@@ -136,7 +136,7 @@ def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
     st.write(f"**Path:** {result.path_summary}")
     chart, side = st.columns([3, 2])
     with chart:
-        render.plot(path_figure(result, unit=unit), key="plan_path")
+        render.plot(results.plan_figure(model, setup, hardware, tokens, unit), key="plan_path")
     with side:
         # Markdown tables: lighter for the browser than data grids, and they wrap.
         if result.path:

@@ -25,7 +25,10 @@ import pyarrow as pa
 import vram
 from ui import charts, data, params, render, server
 from ui.charts import Unit
+from ui.plan_chart import path_figure
 from vram.gpus import FitReport
+from vram.plan.hardware import Hardware
+from vram.plan.planner import Plan
 
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
 server.tune_gc()
@@ -163,3 +166,28 @@ def _model_config(key: StateKey) -> dict[str, Any] | None:
 def model_config(state: Mapping[str, Any]) -> dict[str, Any] | None:
     """The config.json behind the chosen model, for the exact trace (read-only: shared)."""
     return _model_config(state_key(state))
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _plan(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | None,
+          tokens: float, gpu_list: str | None) -> Plan:
+    return vram.plan(model, setup, hardware=hardware, tokens=tokens,
+                     gpus=data.gpus_from(gpu_list))
+
+
+def plan(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | None,
+         tokens: float) -> Plan:
+    """`vram.plan` (40-150 ms: dozens of estimates), cached by its frozen inputs."""
+    return _plan(model, setup, hardware, tokens, _gpu_list_path())
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _plan_figure(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | None,
+                 tokens: float, gpu_list: str | None, unit: Unit) -> go.Figure:
+    return frozen_figure(path_figure(_plan(model, setup, hardware, tokens, gpu_list), unit=unit))
+
+
+def plan_figure(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | None,
+                tokens: float, unit: Unit) -> go.Figure:
+    """The plan's path chart for the same inputs as `plan` (read-only: shared)."""
+    return _plan_figure(model, setup, hardware, tokens, _gpu_list_path(), unit)

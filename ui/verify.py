@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from ui import charts, render
+from ui import charts, render, text
 from ui.charts import Unit
 from vram.result import Estimate
 from vram.setup import TrainingSetup
@@ -69,7 +69,7 @@ def panel(est: Estimate, config: dict[str, Any] | None, unit: Unit) -> None:
             with st.spinner("Tracing one training step…"):
                 traced = _trace(json.dumps(config, sort_keys=True), est.setup.model_dump_json())
         except Exception as exc:
-            st.error(f"The trace could not run this setup: {str(exc).splitlines()[0][:200]}")
+            text.error([f"The trace could not run this setup: {str(exc).splitlines()[0][:200]}"])
             return
         st.dataframe(comparison_table(est, traced, unit), hide_index=True)
         layers = traced["n_layers_traced"]

@@ -13,9 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vram.config_checks import checked_model
 from vram.config_reader import MAX_CONFIG_BYTES, ConfigReader, read_config_text
-from vram.errors import ConfigError
+from vram.errors import ConfigError, FileReadError
 from vram.families import FAMILIES, SUPPORTED_FAMILIES
+from vram.files import read_limited
 from vram.spec import (
     FUSED_PARTS,
     TARGET_ROLES,
@@ -37,6 +39,10 @@ __all__ = [
 
 def model_from_config(config: Mapping[str, Any], name: str = "custom model") -> ModelSpec:
     """Read a Hugging Face config dict. Raises ConfigError naming the key that is wrong."""
+    return checked_model(config, lambda: _read_model(config, name))  # vram.config_checks
+
+
+def _read_model(config: Mapping[str, Any], name: str) -> ModelSpec:
     if not isinstance(config, Mapping):
         raise ConfigError("config.json", "must be a JSON object")
     r = ConfigReader(config)
@@ -53,17 +59,12 @@ def model_from_config(config: Mapping[str, Any], name: str = "custom model") -> 
 
 
 def model_from_config_file(path: str | Path, name: str | None = None) -> ModelSpec:
-    """Read a config.json file (size-capped before it is read)."""
-    file = Path(path)
+    """Read a config.json file: a regular file of at most MAX_CONFIG_BYTES (vram.files)."""
     try:
-        size = file.stat().st_size
-    except OSError:
-        raise ConfigError("model", f"no such file: {str(path)[:200]}") from None
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            "config.json", f"too large ({size:,} bytes; at most {MAX_CONFIG_BYTES:,})"
-        )
-    return model_from_config(read_config_text(file.read_bytes()), name or file.stem)
+        data = read_limited(path, MAX_CONFIG_BYTES, what="config.json")
+    except FileReadError as exc:
+        raise ConfigError("model", str(exc)) from None
+    return model_from_config(read_config_text(data), name or Path(path).stem)
 
 
 def config_for_param_count(n_params: int) -> dict[str, Any]:

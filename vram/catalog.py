@@ -26,7 +26,9 @@ from vram.architecture import (
     model_from_param_count,
     read_config_text,
 )
-from vram.errors import CatalogError, ConfigError
+from vram.config_checks import config_name
+from vram.errors import CatalogError, ConfigError, FileReadError
+from vram.files import read_limited
 from vram.paths import data_dir
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmbt]|e\d+)?\s*$", re.IGNORECASE)
@@ -164,24 +166,37 @@ def _catalog_model(slug: str) -> ModelSpec:
     return model_from_config_file(data_dir() / "models" / f"{slug}.json", name)
 
 
+#: Largest exponent a size may carry ("7e9"); anything past 1e30 is not a model size, and a
+#: huge exponent would make the integer arithmetic itself run for minutes.
+_MAX_SIZE_EXPONENT = 30
+
+
 def parse_param_count(text: str) -> int | None:
-    """'7e9', '7B', '1.5b', '70000000000' -> an integer, or None if it is not a size."""
+    """'7e9', '7B', '1.5b', '70000000000' -> an integer, or None if it is not a size.
+
+    Sizes beyond 1e30 raise ConfigError (the range check in `config_for_param_count` then
+    names the real bounds for anything smaller)."""
     match = _SIZE.match(text)
     if not match:
         return None
-    value = float(match.group(1))
-    suffix = (match.group(2) or "").lower()
+    number, suffix = match.group(1), (match.group(2) or "").lower()
     if suffix.startswith("e"):
-        value *= 10 ** int(suffix[1:])
-    elif suffix:
-        value *= _SCALE[suffix]
+        # Bound the exponent before any arithmetic: 10 ** 99999999 alone runs for minutes.
+        exponent = int(suffix[1:]) if len(suffix) <= 4 else _MAX_SIZE_EXPONENT + 1
+        scale = 10.0 ** min(exponent, _MAX_SIZE_EXPONENT + 1)
+    else:
+        scale = _SCALE.get(suffix, 1.0)
+    value = float(number) * scale  # float() of digits is quick, and inf when it overflows
+    if not value < 10.0 ** _MAX_SIZE_EXPONENT:
+        raise ConfigError("model", f"{text.strip()[:40]!r} is too large a size; sizes are "
+                          "between 10 million and 10 trillion parameters")
     return int(value)
 
 
 def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
     """A ModelSpec from a catalog slug, a config.json path, a config dict or a parameter count."""
     if isinstance(model, Mapping):
-        return model_from_config(model)
+        return model_from_config(model, config_name(model, "custom model"))
     if isinstance(model, int) and not isinstance(model, bool):
         return model_from_param_count(model)
     if isinstance(model, Path):
@@ -194,7 +209,7 @@ def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
     if catalog_entry(text) is not None:
         return _catalog_model(text)
     if text.startswith("{"):
-        return model_from_config(read_config_text(text))
+        return load_model(read_config_text(text))
     slug = resolve_hub_id(text)
     if slug is not None:
         return _catalog_model(slug)
@@ -202,7 +217,7 @@ def load_model(model: str | Path | Mapping[str, Any] | int) -> ModelSpec:
     if count is not None:
         return model_from_param_count(count)
     path = Path(text)
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or os.path.lexists(path):  # lexists: report a symlink loop
         return model_from_config_file(path)
     if looks_like_hub_id(text):
         if os.environ.get(HUB_FETCH_ENV) == "1":
@@ -232,6 +247,7 @@ def load_config(model: str | Path | Mapping[str, Any] | int) -> dict[str, Any]:
         return config_for_param_count(count)
     path = Path(text)
     load_model(path)  # validates, with the same messages
-    if path.stat().st_size > MAX_CONFIG_BYTES:
-        raise ConfigError("config.json", "too large")
-    return read_config_text(path.read_bytes())
+    try:
+        return read_config_text(read_limited(path, MAX_CONFIG_BYTES, what="config.json"))
+    except FileReadError as exc:
+        raise ConfigError("model", str(exc)) from None

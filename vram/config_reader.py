@@ -100,6 +100,11 @@ def read_config_text(text: str | bytes) -> dict[str, Any]:
         data = json.loads(text, parse_constant=_reject_constant)
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError("config.json", f"not valid JSON ({str(exc)[:80]})") from None
+    except ConfigError:
+        raise
+    except ValueError:  # an integer of more than 4,300 digits (sys.get_int_max_str_digits)
+        raise ConfigError("config.json", "a number is too long (no config value has more "
+                          "than 4,300 digits)") from None
     if not isinstance(data, dict):
         raise ConfigError("config.json", "must be a JSON object")
     return data

@@ -19,6 +19,16 @@ class CatalogError(VramError):
     """A data file (the GPU list, the model catalog) has a bad row."""
 
 
+class FileReadError(VramError):
+    """A file a person named cannot be read: missing, a folder, a device, a loop, too large."""
+
+    def __init__(self, what: str, path: str, reason: str) -> None:
+        self.what = what
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{what} {path}: {reason}")
+
+
 class TrainingConfigError(VramError):
     """A training config (axolotl, torchtune, LLaMA-Factory, TRL) has a key that cannot be used."""
 

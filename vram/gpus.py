@@ -7,7 +7,6 @@ own list and prices with the environment variable `VRAM_GPUS_CSV`.
 
 from __future__ import annotations
 
-import csv
 import os
 from collections.abc import Sequence
 from functools import cache
@@ -17,8 +16,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vram.architecture import ModelSpec
-from vram.errors import CatalogError
+from vram.errors import CatalogError, FileReadError
 from vram.estimate import estimate
+from vram.files import read_csv_rows
 from vram.memo import memoized
 from vram.overhead import cuda_context_bytes
 from vram.paths import data_dir
@@ -27,6 +27,7 @@ from vram.units import MIB
 
 GPUS_ENV = "VRAM_GPUS_CSV"
 MAX_GPU_ROWS = 10_000
+_REQUIRED_COLUMNS = ("id", "name", "segment", "memory_bytes")
 #: Data-parallel sizes tried for multi-GPU setups, up to 8 nodes of `max_per_node`.
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 MAX_NODES = 8
@@ -86,25 +87,24 @@ def default_gpus_path() -> Path:
 def _load(path: str) -> tuple[Gpu, ...]:
     gpus: list[Gpu] = []
     seen: set[str] = set()
-    try:
-        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115
-    except OSError as exc:
-        raise CatalogError(f"GPU list {path}: cannot read ({exc.strerror})") from None
-    with handle:
-        for line, row in enumerate(csv.DictReader(handle), start=2):
-            if line > MAX_GPU_ROWS:
-                raise CatalogError(f"GPU list {path}: more than {MAX_GPU_ROWS} rows")
-            try:
-                gpu = _row_to_gpu(row)
-            except (KeyError, ValueError, ValidationError, AttributeError) as exc:
-                first = str(exc).splitlines()
-                detail = " ".join(first[:3])[:200]
-                raise CatalogError(f"GPU list {Path(path).name} line {line}: {detail}") from None
-            if gpu.id in seen:
-                raise CatalogError(
-                    f"GPU list {Path(path).name} line {line}: duplicate id {gpu.id!r}")
-            seen.add(gpu.id)
-            gpus.append(gpu)
+    try:  # a regular UTF-8 CSV of at most 20 MB with the needed columns (vram.files)
+        rows = read_csv_rows(path, what="GPU list", required=_REQUIRED_COLUMNS)
+    except FileReadError as exc:
+        raise CatalogError(str(exc)) from None
+    for line, row in rows:
+        if len(gpus) >= MAX_GPU_ROWS:
+            raise CatalogError(f"GPU list {path}: more than {MAX_GPU_ROWS} rows")
+        try:
+            gpu = _row_to_gpu(row)
+        except (KeyError, ValueError, ValidationError, AttributeError, TypeError) as exc:
+            first = str(exc).splitlines()
+            detail = " ".join(first[:3])[:200]
+            raise CatalogError(f"GPU list {Path(path).name} line {line}: {detail}") from None
+        if gpu.id in seen:
+            raise CatalogError(
+                f"GPU list {Path(path).name} line {line}: duplicate id {gpu.id!r}")
+        seen.add(gpu.id)
+        gpus.append(gpu)
     if not gpus:
         raise CatalogError(f"GPU list {path}: no rows")
     return tuple(gpus)

@@ -14,7 +14,6 @@ a row that measured it on its machine says so in `context_mib`, which sets the s
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +21,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from vram.architecture import model_from_config_file
-from vram.errors import VramError
+from vram.errors import CatalogError, FileReadError, VramError
 from vram.estimate import estimate
+from vram.files import read_csv_rows
 from vram.knobs import SetupKnob, setup_from_texts
 from vram.setup import TrainingSetup
 
@@ -68,24 +68,39 @@ def _is_scored(row: dict[str, str]) -> bool:
         "notes", "").startswith("UPPER BOUND")
 
 
+#: The columns `run_cases` itself reads; a missing one stops the run with its name.
+CASE_COLUMNS = ("id", "model", "method", "metric", "measured_bytes")
+
+
+def _measured_bytes(path: Path, line: int, row: dict[str, str]) -> int:
+    text = row["measured_bytes"].strip()
+    if not (text.isascii() and text.isdigit() and len(text) <= 18):
+        raise CatalogError(f"case file {path.name} line {line}, column measured_bytes: must be "
+                           f"a whole number of bytes (0 to 10^18), got {text[:40]!r}")
+    return int(text)
+
+
 def run_cases(csv_path: str | Path) -> list[CaseResult]:
     """Estimate every row of a case file."""
     path = Path(csv_path)
     results: list[CaseResult] = []
-    with path.open(newline="", encoding="utf-8") as handle:
-        for row in csv.DictReader(handle):
-            measured = int(row["measured_bytes"])
-            scored = _is_scored(row)
-            try:
-                model = model_from_config_file(path.parent / row["model"])
-                setup = setup_from_row(row)
-                predicted = estimate(model, setup).figure(row["metric"])
-                results.append(CaseResult(row["id"], row["method"], row["metric"], measured,
-                                          predicted, scored))
-            except (VramError, ValidationError, ValueError, KeyError) as exc:
-                message = str(exc).splitlines()[0][:120]
-                results.append(CaseResult(row["id"], row.get("method", ""), row.get("metric", ""),
-                                          measured, None, scored, message))
+    try:  # a regular UTF-8 CSV with the needed columns; a bad file is named (vram.files)
+        rows = read_csv_rows(path, what="case file", required=CASE_COLUMNS)
+    except FileReadError as exc:
+        raise CatalogError(str(exc)) from None
+    for line, row in rows:
+        measured = _measured_bytes(path, line, row)
+        scored = _is_scored(row)
+        try:
+            model = model_from_config_file(path.parent / row["model"])
+            setup = setup_from_row(row)
+            predicted = estimate(model, setup).figure(row["metric"])
+            results.append(CaseResult(row["id"], row["method"], row["metric"], measured,
+                                      predicted, scored))
+        except (VramError, ValidationError, ValueError, KeyError, TypeError) as exc:
+            message = str(exc).splitlines()[0][:120]
+            results.append(CaseResult(row["id"], row.get("method", ""), row.get("metric", ""),
+                                      measured, None, scored, message))
     return results
 
 

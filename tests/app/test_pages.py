@@ -11,6 +11,7 @@ import vram
 from tests.app.conftest import PAGES
 from ui import params
 from ui.charts import format_bytes
+from ui.text import shown
 from vram.setup import TrainingSetup
 
 DEFAULT_MODEL = "llama-3.1-8b"
@@ -137,7 +138,7 @@ def test_invalid_url_parameters_show_a_message(app: AppTest) -> None:
     )
     app.run()
     _clean(app)
-    message = app.error[0].value
+    message = shown(app.error[0].value)  # user text is escaped Markdown; check what shows
     for key in ("`batch`", "`seq`", "`model`", "`method`"):
         assert key in message
     assert _peak(app) == _expected_peak()  # fell back to the defaults
@@ -147,7 +148,7 @@ def test_impossible_setup_shows_what_to_change(app: AppTest) -> None:
     app.query_params.update({"method": "full", "offload": "optimizer"})
     app.run()
     _clean(app)
-    assert "Offload (`offload`)" in app.error[0].value
+    assert "Offload (`offload`)" in shown(app.error[0].value)
     assert not app.metric
 
 
@@ -180,7 +181,7 @@ def test_good_upload_is_estimated(app: AppTest) -> None:
 def test_bad_upload_shows_a_message(app: AppTest, content: bytes, fragment: str) -> None:
     _upload(app, content)
     _clean(app)
-    assert any(fragment in e.value for e in app.error), [e.value for e in app.error]
+    assert any(fragment in shown(e.value) for e in app.error), [e.value for e in app.error]
 
 
 def test_compare_pins_and_round_trips(app: AppTest) -> None:

@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vram.architecture import ModelSpec
 from vram.catalog import load_model
-from vram.errors import TrainingConfigError, VramError
+from vram.errors import FileReadError, TrainingConfigError, VramError
+from vram.files import read_limited
 from vram.readers import axolotl, llamafactory, torchtune, trl
 from vram.readers.detect import infer_format
 from vram.readers.mapper import setup_from_fields, split_fields
@@ -92,12 +93,10 @@ def _is_file(text: str) -> bool:
 def _source_text(source: str | Path) -> tuple[str | bytes, Path | None]:
     if isinstance(source, Path) or _is_file(source):
         path = Path(source)
-        if not path.is_file():
-            raise TrainingConfigError("file", f"{path} does not exist")
-        if path.stat().st_size > MAX_TEXT_BYTES:
-            raise TrainingConfigError("file", f"{path.name} is larger than "
-                                      f"{MAX_TEXT_BYTES:,} bytes")
-        return path.read_bytes(), path
+        try:  # a regular file, never read past the cap (vram.files)
+            return read_limited(path, MAX_TEXT_BYTES, what="training config"), path
+        except FileReadError as exc:
+            raise TrainingConfigError("file", f"{exc.path}: {exc.reason}") from None
     return source, None
 
 
