@@ -49,4 +49,6 @@ EXPOSE 8501
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request,sys; r=urllib.request.urlopen('http://127.0.0.1:8501/_stcore/health', timeout=4); sys.exit(0 if r.read().strip()==b'ok' else 1)"]
 
-CMD ["streamlit", "run", "app.py", "--server.port=8501", "--server.address=0.0.0.0"]
+# A team's GPU list (VRAM_GPUS_CSV) is checked before the server starts: a bad one stops the
+# container with the file and line named, so the orchestrator notices at once (docs/app.md).
+CMD ["sh", "-c", "python -m vram gpus > /dev/null && exec streamlit run app.py --server.port=8501 --server.address=0.0.0.0"]

@@ -44,6 +44,7 @@ def _parse(key: str, text: str, gpu_ids: tuple[str, ...]) -> Any:
 
 def read_url() -> None:
     """Call first on the page: take this panel's keys out of the URL (first run only)."""
+    data.stop_if_gpu_list_is_bad()  # it reads the GPU list before the shared state does
     state = st.session_state
     if state.get(_READY):
         for key in DEFAULTS:  # keep the values alive across pages that do not draw them
