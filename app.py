@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import import_config, inputs, plan_panel, render, results, text, verify
+from ui import data, import_config, inputs, plan_panel, render, results, text, verify
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
 
 
 def main() -> None:
+    data.stop_if_gpu_list_is_bad()  # the plan panel reads the GPU list first
     plan_panel.read_url()  # before the shared URL registry reads the query string
     state, unit = inputs.page_start("How much GPU memory does this training run need?")
     plan_panel.sidebar()

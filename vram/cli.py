@@ -26,6 +26,7 @@ from vram.knobs import AUTO, SetupKnob, build_setup, setup_knobs
 from vram.plan import cli as plan_cli
 from vram.readers import cli_hook
 from vram.report import estimate_json, estimate_table, gpus_table
+from vram.rl import cli as rl_cli
 from vram.setup import TrainingSetup
 from vram.units import format_gib
 from vram.validate import report_lines, run_cases
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
     plan_cli.register(commands, _add_setup_flags)  # plan, validate-speed
+    rl_cli.add_command(commands)
     return parser
 
 
@@ -213,7 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)
     prog = f"python -m vram {args.command}"
     commands = {"estimate": _estimate, "trace": _trace, "gpus": _gpus, "models": _models,
-                "validate": _validate, "export": _export, **plan_cli.register_handlers()}
+                "validate": _validate, "export": _export, **plan_cli.register_handlers(),
+                "rl": rl_cli.run}
     try:
         return commands[args.command](args)
     except VramError as exc:

@@ -22,6 +22,12 @@ from enum import Enum
 
 from vram import activations as act
 from vram.architecture import ModelSpec, Role
+from vram.deepspeed_zero import (
+    ipg_bucket_bytes,
+    reduce_bucket_values,
+    runs_deepspeed_zero3,
+    step_copies_bytes,
+)
 from vram.inference import inference_estimate
 from vram.memo import memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
@@ -312,7 +318,8 @@ def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingS
                             galore_rank=projection_rank(model.hidden_size))
     master = master_full // shards.optimizer
     state_bytes = state.state_bytes // shards.optimizer
-    paged = state_bytes if state.paged else 0
+    unpaged = state.unpaged_bytes // shards.optimizer
+    paged = state_bytes - unpaged if state.paged else 0
     divided = f" ÷ {shards.optimizer}" if shards.optimizer > 1 else ""
     if setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER):
         return OptimizerPart([], state, 0, state_bytes + master, 0)
@@ -320,9 +327,9 @@ def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingS
         key="optimizer.states", label=f"{setup.optimizer.value} state",
         formula=state.formula + divided,
         inputs={"trainable_params": trainable_params(groups), "shards": shards.optimizer},
-        bytes=0 if state.paged else state_bytes, source="see vram.optimizer",
-        note="paged: kept in CUDA unified memory, invisible to PyTorch's counters"
-        if state.paged else "",
+        bytes=unpaged if state.paged else state_bytes, source="see vram.optimizer",
+        note="paged: kept in CUDA unified memory, invisible to PyTorch's counters (tensors "
+             "under 1e5 values stay device memory)" if state.paged else "",
     )]
     if master:
         items.append(LineItem(
@@ -771,6 +778,30 @@ def _overhead_items(setup: TrainingSetup, slack: int, paged: int,
 
 
 @dataclass(frozen=True, slots=True)
+class ZeroBuffers:
+    """DeepSpeed ZeRO-3's own device buffers (`vram.deepspeed_zero`)."""
+
+    preallocated_gradients: bool = False
+    bucket_bytes: int = 0
+    step_copies_bytes: int = 0
+
+
+def _deepspeed_zero3(setup: TrainingSetup, groups: list[ParamGroup], shards: Shards,
+                     grads: GradientPart) -> ZeroBuffers:
+    """The flat gradient partition (allocated at init), the reduce bucket and the step's
+    flattened and master-dtype gradient copies, when DeepSpeed's engine runs ZeRO-3 and the
+    gradients stay on the GPU."""
+    trainable = trainable_params(groups)
+    if not runs_deepspeed_zero3(setup) or not trainable or grads.host or not grads.total:
+        return ZeroBuffers()
+    grad_dtype = max(1, round(grads.total * shards.gradients / trainable))
+    master_dtype = FP32 if _master_bytes(groups, profile_for(setup)) else grad_dtype
+    partition = trainable // shards.gradients
+    return ZeroBuffers(True, ipg_bucket_bytes(setup, grad_dtype),
+                       step_copies_bytes(partition, grad_dtype, master_dtype))
+
+
+@dataclass(frozen=True, slots=True)
 class StatePart:
     """What does not depend on the batch or the sequence: the stack's behaviours, the
     parameter groups, and the weights, gradients and optimizer parts built from them."""
@@ -820,9 +851,14 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = part.grads
     working = part.working
-    moments = _moments(model, setup, plan, grads, working, optimizer.step_temp_bytes)
+    zero = _deepspeed_zero3(setup, groups, shards, grads)
+    moments = _moments(model, setup, plan, grads, working,
+                       optimizer.step_temp_bytes + zero.step_copies_bytes)
+    if zero.preallocated_gradients:
+        for moment in moments:  # the flat partition exists, zero-filled, from the start
+            moment.gradient_bytes = grads.total
 
-    static = weights + opt_bytes + grads.ddp_buckets
+    static = weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes
 
     activations = [m.activation_bytes for m in moments]
     totals = [static + m.gradients_total + act_bytes
@@ -850,6 +886,13 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
             formula="one more copy of the gradients (gradient_as_bucket_view=False)",
             inputs={}, bytes=grads.ddp_buckets,
             source="torch.nn.parallel.DistributedDataParallel"))
+    if zero.bucket_bytes:
+        grad_items.append(LineItem(
+            key="gradients.zero_buckets", label="DeepSpeed ZeRO-3 reduce bucket",
+            formula="reduce_bucket_size × gradient dtype bytes",
+            inputs={"reduce_bucket_values": reduce_bucket_values(setup)},
+            bytes=zero.bucket_bytes,
+            source="deepspeed/runtime/zero/stage3.py@v0.16.0 ipg_buckets[dtype].buffer"))
     grad_items.extend(peak.extra_gradient_items)
 
     notes: list[str] = []

@@ -75,6 +75,9 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     elif head_targeted(setup):
         norm += (profile.adapter_bytes + 1) * model.hidden_size
     logits = (2 if n.autocast else n.compute) * vocab  # autocast: the head matmul is 16-bit
+    if profile.fused_linear_loss:
+        return _fused_linear_head(model, setup, norm, 2 if n.autocast else n.compute,
+                                  head_weight_bytes=n.compute if full else 0)
     if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled:
         return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
     if profile.compiled:
@@ -105,6 +108,33 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     return HeadActivations(loss_forward, max(loss_peak, loss_forward),
                            "logits (e·V) → fp32 (4·V) → log-softmax (4·V); backward 3 × 4·V",
                            "logits and cross-entropy (fp32)")
+
+
+def _next_power_of_2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int, *,
+                       head_weight_bytes: int) -> HeadActivations:
+    """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0
+    fused_linear_cross_entropy_forward): the head and the loss run on chunks of
+    next_power_of_2(ceil(tokens / ceil(V / H))) tokens; the loss kernel writes each chunk's
+    gradient into its logits in place, and the forward already builds the gradient of the
+    hidden states (`grad_input`, e·H per token), an fp32 loss per token and, when the head
+    trains, the head's whole gradient (`grad_weight = zeros_like(weight)`), all kept for
+    backward. Per token here: the fixed-size terms are spread over the micro-batch's tokens.
+    """
+    tokens = max(1, setup.micro_batch * setup.seq_len)
+    vocab, hidden = model.vocab_size, model.hidden_size
+    chunk_tokens = min(tokens, _next_power_of_2(-(-tokens // -(-vocab // hidden))))
+    chunk_logits = -(-(chunk_tokens * vocab * e) // tokens)
+    grad_weight = -(-(vocab * hidden * head_weight_bytes) // tokens)
+    saved = norm + e * hidden + FP32 + grad_weight
+    return HeadActivations(
+        saved_per_token=saved, loss_peak_per_token=saved + chunk_logits,
+        kept_per_token=e * hidden,
+        formula="grad of hidden (e·H) + fp32 loss + one chunk's logits (+ the head's gradient)",
+        label="fused linear cross-entropy (Liger)")
 
 
 #: LitGPT's fine-tuning scripts run the lm_head on 128-token chunks (lm_head_chunk_size=128).

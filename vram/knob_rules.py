@@ -37,3 +37,30 @@ def fsdp1_keeps_frozen_unsharded(setup: TrainingSetup,
     would any FSDP1 run of that PyTorch, whatever the stack."""
     return effective_fsdp_version(setup, stack_default) == 1 and torch_at_most(
         setup, LAST_TORCH_WITH_FSDP1_FROZEN_BUG)
+
+
+#: bitsandbytes' MatMul4Bit kept its input A for backward (`ctx.tensors = (A, B)`) up to 0.43.0;
+#: from 0.43.3 it keeps only the packed weight (`ctx.tensors = (None, B)`):
+#: bitsandbytes/autograd/_functions.py@0.43.0 vs @0.43.3 (read in each wheel, 0.43.3 to 0.50.2;
+#: benchmarks/GPU_H200.md finding 1). 0.43.1 and 0.43.2 were not read; they count as keeping.
+LAST_BNB_KEEPING_MATMUL_INPUT = (0, 43, 2)
+#: PyTorch 2.2.0 was released 2024-01-30 (pytorch/pytorch releases); bitsandbytes 0.43.3 on
+#: 2024-07-30 (bitsandbytes CHANGELOG / PyPI). A run on PyTorch <= 2.1 used a bitsandbytes of
+#: its time (<= 0.42.0, 2024-01-08), which kept the input.
+LAST_TORCH_OF_BNB_KEEPING = (2, 1)
+
+
+def effective_bnb_version(setup: TrainingSetup, stack_default: str | None) -> str | None:
+    """The bitsandbytes version: the knob, else the one the stack pins (None: a current one)."""
+    return setup.bitsandbytes_version or stack_default
+
+
+def bnb_keeps_matmul_input(setup: TrainingSetup, stack_default: str | None) -> bool:
+    """Whether bitsandbytes' 4-bit matmul keeps its input for backward: by the version (the
+    knob, else the stack's pin); with neither, a run on PyTorch <= 2.1 used a bitsandbytes of
+    its time (<= 0.42, keeps it) and any later run a current one (>= 0.43.3, does not)."""
+    version = effective_bnb_version(setup, stack_default)
+    if version is not None:
+        parts = tuple(int(part) for part in version.split("."))
+        return parts <= LAST_BNB_KEEPING_MATMUL_INPUT
+    return torch_at_most(setup, LAST_TORCH_OF_BNB_KEEPING)

@@ -29,6 +29,9 @@ BNB_BLOCK = 256
 #: bitsandbytes keeps 32-bit state for tensors under this many values
 #: (bitsandbytes/optim/optimizer.py@0.44.1 Optimizer8bit min_8bit_size=4096).
 BNB_MIN_8BIT_SIZE = 4096
+#: bitsandbytes pages a state only for tensors of at least 1e5 values (optimizer.py@0.44.1
+#: get_state_buffer: `if not self.is_paged or A.numel() < 1e5: torch.zeros_like(A)`).
+BNB_MIN_PAGED_SIZE = 100_000
 #: torchao's 4-bit states: two 4-bit codes per byte and an fp32 scale per 128 values, plus a
 #: 16-entry fp32 lookup table per state; tensors under 4096 values, or not a multiple of the
 #: block, keep a plain state like the parameter (torchao/optim/subclass_4bit.py@029bb60
@@ -52,6 +55,9 @@ class StateFormat(Enum):
 
     #: Like the parameter (`torch.zeros_like(param)`), or fp32 beside an fp32 master copy.
     DENSE = "dense"
+    #: Always fp32, whatever the parameter dtype (bitsandbytes' 32-bit optimizers:
+    #: `optim_bits == 32 -> torch.float32`, bitsandbytes/optim/optimizer.py@0.44.1 init_state).
+    DENSE_FP32 = "dense fp32"
     #: bitsandbytes blockwise 8-bit: uint8 values + an fp32 absmax per 256-value block.
     BLOCKWISE_8BIT = "8-bit blockwise"
     #: Adafactor's factored second moment: fp32 row and column statistics of each matrix, a full
@@ -105,8 +111,8 @@ OPTIMIZERS: MappingProxyType[Optimizer, OptimizerSpec] = MappingProxyType({
         2, StateFormat.DENSE, StepTemporaries.FOREACH_STATE, paged=False,
         steps_in_backward=False, formula=_ADAM_FORMULA, source=_ADAMW),
     Optimizer.PAGED_ADAMW: OptimizerSpec(
-        2, StateFormat.DENSE, StepTemporaries.FOREACH_STATE, paged=True,
-        steps_in_backward=False, formula=_ADAM_FORMULA,
+        2, StateFormat.DENSE_FP32, StepTemporaries.NONE, paged=True,
+        steps_in_backward=False, formula="2 states × 4 B (fp32) × trainable params",
         source="bitsandbytes/optim/adamw.py@0.44.1 PagedAdamW (optim_bits=32, is_paged)"),
     Optimizer.ADAMW_IN_BACKWARD: OptimizerSpec(
         2, StateFormat.DENSE, StepTemporaries.NONE, paged=False, steps_in_backward=True,
@@ -172,6 +178,9 @@ class OptimizerState:
     formula: str
     step_temp_bytes: int
     paged: bool
+    #: Of a paged optimizer's state, what stays ordinary device memory (tensors under 1e5
+    #: values: `BNB_MIN_PAGED_SIZE`).
+    unpaged_bytes: int = 0
 
 
 def fp32_vectors_bytes(*lengths: int) -> int:
@@ -259,6 +268,8 @@ def _state_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int,
         return galore_bytes(group, projection_rank, dense_bytes)
     if spec.state_format is StateFormat.FACTORED:
         return spec.states * factored_bytes(group)
+    if spec.state_format is StateFormat.DENSE_FP32:
+        return spec.states * FP32_BYTES * group.n_params
     return spec.states * dense_bytes * group.n_params
 
 
@@ -292,4 +303,18 @@ def optimizer_state(groups: list[ParamGroup], setup: TrainingSetup, *, fused: bo
     total = sum(_state_bytes(spec, g, state_dtype_bytes, galore_rank) for g in trainable)
     temp = _step_temp_bytes(spec, trainable, state_dtype_bytes, fused=fused,
                             largest_param=largest_param)
-    return OptimizerState(total, spec.formula if trainable else "", temp, spec.paged)
+    unpaged = sum(_unpaged_bytes(spec, g, state_dtype_bytes) for g in trainable) \
+        if spec.paged else 0
+    return OptimizerState(total, spec.formula if trainable else "", temp, spec.paged,
+                          min(unpaged, total))
+
+
+def _unpaged_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int) -> int:
+    """A paged optimizer's state of the group's tensors under 1e5 values (kept on the device).
+    Groups that list neither tensors nor matrices are large tensors: all paged."""
+    sizes = list(group.tensors) or [(m.rows * m.cols, m.count) for m in group.matrices]
+    small = [(numel, count) for numel, count in sizes if numel < BNB_MIN_PAGED_SIZE]
+    if spec.state_format is StateFormat.BLOCKWISE_8BIT:
+        return spec.states * sum(count * bnb_8bit_tensor_bytes(numel) for numel, count in small)
+    per_value = FP32_BYTES if spec.state_format is StateFormat.DENSE_FP32 else dense_bytes
+    return spec.states * per_value * sum(numel * count for numel, count in small)

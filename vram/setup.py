@@ -57,10 +57,14 @@ class Attention(StrEnum):
 
 
 class Loss(StrEnum):
-    """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: chunked or fused."""
+    """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: the stack's
+    chunked loss (torchtune, LitGPT: all 16-bit logits exist, the loss runs per chunk; HF
+    Trainer: Liger's, fused). `fused-linear`: head and cross-entropy fused per chunk of tokens
+    (Liger), so the logits never exist whole."""
 
     STANDARD = "standard"
     CHUNKED = "chunked"
+    FUSED_LINEAR = "fused-linear"
 
 
 class Sharding(StrEnum):
@@ -127,6 +131,8 @@ class Knob:
 
 #: A PyTorch version's major and minor numbers at the start of its text.
 TORCH_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})")
+#: A bitsandbytes version's leading numbers: "0.41.1", "0.43" (patch 0 when absent).
+BNB_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?")
 
 #: Names other tools use for the same sharding, accepted on input.
 SHARDING_ALIASES: dict[str, Sharding] = {
@@ -246,6 +252,26 @@ class TrainingSetup(BaseModel):
         help="PyTorch version such as 2.1 (default: a current one); FSDP1 before 2.2 kept "
              "frozen parameters unsharded in backward",
     )] = None
+    #: The bitsandbytes version, as major.minor.patch ("0.41.1"); None: a current one, unless
+    #: `torch_version` is 2.1 or older (see `vram.knob_rules.bnb_keeps_matmul_input`).
+    bitsandbytes_version: Annotated[str | None, Knob(
+        # No case-file column yet (../shared/validation/README.md): validate takes the
+        # stack's pin, else the PyTorch version's time.
+        "bitsandbytes version", key="bnb", flag="--bitsandbytes-version",
+        labels=(("auto", "the stack's pin, else a current one"),),
+        app_options=("0.41.1", "0.42.0", "0.43.0", "0.43.3", "0.45.5", "0.48.2", "0.50.2"),
+        help="bitsandbytes version such as 0.41.1 (default: a current one, or one of "
+             "PyTorch <= 2.1's time); up to 0.43.0 a 4-bit Linear kept its input for backward",
+    )] = None
+    #: DeepSpeed ZeRO-3's reduce bucket in values; None: the stack's config, else DeepSpeed's
+    #: default (5e8, deepspeed/runtime/zero/config.py@v0.16.0). No case-file column yet.
+    zero_reduce_bucket_values: Annotated[int | None, Field(strict=True, ge=1, le=10**10), Knob(
+        "ZeRO reduce bucket (values)", key="zbucket", flag="--zero-reduce-bucket",
+        labels=(("auto", "the stack's, else DeepSpeed's 5e8"),),
+        app_options=(50_000_000, 200_000_000, 500_000_000),
+        help="DeepSpeed reduce_bucket_size: the IPG gradient bucket kept on each GPU under "
+             "ZeRO-3 (default: the stack's config, else 5e8 values)",
+    )] = None
     #: The CUDA context in MiB as nvidia-smi counts it; None: the GPU's (data/gpus.csv).
     context_mib: Annotated[int | None, Field(strict=True, ge=0, le=MAX_CONTEXT_MIB), Knob(
         "CUDA context (MiB)", key="ctx", flag="--context-mib", column="context_mib",
@@ -282,8 +308,8 @@ class TrainingSetup(BaseModel):
     loss: Annotated[Loss | None, Knob(
         "Loss (cross-entropy)", key="loss", flag="--loss", column="loss",
         labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),
-                ("chunked", "chunked / fused")),
-        help="standard or chunked cross-entropy (default: the stack's)",
+                ("chunked", "chunked / fused"), ("fused-linear", "fused linear + CE (Liger)")),
+        help="standard, chunked or fused-linear cross-entropy (default: the stack's)",
     )] = None
     n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
         "GPUs", key="gpus", flag="--gpus", column="n_gpus",
@@ -334,6 +360,21 @@ class TrainingSetup(BaseModel):
         if not text or text.startswith(("not stated", "unknown", "auto")):
             return None
         raise ValueError(f"{value[:40]!r} is not a PyTorch version such as 2.1")
+
+    @field_validator("bitsandbytes_version", mode="before")
+    @classmethod
+    def _bnb_version(cls, value: object) -> object:
+        # Lenient like torch_version: "0.41.1", "0.43.0.post1" -> "0.41.1", "0.43.0";
+        # "not stated (...)" -> None.
+        if not isinstance(value, str):
+            return value
+        text = value.strip().lower()
+        found = BNB_VERSION.match(text)
+        if found:
+            return ".".join(str(int(part)) for part in found.groups(default="0"))
+        if not text or text.startswith(("not stated", "unknown", "auto")):
+            return None
+        raise ValueError(f"{value[:40]!r} is not a bitsandbytes version such as 0.41.1")
 
     @field_validator("sharding", mode="before")
     @classmethod

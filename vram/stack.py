@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Literal
 
 from vram.errors import VramError
-from vram.knob_rules import fsdp1_keeps_frozen_unsharded
+from vram.knob_rules import bnb_keeps_matmul_input, fsdp1_keeps_frozen_unsharded
 from vram.precision import PrecisionPolicy, precision_policy
 from vram.setup import Framework, Loss, Method, Sharding, TrainingSetup
 from vram.units import Dtype
@@ -76,6 +76,12 @@ class StackRow:
     quantizes_from_fp16: bool
     #: The module's floating outputs are cast to fp32 (Lightning Fabric `convert_output`).
     casts_output_to_fp32: bool
+    #: The bitsandbytes version the stack pins ("0.42.0"); None: it pins none (a current one).
+    default_bitsandbytes_version: str | None
+    #: DeepSpeed ZeRO-3's reduce_bucket_size in the stack's configs; None: DeepSpeed's default.
+    default_zero_reduce_bucket_values: int | None
+    #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
+    chunked_loss_fuses_head: bool
     #: `file@version` for each field above (every field has one: a test says so).
     sources: MappingProxyType[str, str]
 
@@ -98,6 +104,10 @@ _TRL_SHARDED = ("trl/trainer/sft_trainer.py@v0.12.0: no kbit preparation when th
 _HF_LOSS = f"transformers/loss/loss_utils.py@{_TF.split('@')[1]} ForCausalLMLoss logits.float()"
 _HF_CODE = f"transformers/models/llama/modeling_llama.py@{_TF.split('@')[1]}"
 _BNB_KEEPS = "bitsandbytes/autograd/_functions.py@0.44.1 MatMul4Bit ctx.tensors = (A, B)"
+_HF_BNB = ("transformers/integrations/bitsandbytes.py@v4.46.0 (no pin: the installed "
+           "bitsandbytes, current >= 0.43.3)")
+_HF_LIGER = ("transformers/training_args.py@v4.46.0 use_liger_kernel (the Trainer's chunked loss: "
+             "liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0)")
 _HF_REENTRANT = ("transformers/modeling_utils.py@v5.0.0 gradient_checkpointing_enable "
                  "(use_reentrant=False unless given)")
 _PEFT_SHARDED_CKPT = ("peft docs/source/accelerate/{deepspeed,fsdp}.md@v0.13.0: "
@@ -114,9 +124,16 @@ _HF_TRAINER = StackRow(
     adapts_fused_slices=False, quantized_linear_keeps_input=True,
     norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
     fused_activations=False, default_compile=False, default_ckpt_reentrant=False,
-    sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1, keeps_logits=False,
+    sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
+    default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=True,
+    default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
+            chunked_loss_fuses_head=_HF_LIGER,
+            default_zero_reduce_bucket_values=(
+                "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
+            default_bitsandbytes_version=_HF_BNB,
         unties_head=f"{_HF_CODE} (tie_word_embeddings shares the matrix)",
         quantizes_head=("transformers/integrations/bitsandbytes.py@v4.46.0 "
                         "llm_int8_skip_modules keeps lm_head 16-bit"),
@@ -163,6 +180,7 @@ _LLAMA_FACTORY = "LLaMA-Factory@06d78ff src/llamafactory"
 _TORCHTITAN = "torchtitan@6404b93"
 _DEEPSPEED = "deepspeed@v0.16.0"
 _DS_EXAMPLE = "DeepSpeedExamples training/bf16_master_weight/train.py@ac3800b7"
+_DS_EXAMPLE_CONFIG = "DeepSpeedExamples training/bf16_master_weight/configs/baseline.json@ac3800b7"
 _LITGPT = "litgpt@v0.4.0"
 _LIGHTNING = "lightning@2.3.0"
 _TORCHTUNE = "torchtune@v0.3.0"
@@ -189,6 +207,9 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=(True, f"{_AXOLOTL_CONFIG} normalize_config (any run)"),
         fused_optimizer=(True, "axolotl src/axolotl/utils/schemas/training.py@94c00c1 "
                                "optimizer default adamw_torch_fused"),
+        chunked_loss_fuses_head=(False, "axolotl src/axolotl/monkeypatch/loss/chunked.py@067b021 "
+                                        "CEWithChunkedOutputLoss (torchtune's: chunks kept; "
+                                        "Liger's is liger_fused_linear_cross_entropy)"),
     ),
     # LLaMA-Factory: HF Trainer + PEFT, its own model preparation instead of PEFT's.
     Framework.LLAMA_FACTORY: _like(
@@ -210,9 +231,18 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         adapts_fused_slices=True, quantized_linear_keeps_input=True,
         norm_keeps_fp32_normalized=True, fsdp_keeps_frozen_unsharded=True,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
-        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1, keeps_logits=True,
+        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
+    default_bitsandbytes_version="0.42.0",
+    chunked_loss_fuses_head=False,
+    default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
+            chunked_loss_fuses_head=(
+                f"litgpt/utils.py@{_LITGPT} chunked_cross_entropy (all chunks' logits kept)"),
+            default_zero_reduce_bucket_values=(
+                f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)"),
+            default_bitsandbytes_version=(
+                f"pyproject.toml@{_LITGPT} extra bitsandbytes==0.42.0"),
             unties_head=f"litgpt/model.py@{_LITGPT} GPT.__init__ (lm_head always its own)",
             quantizes_head=(f"lightning/fabric/plugins/precision/bitsandbytes.py@{_LIGHTNING} "
                             "(every nn.Linear becomes Linear4bit)"),
@@ -255,9 +285,16 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         adapts_fused_slices=False, quantized_linear_keeps_input=False,
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
         fused_activations=True, default_compile=True, default_ckpt_reentrant=False,
-        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2, keeps_logits=False,
+        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
+    default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=False,
+    default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            chunked_loss_fuses_head=(
+                f"torchtune/modules/loss/ce_chunked_output_loss.py@{_TORCHTUNE} (chunks kept)"),
+            default_zero_reduce_bucket_values=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
+            default_bitsandbytes_version=f"{_TORCHTUNE} (torchao NF4, no bitsandbytes)",
             unties_head=f"torchtune/modules/tied_linear.py@{_TORCHTUNE} TiedLinear",
             quantizes_head=f"torchtune/models/llama3/_component_builders.py@{_TORCHTUNE} "
                            "(output projection stays 16-bit)",
@@ -308,9 +345,17 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         adapts_fused_slices=False, quantized_linear_keeps_input=False,
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
-        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2, keeps_logits=False,
+        sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
+    default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=False,
+    default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            chunked_loss_fuses_head=(
+                f"torchtitan/components/loss.py@{_TORCHTITAN} (no chunked loss)"),
+            default_zero_reduce_bucket_values=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
+            default_bitsandbytes_version=(
+                f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)"),
             unties_head=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
                         "self.output = nn.Linear (own matrix)",
             quantizes_head=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
@@ -360,9 +405,16 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         adapts_fused_slices=False, quantized_linear_keeps_input=False,
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=True,
-        sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None, keeps_logits=True,
+        sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
+    default_bitsandbytes_version=None,
+    chunked_loss_fuses_head=False,
+    default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            chunked_loss_fuses_head=f"{_DS_EXAMPLE} (no chunked loss)",
+            default_zero_reduce_bucket_values=(
+                f"{_DS_EXAMPLE_CONFIG} zero_optimization.reduce_bucket_size 5e7"),
+            default_bitsandbytes_version=f"{_DS_EXAMPLE} (no QLoRA path)",
             unties_head=f"{_DS_EXAMPLE} (the model's own head)",
             quantizes_head=f"{_DS_EXAMPLE} (no QLoRA path)",
             kbit_upcast=f"{_DS_EXAMPLE} (no QLoRA path)",
@@ -417,6 +469,9 @@ class StackProfile:
     adapter_bytes: int
     upcasts_logits: bool
     chunked_loss: bool
+    #: The loss fuses the head and cross-entropy per chunk of tokens (Liger): see
+    #: `vram.head._fused_linear_head`.
+    fused_linear_loss: bool
     fused_optimizer: bool
     expands_kv: bool
     norm_keeps_fp32_input: bool
@@ -485,12 +540,16 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         upcasts_frozen_to_fp32=upcasts,
         adapter_bytes=precision.adapter_inputs,
         upcasts_logits=row.upcasts_logits,
-        chunked_loss=effective_loss(setup) is Loss.CHUNKED,
+        chunked_loss=effective_loss(setup) is Loss.CHUNKED and not row.chunked_loss_fuses_head,
+        fused_linear_loss=effective_loss(setup) is Loss.FUSED_LINEAR or (
+            effective_loss(setup) is Loss.CHUNKED and row.chunked_loss_fuses_head),
         fused_optimizer=row.fused_optimizer,
         expands_kv=row.expands_kv,
         norm_keeps_fp32_input=row.norm_keeps_fp32_input,
         adapts_fused_slices=row.adapts_fused_slices,
-        quantized_linear_keeps_input=row.quantized_linear_keeps_input and qlora,
+        quantized_linear_keeps_input=(row.quantized_linear_keeps_input and qlora
+                                      and bnb_keeps_matmul_input(
+                                          setup, row.default_bitsandbytes_version)),
         norm_keeps_fp32_normalized=row.norm_keeps_fp32_normalized,
         fsdp_keeps_frozen_unsharded=fsdp1_keeps_frozen_unsharded(setup, row.default_fsdp_version),
         fused_activations=row.fused_activations,
@@ -513,6 +572,8 @@ KNOB_DEFAULTS: tuple[tuple[str, str], ...] = (
     ("default_ckpt_reentrant", "ckpt_reentrant"),
     ("sharded_qlora_ckpt_reentrant", "ckpt_reentrant (sharded QLoRA)"),
     ("default_fsdp_version", "fsdp_version"),
+    ("default_bitsandbytes_version", "bitsandbytes_version"),
+    ("default_zero_reduce_bucket_values", "zero_reduce_bucket_values"),
 )
 
 

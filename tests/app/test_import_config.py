@@ -8,6 +8,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 from ui.import_config import state_from_loaded
+from ui.text import shown
 from vram.readers import load_training_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
@@ -51,9 +52,9 @@ def test_import_rounds_to_the_controls_and_says_so() -> None:
 def test_bad_import_shows_a_message(app: AppTest) -> None:
     _import(app, "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: lots\n")
     assert not app.exception
-    assert any("micro_batch_size: must be a whole number" in e.value for e in app.error)
+    assert any("micro_batch_size: must be a whole number" in shown(e.value) for e in app.error)
     _import(app, "a: !!python/object/apply:os.system [echo]\n", "axolotl")
-    assert any("not valid YAML" in e.value for e in app.error)
+    assert any("not valid YAML" in shown(e.value) for e in app.error)
 
 
 def test_export_buttons_are_offered(app: AppTest) -> None:

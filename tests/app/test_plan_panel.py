@@ -7,6 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 import vram
 from ui.charts import format_bytes
+from ui.text import shown
 
 
 def _metric(at: AppTest, label_start: str) -> tuple[str, str]:
@@ -41,7 +42,7 @@ def test_bad_panel_link_is_reported_not_raised(app: AppTest) -> None:
     app.query_params["mycount"] = "0"
     app.run()
     assert not app.exception
-    messages = " ".join(e.value for e in app.error)
+    messages = " ".join(shown(e.value) for e in app.error)  # user text is escaped Markdown
     assert "URL parameter `mygpu`: unknown GPU 'rtx-9999'" in messages
     assert "URL parameter `mycount`" in messages
     assert app.session_state["mygpu"] == "any"

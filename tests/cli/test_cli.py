@@ -162,10 +162,14 @@ def test_estimate_json_setup_speaks_the_case_file(capsys: pytest.CaptureFixture[
 
 
 def test_new_knob_flags_reach_the_estimate(capsys: pytest.CaptureFixture[str]) -> None:
-    base = ["estimate", "--model", "llama-3.2-1b", "--grad-ckpt", "--json"]
+    # bitsandbytes <= 0.43.0 kept the 4-bit matmul's input, which reentrant checkpointing drops
+    base = ["estimate", "--model", "llama-3.2-1b", "--grad-ckpt", "--json",
+            "--bitsandbytes-version", "0.41.1"]
     peaks = {}
-    for extra in ([], ["--ckpt-reentrant"], ["--context-mib", "2048"]):
+    for extra in ([], ["--ckpt-reentrant"], ["--context-mib", "2048"],
+                  ["--bitsandbytes-version", "0.50.2"]):
         assert main([*base, *extra]) == 0
         peaks[tuple(extra)] = json.loads(capsys.readouterr().out)["device_peak_bytes"]
     assert peaks[("--ckpt-reentrant",)] < peaks[()]
+    assert peaks[("--bitsandbytes-version", "0.50.2")] < peaks[()]
     assert peaks[("--context-mib", "2048")] - peaks[()] == 1024 * 2**20

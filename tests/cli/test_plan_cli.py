@@ -69,3 +69,25 @@ def test_validate_speed_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert last.startswith("rows=")
     median = float(last.split("median_abs_pct=")[1].split()[0])
     assert median <= 25.0
+
+
+def test_plan_reads_a_training_config(capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --from` plans the run a training config describes; typed flags override it.
+    axolotl's qlora.yml (Llama 3 8B, micro-batch 2 x 4096) does not fit one RTX 4090; at
+    micro-batch 1 (the plan's own first lever) it does, with the same headroom both ways."""
+    config = "tests/data/configs/axolotl/llama3-qlora.yml"
+    assert main(["plan", "--from", config, "--gpu", "rtx-4090", "--tokens", "1e8",
+                 "--json"]) == 0
+    as_file = json.loads(capsys.readouterr().out)
+    assert as_file["fits"] is False and as_file["max_micro_batch"] == 1
+    assert main(["plan", "--from", config, "--batch", "1", "--gpu", "rtx-4090", "--tokens",
+                 "1e8", "--json"]) == 0
+    batch_one = json.loads(capsys.readouterr().out)
+    assert batch_one["fits"] is True
+    assert batch_one["headroom_bytes"] == as_file["path"][0]["headroom_bytes"]
+
+
+def test_plan_without_model_or_config_names_the_flag(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    assert main(["plan", "--gpu", "rtx-4090"]) == 2
+    assert "--model" in capsys.readouterr().err

@@ -15,12 +15,12 @@ def test_every_scored_case_is_estimated(cases_csv: Path) -> None:
 
 
 def test_issue_targets_on_the_scored_cases(cases_csv: Path) -> None:
-    """Issue 4: median absolute error <= 6 % and p90 <= 15 % over the scored rows (issue 2
-    asked for 10 % and 25 %)."""
+    """Issue 9: median absolute error <= 4 % (holds); p90 <= 15 % (issue 4's bar; issue 9's
+    10 % and max 25 % do not hold yet: benchmarks/ACCURACY.md)."""
     summary = summarize(run_cases(cases_csv))
     assert summary.cases >= 60
     assert summary.unsupported == 0
-    assert summary.median_abs_pct <= 6.0, summary.line()
+    assert summary.median_abs_pct <= 4.0, summary.line()
     assert summary.p90_abs_pct <= 15.0, summary.line()
 
 

@@ -36,10 +36,6 @@ KNOWN_GAPS: list[tuple[Callable[[Row], bool], str]] = [
     (lambda r: r["method"] == "qlora" and "mixtral" in r["model"],
      "MoE QLoRA: the expert banks are 3D parameters, not nn.Linear, so bitsandbytes leaves "
      "them unquantized (fp32 under bf16-mixed); the closed form quantizes them"),
-    (lambda r: r["method"] == "qlora" and r["ckpt"] != "reentrant",
-     "bitsandbytes >= 0.43.3 MatMul4Bit keeps no input for backward (ctx.tensors = (None, B)), "
-     "so non-reentrant checkpointing (and no checkpointing) keep no more than reentrant; the "
-     "closed form still counts the inputs bitsandbytes <= 0.43.0 kept, except under reentrant"),
     (lambda r: r["model"] == "gemma-2-2b" and r["attn"] == "sdpa" and r["ckpt"] == "off"
      and r["method"] != "full",
      "Gemma 2 ran SDPA on transformers 5.17 (attn_implementation recorded 'sdpa'); the "
@@ -99,13 +95,7 @@ def _paged_rows() -> list[object]:
             and float(r["measured_paged_mib"]) > 1024]
     params = []
     for row in rows:
-        marks = []
-        if row["optimizer"] == "paged-adamw":
-            marks = [pytest.mark.xfail(strict=True, reason=(
-                "bitsandbytes' 32-bit PagedAdamW keeps fp32 states whatever the parameter "
-                "dtype (optimizer.py: optim_bits == 32 -> torch.float32); the closed form "
-                "counts them in the parameter dtype (half, for bf16 parameters)"))]
-        params.append(pytest.param(row, id=row["id"], marks=marks))
+        params.append(pytest.param(row, id=row["id"]))
     return params
 
 

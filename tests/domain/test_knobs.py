@@ -107,11 +107,12 @@ def _est(**fields: object) -> vram.Estimate:
 
 
 def test_reentrant_checkpointing_keeps_no_bitsandbytes_inputs() -> None:
-    """QLoRA with checkpointing: non-reentrant keeps every layer's MatMul4Bit inputs (ctx
-    attributes), reentrant runs the checkpointed forward under no_grad and keeps none. The
-    knob's None is the stack's default: non-reentrant on one GPU (Transformers 5), reentrant
-    for PEFT's sharded QLoRA recipes."""
-    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096}
+    """QLoRA with checkpointing on bitsandbytes <= 0.43.0: non-reentrant keeps every layer's
+    MatMul4Bit inputs (ctx attributes), reentrant runs the checkpointed forward under no_grad
+    and keeps none. The knob's None is the stack's default: non-reentrant on one GPU
+    (Transformers 5), reentrant for PEFT's sharded QLoRA recipes."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096,
+            "bitsandbytes_version": "0.43.0"}
     kept, dropped = _est(**base, ckpt_reentrant=False), _est(**base, ckpt_reentrant=True)
     assert dropped.allocated_peak_bytes < kept.allocated_peak_bytes
     assert _est(**base).allocated_peak_bytes == kept.allocated_peak_bytes
@@ -122,6 +123,40 @@ def test_reentrant_checkpointing_keeps_no_bitsandbytes_inputs() -> None:
     lora = {**base, "method": "lora"}
     assert _est(**lora, ckpt_reentrant=True).allocated_peak_bytes == _est(
         **lora, ckpt_reentrant=False).allocated_peak_bytes
+
+
+def test_current_bitsandbytes_keeps_no_input_so_reentrancy_changes_nothing() -> None:
+    """bitsandbytes >= 0.43.3 keeps only the packed weight (`ctx.tensors = (None, B)`): the
+    H200 measured identical peaks for reentrant and non-reentrant QLoRA (GPU_H200.md §1). The
+    input it kept before costs exactly what the estimate drops: old > current."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 4096}
+    assert _est(**base, ckpt_reentrant=True).allocated_peak_bytes == _est(
+        **base, ckpt_reentrant=False).allocated_peak_bytes
+    old = _est(**base, bitsandbytes_version="0.41.1").allocated_peak_bytes
+    assert old > _est(**base).allocated_peak_bytes
+    assert _est(**base, bitsandbytes_version="0.43.3").allocated_peak_bytes == _est(
+        **base).allocated_peak_bytes
+    # No version given: a run on PyTorch 2.1 used a bitsandbytes of its time (<= 0.42).
+    assert _est(**base, torch_version="2.1.0").allocated_peak_bytes == old
+    # LitGPT pins bitsandbytes==0.42.0 (pyproject.toml@v0.4.0).
+    litgpt = {**base, "framework": "litgpt"}
+    assert _est(**litgpt).allocated_peak_bytes == _est(
+        **litgpt, bitsandbytes_version="0.42.0").allocated_peak_bytes
+
+
+def test_deepspeed_zero3_keeps_its_gradient_partition_and_bucket() -> None:
+    """DeepSpeed ZeRO-3 allocates the flat gradient partition at init and one reduce bucket
+    (stage3.py@v0.16.0); FSDP (the same `zero3` sharding on another stack) does not."""
+    base = {"method": "full", "sharding": "zero3", "n_gpus": 4, "optimizer": "adamw",
+            "seq_len": 512}
+    ds = _est(**base, framework="deepspeed")
+    buckets = [i for i in ds.bucket("gradients").items if i.key == "gradients.zero_buckets"]
+    assert buckets[0].bytes == 50_000_000 * 2  # the example's 5e7 values, bf16
+    assert _est(**base, framework="deepspeed",
+                zero_reduce_bucket_values=500_000_000).allocated_peak_bytes == (
+        ds.allocated_peak_bytes + 450_000_000 * 2)
+    fsdp = _est(**base, framework="hf-trainer")
+    assert not [i for i in fsdp.bucket("gradients").items if i.key == "gradients.zero_buckets"]
 
 
 def _unsharded_frozen(**fields: object) -> int:
@@ -151,13 +186,14 @@ def test_torch_version_is_read_leniently() -> None:
 
 
 def test_fit_uses_each_gpus_own_cuda_context() -> None:
-    """data/gpus.csv's measured context (H200: 685 MiB) replaces the 1 GiB constant in the fit;
-    a setup's own `context_mib` (measured on the run's machine) wins over both."""
+    """data/gpus.csv's measured context (H200: 760 MiB while training) replaces the 1 GiB
+    constant in the fit; a setup's own `context_mib` (measured on the run's machine) wins over
+    both."""
     model = vram.load_model("llama-3.2-1b")
     setup = TrainingSetup(method="full")
     peak = vram.estimate(model, setup).device_peak_bytes
     by_id = {o.gpu.id: o for o in vram.fit(model, setup).fits}
-    assert by_id["h200"].device_peak_bytes == peak - (1024 - 685) * 2**20
+    assert by_id["h200"].device_peak_bytes == peak - (1024 - 760) * 2**20
     assert by_id["h100-sxm"].device_peak_bytes == peak  # not measured: the constant
     own = setup.model_copy(update={"context_mib": 500})
     own_peak = vram.estimate(model, own).device_peak_bytes
@@ -171,3 +207,33 @@ def test_the_docs_table_is_the_declarations() -> None:
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
     assert markdown_table() in docs.read_text(encoding="utf-8")
+
+
+def test_fused_linear_loss_never_holds_whole_logits() -> None:
+    """Liger's fused linear cross-entropy keeps the hidden gradient, an fp32 loss per token and
+    one chunk of next_power_of_2(ceil(tokens / ceil(V / H))) tokens' logits, never all logits;
+    HF Trainer's chunked loss is Liger's (use_liger_kernel), torchtune's keeps every chunk."""
+    base = {"method": "full", "optimizer": "adamw", "micro_batch": 8, "seq_len": 2048}
+    fused = _est(**base, loss="fused-linear")
+    assert fused.activation_bytes_max < _est(**base, loss="standard").activation_bytes_max
+    assert _est(**base, loss="chunked").allocated_peak_bytes == fused.allocated_peak_bytes
+    tt = {**base, "framework": "torchtune"}
+    assert _est(**tt, loss="chunked").allocated_peak_bytes > _est(
+        **tt, loss="fused-linear").allocated_peak_bytes
+    # llama-3.1-8b: V 128256, H 4096 -> ceil(V/H) = 32; 16384 tokens -> 512-token chunks
+    loss = [i for i in fused.bucket("activations").items if i.key == "activations.loss"]
+    if loss:  # the peak may be elsewhere; when the loss is the peak, one chunk is in it
+        assert loss[0].bytes >= 512 * 128_256 * 2
+
+
+def test_paged_optimizer_keeps_small_tensors_on_the_device() -> None:
+    """bitsandbytes pages a state only for tensors of 1e5 values or more (get_state_buffer):
+    LoRA's rank-16 matrices (16 x 4096 = 65,536 values) keep 32-bit PagedAdamW state as ordinary
+    device memory, two fp32 states each; a full fine-tune's large matrices are paged."""
+    lora = _est(method="lora", optimizer="paged-adamw", lora_targets="q_proj")
+    trainable = lora.params.trainable
+    states = next(i for i in lora.bucket("optimizer").items if i.key == "optimizer.states")
+    assert states.bytes == 2 * 4 * trainable
+    assert lora.paged_bytes == 0
+    full = _est(method="full", optimizer="paged-adamw", precision="bf16-true")
+    assert full.paged_bytes > 0.99 * 2 * 4 * full.params.trainable

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vram.errors import VramError
+from vram.readers import cli_hook
 from vram.setup import TrainingSetup
 
 Handler = Callable[[argparse.Namespace], int]
@@ -23,12 +24,12 @@ def register_handlers() -> dict[str, Handler]:
     return {"plan": _plan, "validate-speed": _validate_speed}
 
 
-def register(commands: Any, add_setup_flags: Callable[[argparse.ArgumentParser], None]
-             ) -> None:
+def register(commands: Any, add_setup_flags: Callable[..., None]) -> None:
     """Add the subcommands to `commands` (argparse subparsers)."""
     plan = commands.add_parser("plan", help="fit my GPUs, the largest batch and sequence, "
                                "the levers that make it fit, time and cost of the run")
-    add_setup_flags(plan)
+    add_setup_flags(plan, model_required=False)
+    cli_hook.add_from_flags(plan)  # --from FILE: the run as a training config describes it
     plan.add_argument("--gpu", help="GPU id from `python -m vram gpus` (default: the "
                       "cheapest catalog option that holds the run)")
     plan.add_argument("--gpu-count", type=int, default=1, help="GPUs per node")
@@ -71,13 +72,18 @@ def tokens_from(args: argparse.Namespace, setup: TrainingSetup, n_gpus: int) -> 
 
 def _plan(args: argparse.Namespace) -> int:
     from vram.catalog import load_model
-    from vram.cli import setup_from_args
+    from vram.cli import build_parser, setup_from_args
     from vram.gpus import load_gpus
     from vram.plan.hardware import Hardware, find_gpu
     from vram.plan.planner import plan
     from vram.plan.report import plan_json, plan_text
 
-    setup = setup_from_args(args)
+    if args.from_file:
+        model, setup, _ = cli_hook.from_file(args, build_parser(), args.argv)
+    elif args.model:
+        model, setup = load_model(args.model), setup_from_args(args)
+    else:
+        raise VramError("--model: required (or give a training config with --from FILE)")
     if not 1 <= args.gpu_count <= 64:
         raise VramError(f"--gpu-count: must be 1 to 64 (got {args.gpu_count})")
     if not 1 <= args.nodes <= 64:
@@ -88,7 +94,7 @@ def _plan(args: argparse.Namespace) -> int:
         hardware = Hardware(gpu=find_gpu(args.gpu, gpus, "--gpu").id, count=args.gpu_count,
                             nodes=args.nodes)
     total = hardware.total if hardware else setup.n_gpus
-    result = plan(load_model(args.model), setup, hardware=hardware,
+    result = plan(model, setup, hardware=hardware,
                   tokens=tokens_from(args, setup, total), gpus=gpus)
     if args.json:
         print(json.dumps(plan_json(result), indent=2))

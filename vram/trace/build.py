@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vram.knob_rules import bnb_keeps_matmul_input
 from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
 from vram.stack import profile_for, stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
@@ -247,6 +248,7 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
               quant_head: bool) -> None:
     cdtype = compute_dtype(setup)
     quant = setup.effective_quant.value
+    keeps = bnb_keeps_matmul_input(setup, stack_row(setup.framework).default_bitsandbytes_version)
     # transformers keeps these in full precision under bitsandbytes (T5's `wo`).
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
     for _, blocks in lists:
@@ -255,7 +257,7 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
                 for child_name, child in list(parent.named_children()):
                     if (isinstance(child, nn.Linear) and not isinstance(child, QuantLinear)
                             and child_name not in keep):
-                        setattr(parent, child_name, QuantLinear(child, quant, cdtype))
+                        setattr(parent, child_name, QuantLinear(child, quant, cdtype, keeps))
     if quant_head:
         get_out = getattr(model, "get_output_embeddings", None)
         head = get_out() if get_out else None
@@ -263,7 +265,7 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
             for parent in model.modules():
                 for child_name, child in list(parent.named_children()):
                     if child is head:
-                        setattr(parent, child_name, QuantLinear(head, quant, cdtype))
+                        setattr(parent, child_name, QuantLinear(head, quant, cdtype, keeps))
             if hasattr(model.config, "tie_word_embeddings"):
                 model.config.tie_word_embeddings = False
 

@@ -130,34 +130,49 @@ class FusedAdamW(_FusedUpdate):
         return {"step": 0, "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
 
 
+#: Builds one optimizer over the trainable parameters; the callback sees each paged state.
+OptimizerFactory = Callable[[list[nn.Parameter], Callable[[torch.Tensor], None]],
+                            torch.optim.Optimizer]
+
+
+def _adafactor(params: list[nn.Parameter],
+               on_paged: Callable[[torch.Tensor], None]) -> torch.optim.Optimizer:
+    """transformers' Adafactor as the HF Trainer builds it (imported only when traced)."""
+    from transformers.optimization import Adafactor
+
+    return Adafactor(params, lr=LR, scale_parameter=False, relative_step=False,
+                     warmup_init=False)
+
+
+#: The traced optimizer of each `vram.optimizer.OPTIMIZERS` row the trace can run; None: one
+#: AdamW per parameter stepped inside backward (`in_backward`). AdamW is fused instead where
+#: the stack fuses it (`StackProfile.fused_optimizer`). A row missing here is not traced.
+TRACE_OPTIMIZERS: dict[Optimizer, OptimizerFactory | None] = {
+    Optimizer.ADAMW: lambda params, _: torch.optim.AdamW(params, lr=LR, foreach=True),
+    Optimizer.SGD: lambda params, _: torch.optim.SGD(params, lr=LR, momentum=0.0, foreach=True),
+    Optimizer.SGD_MOMENTUM: lambda params, _: torch.optim.SGD(params, lr=LR, momentum=0.9,
+                                                              foreach=True),
+    Optimizer.ADAFACTOR: _adafactor,
+    Optimizer.LION: lambda params, _: Lion(params, lr=LR),
+    Optimizer.ADAMW_8BIT: lambda params, _: Bnb8bitAdamW(params, bits=8, paged=False),
+    Optimizer.PAGED_ADAMW: lambda params, on_paged: Bnb8bitAdamW(
+        params, bits=32, paged=True, on_paged=on_paged),
+    Optimizer.PAGED_ADAMW_8BIT: lambda params, on_paged: Bnb8bitAdamW(
+        params, bits=8, paged=True, on_paged=on_paged),
+    Optimizer.ADAMW_IN_BACKWARD: None,
+}
+
+
 def make_optimizer(setup: TrainingSetup, params: list[nn.Parameter],
                    on_paged: Callable[[torch.Tensor], None]) -> torch.optim.Optimizer | None:
     """The optimizer of `setup` over `params`; None for adamw-in-backward (see `in_backward`)."""
     opt = setup.optimizer
+    if opt not in TRACE_OPTIMIZERS:
+        raise ValueError(f"optimizer: unknown {opt!r}")
     if opt is Optimizer.ADAMW and profile_for(setup).fused_optimizer:
         return FusedAdamW(params)
-    if opt is Optimizer.ADAMW:
-        return torch.optim.AdamW(params, lr=LR, foreach=True)
-    if opt is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=LR, momentum=0.0, foreach=True)
-    if opt is Optimizer.SGD_MOMENTUM:
-        return torch.optim.SGD(params, lr=LR, momentum=0.9, foreach=True)
-    if opt is Optimizer.ADAFACTOR:
-        from transformers.optimization import Adafactor
-
-        return Adafactor(params, lr=LR, scale_parameter=False, relative_step=False,
-                         warmup_init=False)
-    if opt is Optimizer.LION:
-        return Lion(params, lr=LR)
-    if opt is Optimizer.ADAMW_8BIT:
-        return Bnb8bitAdamW(params, bits=8, paged=False)
-    if opt is Optimizer.PAGED_ADAMW:
-        return Bnb8bitAdamW(params, bits=32, paged=True, on_paged=on_paged)
-    if opt is Optimizer.PAGED_ADAMW_8BIT:
-        return Bnb8bitAdamW(params, bits=8, paged=True, on_paged=on_paged)
-    if opt is Optimizer.ADAMW_IN_BACKWARD:
-        return None
-    raise ValueError(f"optimizer: unknown {opt!r}")
+    factory = TRACE_OPTIMIZERS[opt]
+    return None if factory is None else factory(params, on_paged)
 
 
 def in_backward(params: list[nn.Parameter]) -> list[torch.optim.Optimizer]:

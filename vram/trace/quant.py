@@ -54,12 +54,15 @@ def storage_bytes(numel: int, quant: str) -> int:
 
 
 class _Dequant4bitMatmul(torch.autograd.Function):
-    """`MatMul4Bit`: a temporary dequantized weight per matmul; the input is kept."""
+    """`MatMul4Bit`: a temporary dequantized weight per matmul; the input is kept by
+    bitsandbytes <= 0.43.0 only."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, module: QuantLinear) -> torch.Tensor:  # type: ignore[override]
         ctx.module = module
-        ctx.tensors = (x,)  # as bitsandbytes does: a reference that keeps the input alive
+        # bitsandbytes <= 0.43.0: `ctx.tensors = (A, B)` keeps the input alive; >= 0.43.3 keeps
+        # only the packed weight (`(None, B)`): `vram.knob_rules.bnb_keeps_matmul_input`.
+        ctx.tensors = (x,) if module.keeps_input else ()
         weight = module.dequantize(x.dtype)
         out = nn.functional.linear(x, weight, None)
         del weight
@@ -102,8 +105,11 @@ class _Int8Matmul(torch.autograd.Function):
 class QuantLinear(nn.Linear):
     """A frozen linear layer holding bitsandbytes' quantized storage (see the module docstring)."""
 
-    def __init__(self, linear: nn.Linear, quant: str, compute_dtype: torch.dtype) -> None:
+    def __init__(self, linear: nn.Linear, quant: str, compute_dtype: torch.dtype,
+                 keeps_input: bool = True) -> None:
         nn.Module.__init__(self)
+        #: MatMul4Bit keeps its input for backward (bitsandbytes <= 0.43.0).
+        self.keeps_input = keeps_input
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         self.quant = quant

@@ -1,0 +1,336 @@
+"""`vram.rl.estimate`: an RL step's generation and training phases, per GPU of each group.
+
+Whatever trains (policy, critic) is the SFT estimate (`vram.estimate`) with the rollout's token
+counts; frozen models (reference, reward) hold their weights and one forward's working memory,
+without gradients; the policy's loss term is replaced by the RL loss's logits term.
+"""
+
+from __future__ import annotations
+
+from vram.architecture import ModelSpec
+from vram.estimate import estimate as sft_estimate
+from vram.result import BucketName, Estimate, LineItem
+from vram.rl import engine as eng
+from vram.rl import kv_cache
+from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
+from vram.rl.setup import Algo, Reference, RLSetup, Rollout
+from vram.setup import Precision, TrainingSetup
+from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
+
+#: Logits-sized tensors at the loss's peak, traced on TRL's code (vram/trace/rl_loss.py):
+#: fp32 logits (an fp32 policy): the scaled logits saved for backward, logsumexp's softmax,
+#: the gradient and the gather's scatter, 4 × 4 B per element; bf16 logits (TRL's bf16 branch,
+#: a log-softmax per row): the scaled logits and every row's saved log-softmax, 2 × 2 B, or
+#: 3 × 2 B of one row when the backward of a single sequence dominates.
+FP32_LOGIT_BYTES = 16
+BF16_LOGIT_BYTES = 4
+BF16_ROW_BYTES = 6
+#: A forward without backward (the reference's): two copies in the logits' dtype, plus one
+#: row's logsumexp temporary in fp32 (TRL loops over rows "to reduce peak mem consumption").
+FORWARD_LOGIT_COPIES = 2
+
+Items = list[tuple[RLBucket, LineItem]]
+
+
+def _item(key: str, label: str, formula: str, n_bytes: int, source: str = "") -> LineItem:
+    return LineItem(key=key, label=label, formula=formula, bytes=max(int(n_bytes), 0),
+                    source=source)
+
+
+def policy_setup(setup: RLSetup) -> TrainingSetup:
+    """The policy's SFT setup with the rollout's sequences and length."""
+    fields = setup.policy.model_dump()
+    fields.update(micro_batch=setup.sequences_per_gpu, seq_len=setup.seq_len)
+    return TrainingSetup.model_validate(fields)
+
+
+def logit_rows(setup: RLSetup) -> int:
+    """Rows of logits the loss needs: completions only for online RL (TRL `logits_to_keep`),
+    the whole chosen + rejected sequences for preference losses."""
+    rows = setup.completion_len if setup.generates else setup.seq_len
+    per_chunk = 1 if setup.chunked_loss else setup.sequences_per_gpu
+    return per_chunk * rows
+
+
+def _fp32_logits(setup: RLSetup) -> bool:
+    """Logits are fp32 only for an fp32 policy; bf16 recipes return bf16 logits."""
+    return setup.policy.precision is Precision.FP32
+
+
+def _logit_elements(model: ModelSpec, setup: RLSetup) -> tuple[int, int]:
+    """(all rows', one sequence's) logit elements."""
+    rows = logit_rows(setup)
+    per_row = rows // (1 if setup.chunked_loss else setup.sequences_per_gpu)
+    return rows * model.vocab_size, per_row * model.vocab_size
+
+
+def logits_bytes(model: ModelSpec, setup: RLSetup) -> int:
+    """The loss's forward + backward peak over the logits (traced constants above)."""
+    total, row = _logit_elements(model, setup)
+    if _fp32_logits(setup):
+        return FP32_LOGIT_BYTES * total
+    return max(BF16_LOGIT_BYTES * total, BF16_ROW_BYTES * row)
+
+
+def forward_logits_bytes(model: ModelSpec, setup: RLSetup) -> int:
+    """A no-grad log-prob forward (the reference's): two copies of the logits in their dtype,
+    and for fp32 one row's logsumexp temporary."""
+    total, row = _logit_elements(model, setup)
+    if _fp32_logits(setup):
+        return (FORWARD_LOGIT_COPIES * total + row) * FP32_BYTES
+    return FORWARD_LOGIT_COPIES * total * BF16_BYTES
+
+
+def frozen_weight_bytes(model: ModelSpec, setup: RLSetup) -> int:
+    """A frozen copy in 16-bit (sharded under ZeRO-3 like the policy)."""
+    shards = setup.policy.n_gpus if setup.sharded_weights else 1
+    return ceil_div(model.n_params * BF16_BYTES, shards)
+
+
+def forward_working_bytes(model: ModelSpec, setup: RLSetup) -> int:
+    """A no-grad forward keeps one layer's working set: 3 × 2 B × tokens × widest."""
+    stack = model.decoder
+    widest = max(stack.intermediate_size * max(1, stack.experts_per_token),
+                 stack.n_heads * stack.head_dim)
+    return 3 * BF16_BYTES * setup.sequences_per_gpu * setup.seq_len * widest
+
+
+def _bucket(est: Estimate, name: BucketName) -> int:
+    return est.bucket(name).bytes
+
+
+def _loss_item_bytes(est: Estimate) -> int:
+    return sum(i.bytes for i in est.bucket(BucketName.ACTIVATIONS).items
+               if i.key == "activations.loss")
+
+
+def _critic_setup(setup: RLSetup) -> TrainingSetup:
+    return policy_setup(setup)
+
+
+def _has_reward_model(setup: RLSetup) -> bool:
+    return setup.algo is Algo.PPO or setup.reward_model
+
+
+def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstimate:
+    """Per-GPU memory of one RL step of `model` under `setup` on GPUs of `gpu_memory_bytes`."""
+    pol = sft_estimate(model, policy_setup(setup))
+    reference = setup.effective_reference
+    models: list[ModelRole] = []
+    warnings: list[str] = []
+
+    pol_weights = _bucket(pol, BucketName.WEIGHTS)
+    pol_grads = pol.gradient_bytes_total
+    pol_opt = _bucket(pol, BucketName.OPTIMIZER)
+    pol_acts = _bucket(pol, BucketName.ACTIVATIONS) - _loss_item_bytes(pol)
+    rl_logits = logits_bytes(model, setup)
+    models.append(ModelRole(role="policy", method=setup.policy.method.value,
+                            bytes=pol_weights + pol_grads + pol_opt,
+                            note="SFT estimate: weights + gradients + optimizer"))
+
+    # Frozen models: reference and reward.
+    frozen_weights = 0
+    frozen_forward = 0
+    if reference is Reference.MODEL:
+        w = frozen_weight_bytes(model, setup)
+        frozen_weights += w
+        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup)
+                             + forward_logits_bytes(model, setup))
+        models.append(ModelRole(role="reference", method="frozen", bytes=w,
+                                note="a frozen 16-bit copy"))
+    elif reference is Reference.ADAPTER_OFF:
+        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup)
+                             + forward_logits_bytes(model, setup))
+        models.append(ModelRole(role="reference", method="adapter-off", bytes=0,
+                                note="the policy's base with adapters disabled: no weights"))
+    elif reference is Reference.PRECOMPUTED:
+        models.append(ModelRole(role="reference", method="precomputed", bytes=0,
+                                note="log-probs computed before training"))
+    if _has_reward_model(setup):
+        w = frozen_weight_bytes(model, setup)
+        frozen_weights += w
+        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup))
+        models.append(ModelRole(role="reward", method="frozen", bytes=w,
+                                note="a frozen 16-bit sequence classifier of the policy's size"))
+
+    # The critic (PPO): trained like the policy, with a scalar head (no vocabulary logits).
+    critic_state = 0
+    critic_acts = 0
+    if setup.algo is Algo.PPO:
+        critic = sft_estimate(model, _critic_setup(setup))
+        critic_state = (_bucket(critic, BucketName.WEIGHTS) + critic.gradient_bytes_total
+                        + _bucket(critic, BucketName.OPTIMIZER))
+        critic_acts = _bucket(critic, BucketName.ACTIVATIONS) - _loss_item_bytes(critic)
+        models.append(ModelRole(role="critic", method=setup.policy.method.value,
+                                bytes=critic_state, note="value model, trained"))
+
+    # The rollout engine.
+    context = pol.bucket(BucketName.OVERHEAD).items
+    context_bytes = sum(i.bytes for i in context if i.key == "overhead.context")
+    allocator_bytes = sum(i.bytes for i in context if i.key != "overhead.context")
+    resident_at_start = pol_weights + frozen_weights + context_bytes
+    engine_items: Items = []
+    kv_report: KvReport | None = None
+    rollout_weights = 0
+    pool = 0
+    graphs = 0
+    engine_working = 0
+    host = pol.host_bytes
+    server = setup.rollout is Rollout.SERVER
+    if setup.uses_engine:
+        shared = setup.rollout is Rollout.SHARED
+        rollout_weights = 0 if shared else eng.engine_weight_bytes(model)
+        counted_weights = eng.engine_weight_bytes(model)
+        engine_working = eng.engine_working_bytes(model)
+        graphs = eng.CUDA_GRAPH_BYTES
+        free_at_start = gpu_memory_bytes - (context_bytes if server else resident_at_start)
+        requested = eng.requested_bytes(setup.engine, setup.gpu_memory_utilization,
+                                        gpu_memory_bytes, free_at_start)
+        if setup.engine.value == "vllm" and requested > free_at_start:
+            warnings.append(
+                f"gpu_memory_utilization: {setup.gpu_memory_utilization} asks vLLM for "
+                f"{requested / 2**30:.1f} GiB but only {free_at_start / 2**30:.1f} GiB is free "
+                "when it starts (vLLM >= 0.7 counts a share of TOTAL memory): it refuses to "
+                "start")
+        pool = eng.kv_pool_bytes(requested, counted_weights, engine_working, graphs)
+        prompts_per_engine = setup.batch * (
+            ceil_div(setup.policy.n_gpus, setup.rollout_gpus) if server else 1)
+        sequences = prompts_per_engine * setup.effective_generations
+        blocks = kv_cache.blocks_needed(sequences, setup.seq_len)
+        pool_blocks = kv_cache.pool_blocks(model, pool)
+        at_once = kv_cache.sequences_in_pool(model, pool, setup.seq_len)
+        needed = kv_cache.kv_cache_bytes(model, sequences, setup.seq_len)
+        kv_report = KvReport(sequences=sequences, tokens_per_sequence=setup.seq_len,
+                             blocks_needed=blocks, needed_bytes=needed, pool_bytes=pool,
+                             pool_blocks=pool_blocks, sequences_at_once=at_once)
+        if at_once == 0:
+            warnings.append(
+                f"gpu_memory_utilization: the KV pool ({pool / 2**30:.2f} GiB) cannot hold one "
+                f"sequence of prompt_len + completion_len = {setup.seq_len} tokens; the engine "
+                "refuses to start")
+        elif at_once < sequences:
+            warnings.append(
+                f"num_generations: batch × num_generations = {sequences} sequences need "
+                f"{blocks} KV blocks ({needed / 2**30:.2f} GiB) but the pool holds "
+                f"{pool_blocks} ({pool / 2**30:.2f} GiB): only {at_once} run at once, the rest "
+                "wait (slower, no OOM)")
+        engine_items = [
+            (RLBucket.ROLLOUT_WEIGHTS, _item(
+                "rollout.weights", "engine weights (16-bit)", "params × 2 B",
+                rollout_weights, "vLLM loads the merged bf16 model")),
+            (RLBucket.KV_CACHE, _item(
+                "rollout.kv_pool", "engine KV pool",
+                "budget − weights − profiled forward − CUDA graphs (all of it is reserved)",
+                pool, "vllm/v1/core/kv_cache_utils.py get_num_blocks")),
+            (RLBucket.ACTIVATIONS, _item(
+                "rollout.working", "engine's profiled forward",
+                f"3 · 2 B · {eng.PROFILE_TOKENS} tokens · widest + sampler logits",
+                engine_working)),
+            (RLBucket.OVERHEAD, _item(
+                "rollout.cuda_graphs", "CUDA graphs", "typical figure (assumption)", graphs)),
+        ]
+        if shared:
+            models.append(ModelRole(role="rollout", method="shared weights", bytes=pool,
+                                    note="Unsloth: vLLM reads the policy's weights"))
+        else:
+            models.append(ModelRole(role="rollout", method=setup.engine.value,
+                                    bytes=rollout_weights + pool))
+
+    # Weight sync: the trainer hands the engine its weights once per step.
+    sync = 0
+    if setup.uses_engine and setup.rollout is not Rollout.SHARED:
+        if setup.sharded_weights and setup.policy.trains_adapters:
+            sync = model.n_params * BF16_BYTES  # TRL gathers every ZeRO-3 shard to merge
+        else:
+            sync = model.vocab_size * model.hidden_size * BF16_BYTES  # one tensor at a time
+
+    # ---- generation phase ----
+    gen: Items = []
+    if server:
+        gen = [(b, i) for b, i in engine_items]
+        gen.append((RLBucket.ROLLOUT_WEIGHTS, _item(
+            "rollout.sync", "weight-sync receive buffer", "largest tensor, 16-bit", sync)))
+        gen.append((RLBucket.OVERHEAD, _item("overhead.context", "CUDA context",
+                                             "per process", context_bytes)))
+        gen_group = "rollout"
+    else:
+        gen = [
+            (RLBucket.WEIGHTS, _item("policy.weights", "policy weights", "SFT estimate",
+                                     pol_weights)),
+            (RLBucket.WEIGHTS, _item("frozen.weights", "reference + reward weights",
+                                     "params × 2 B each", frozen_weights)),
+            (RLBucket.OPTIMIZER, _item("policy.optimizer", "optimizer states (kept)",
+                                       "SFT estimate", pol_opt)),
+            (RLBucket.OPTIMIZER, _item("critic.state", "critic weights + optimizer",
+                                       "SFT estimate", critic_state)),
+            (RLBucket.OVERHEAD, _item("overhead.context", "CUDA context", "per process",
+                                      context_bytes)),
+        ]
+        if setup.uses_engine:
+            gen += engine_items
+            gen.append((RLBucket.ROLLOUT_WEIGHTS, _item(
+                "rollout.sync", "weight-sync copy", "one tensor (ZeRO-3 + PEFT: whole model)",
+                sync)))
+        elif setup.generates:  # transformers' generate on the policy itself
+            kv = setup.sequences_per_gpu * setup.seq_len * kv_cache.kv_bytes_per_token(model)
+            gen.append((RLBucket.KV_CACHE, _item(
+                "generate.kv", "generate()'s KV cache", "sequences · tokens · 2·L·kv·d·2 B",
+                kv, "Pope et al. 2022, §2")))
+            gen.append((RLBucket.ACTIVATIONS, _item(
+                "generate.logits", "last-token logits", "4 B · sequences · vocab",
+                FP32_BYTES * setup.sequences_per_gpu * model.vocab_size)))
+        gen_group = "training"
+
+    # ---- training phase ----
+    frozen_moment = frozen_forward
+    step_moment = pol_grads + pol_acts + rl_logits + critic_acts
+    train: Items = [
+        (RLBucket.WEIGHTS, _item("policy.weights", "policy weights", "SFT estimate",
+                                 pol_weights)),
+        (RLBucket.WEIGHTS, _item("frozen.weights", "reference + reward weights",
+                                 "params × 2 B each", frozen_weights)),
+        (RLBucket.OPTIMIZER, _item("policy.optimizer", "optimizer states", "SFT estimate",
+                                   pol_opt)),
+        (RLBucket.OPTIMIZER, _item("critic.state", "critic weights + optimizer",
+                                   "SFT estimate", critic_state)),
+        (RLBucket.OVERHEAD, _item("overhead.training", "CUDA context + allocator slack",
+                                  "SFT estimate", context_bytes + allocator_bytes)),
+    ]
+    if step_moment >= frozen_moment:
+        train += [
+            (RLBucket.GRADIENTS, _item("policy.gradients", "policy gradients", "SFT estimate",
+                                       pol_grads)),
+            (RLBucket.ACTIVATIONS, _item("policy.activations", "policy activations (no loss)",
+                                         "SFT estimate less its loss term", pol_acts)),
+            (RLBucket.ACTIVATIONS, _item("policy.logits", "RL loss logits",
+                                         "bf16: 4 B · rows · vocab; fp32: 16 B", rl_logits,
+                                         "vram/trace/rl_loss.py (TRL's loss traced)")),
+            (RLBucket.ACTIVATIONS, _item("critic.activations", "critic activations",
+                                         "SFT estimate less its loss term", critic_acts)),
+        ]
+    else:
+        train.append((RLBucket.ACTIVATIONS, _item(
+            "frozen.forward", "reference / reward forward (no grad)",
+            "one layer's working set + log-prob logits", frozen_forward)))
+    if setup.uses_engine and not server:
+        if setup.sleep == 0:
+            train += [(b, i) for b, i in engine_items if i.key != "rollout.working"]
+        else:
+            train.append((RLBucket.OVERHEAD, _item(
+                "rollout.cuda_graphs", "CUDA graphs (sleep keeps them)",
+                "typical figure (assumption)", graphs)))
+            if setup.sleep == 1:
+                host += rollout_weights
+    train_group = "training"
+
+    result = RLEstimate(
+        model_name=model.name, setup=setup, gpu_memory_bytes=gpu_memory_bytes,
+        generation=PhaseEstimate(name=PhaseName.GENERATION, gpu_group=gen_group,
+                                 items=tuple(gen)),
+        training=PhaseEstimate(name=PhaseName.TRAINING, gpu_group=train_group,
+                               items=tuple(train)),
+        host_bytes=host, models=tuple(models), kv=kv_report, warnings=tuple(warnings))
+    return result
+
+
+__all__ = ["estimate", "forward_logits_bytes", "logits_bytes", "policy_setup"]
