@@ -31,7 +31,8 @@ class _CappedLoader(yaml.SafeLoader):
         self._depth = 0
         self._aliases = 0
 
-    def compose_node(self, parent: Node | None, index: object) -> Node | None:
+    # `index` is typed as types-PyYAML types it (PyYAML passes a key node for mappings too).
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
