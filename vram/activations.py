@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from vram.attention import Kernel, attention_kernel, mask_bytes, needs_mask
 from vram.head import HeadActivations, head_activations
+from vram.memo import memoized, per_token_key
 from vram.numerics import FP32, Numerics, numerics, zero_half_model
 from vram.params import is_targeted, targeted_roles
 from vram.setup import Attention, Method, Offload, TrainingSetup
@@ -670,7 +671,9 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     """Activation memory of one micro-batch."""
     n = numerics(setup, profile)
     tokens = setup.micro_batch * setup.seq_len
-    layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
+    layers = memoized(model, ("layers", *per_token_key(setup)),
+                      lambda: [layer_activations(model, stack, setup, profile)
+                               for stack in model.stacks])
     head = head_activations(model, setup, profile)
     assert head.kept_per_token is not None  # head_activations always decides it
     per_layer_max = max(layer.bytes_per_token for layer in layers) * tokens

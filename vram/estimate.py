@@ -29,6 +29,7 @@ from vram.deepspeed_zero import (
     step_copies_bytes,
 )
 from vram.inference import inference_estimate
+from vram.memo import memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import STORAGE_BYTES, ParamGroup, Storage, param_groups, trainable_params
@@ -461,12 +462,13 @@ def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPl
         inputs={"tokens": plan.tokens}, bytes=plan.previous_step_bytes,
         source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
     )] if plan.previous_step_bytes else []
+    saved = _saved_layer_items(model, setup, plan)  # the same in the forward and the backward
     return StepContext(
         model=model, setup=setup, plan=plan, grads=grads, working=working,
         step_temp_bytes=step_temp, in_backward=in_backward,
         accumulated_bytes=grads.total if setup.grad_accum > 1 and not in_backward else 0,
-        layers=_layer_items(model, setup, plan, forward=False),
-        forward_layers=_layer_items(model, setup, plan, forward=True), previous=previous,
+        layers=_mask_items(setup, plan, forward=False) + saved,
+        forward_layers=_mask_items(setup, plan, forward=True) + saved, previous=previous,
         bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
     )
 
@@ -706,15 +708,14 @@ def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
     )
 
 
-def _layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan, *,
-                 forward: bool) -> list[LineItem]:
-    """What the layers keep from forward for backward (and the causal mask they share)."""
-    mask = [LineItem(
+def _mask_items(setup: TrainingSetup, plan: act.ActivationPlan, *,
+                forward: bool) -> list[LineItem]:
+    """The causal mask the layers share, beside what they keep (`_saved_layer_items`)."""
+    return [LineItem(
         key="activations.mask", label="causal attention mask (eager/math attention)",
         formula="batch × s × s × e (one per window kind)", inputs={"seq": setup.seq_len},
         bytes=plan.mask_bytes, source="transformers masking_utils: a 4-D additive mask",
     )] if plan.mask_bytes and (forward or setup.grad_ckpt) else []
-    return mask + _saved_layer_items(model, setup, plan)
 
 
 def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
@@ -800,20 +801,56 @@ def _deepspeed_zero3(setup: TrainingSetup, groups: list[ParamGroup], shards: Sha
                        step_copies_bytes(partition, grad_dtype, master_dtype))
 
 
-def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
-    """Per-GPU memory of one training step of `model` under `setup`."""
+@dataclass(frozen=True, slots=True)
+class StatePart:
+    """What does not depend on the batch or the sequence: the stack's behaviours, the
+    parameter groups, and the weights, gradients and optimizer parts built from them."""
+
+    profile: StackProfile
+    groups: list[ParamGroup]
+    shards: Shards
+    weight_items: list[LineItem]
+    host: int
+    optimizer: OptimizerPart
+    grads: GradientPart
+    working: dict[Stage, list[LineItem]]
+
+
+#: Setup fields no part of `StatePart` reads (a sweep over them reuses one `StatePart`).
+TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
+
+
+def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     profile = profile_for(setup)
     groups = param_groups(model, setup, profile)
     shards = shards_of(setup)
+    weight_items, host = _weight_items(model, setup, profile, groups, shards)
+    return StatePart(
+        profile=profile, groups=groups, shards=shards, weight_items=weight_items, host=host,
+        optimizer=_optimizer_part(model, groups, setup, profile, shards),
+        grads=_gradient_part(model, setup, groups, shards),
+        working={stage: _working_items(model, setup, profile, groups, shards, stage)
+                 for stage in Stage})
+
+
+def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
+    """`_state_part`, remembered per model for setups equal but for batch and sequence."""
+    return memoized(model, ("state", setup_key(setup, TOKEN_FIELDS)),
+                    lambda: _state_part(model, setup))
+
+
+def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
+    """Per-GPU memory of one training step of `model` under `setup`."""
+    part = state_part(model, setup)
+    profile, groups, shards = part.profile, part.groups, part.shards
     plan = act.plan(model, setup, profile)
 
-    weight_items, host = _weight_items(model, setup, profile, groups, shards)
+    weight_items, host = part.weight_items, part.host
     weights = sum(item.bytes for item in weight_items)
-    optimizer = _optimizer_part(model, groups, setup, profile, shards)
+    optimizer = part.optimizer
     opt_bytes = sum(item.bytes for item in optimizer.items)
-    grads = _gradient_part(model, setup, groups, shards)
-    working = {stage: _working_items(model, setup, profile, groups, shards, stage)
-               for stage in Stage}
+    grads = part.grads
+    working = part.working
     zero = _deepspeed_zero3(setup, groups, shards, grads)
     moments = _moments(model, setup, plan, grads, working,
                        optimizer.step_temp_bytes + zero.step_copies_bytes)

@@ -19,6 +19,7 @@ from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
 from vram.estimate import estimate
 from vram.files import read_csv_rows
+from vram.memo import memoized
 from vram.overhead import cuda_context_bytes
 from vram.paths import data_dir
 from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
@@ -206,6 +207,13 @@ def too_small(setup: TrainingSetup, device_peak_bytes: int, gpus: Sequence[Gpu])
     ))
 
 
+def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
+    """The estimate's device peak, remembered per model: fit() asks for the same few setups
+    (one per GPU count) for every GPU of the catalog, and again on every call."""
+    return memoized(model, ("device_peak", setup),
+                    lambda: estimate(model, setup).device_peak_bytes)
+
+
 def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:
     """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall.
 
@@ -216,19 +224,23 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
     unsupported = tuple(sorted((g for g in catalog if not runs_precision(g, setup.precision)),
                                key=lambda g: g.memory_bytes))
     catalog = tuple(g for g in catalog if runs_precision(g, setup.precision))
-    peaks: dict[int, int] = {}
+    runs: dict[int, tuple[TrainingSetup, int]] = {}
     fits: list[FitOption] = []
     misses: list[FitOption] = []
     for gpu in catalog:
         best: FitOption | None = None
         first: FitOption | None = None
+        context = context_difference(gpu, setup)
         for count in _counts(gpu, setup):
-            if count not in peaks:
-                peaks[count] = estimate(model, _setup_for(setup, count)).device_peak_bytes
+            if count not in runs:
+                run = _setup_for(setup, count)
+                runs[count] = (run, _device_peak(model, run))
+            run, peak = runs[count]
+            if first is not None and peak + context > gpu.memory_bytes:
+                continue  # neither the first option nor a fit: no need to build it
             option = FitOption(
-                gpu=gpu, count=count, sharding=_setup_for(setup, count).sharding,
-                device_peak_bytes=peaks[count] + context_difference(gpu, setup),
-                usable_bytes=gpu.memory_bytes,
+                gpu=gpu, count=count, sharding=run.sharding,
+                device_peak_bytes=peak + context, usable_bytes=gpu.memory_bytes,
                 usd_per_hour=gpu.usd_per_hour * count if gpu.usd_per_hour else None,
             )
             first = first or option

@@ -9,17 +9,16 @@ token's logits.
 from __future__ import annotations
 
 from vram.architecture import ModelSpec
+from vram.memo import memoized
 from vram.params import STORAGE_BYTES, Storage, quantized_bytes
 from vram.result import InferenceEstimate, LineItem
 from vram.setup import Quant, TrainingSetup
 from vram.units import FP32_BYTES as FP32
 
 
-def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstimate:
-    """Memory to serve `model` for `setup.micro_batch` sequences of `setup.seq_len` tokens."""
-    quant = setup.effective_quant
+def _weights_item(model: ModelSpec, quant: Quant) -> LineItem:
+    """The served weights: 16-bit, or the layers' Linears in the quantized format."""
     e = 2
-    tokens = setup.micro_batch * setup.seq_len
     if quant is Quant.NONE:
         weights = model.n_params * e
         w_formula = "params × 2 B (16-bit)"
@@ -32,14 +31,32 @@ def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstim
             for s in model.stacks for ln in s.linears)
         w_formula = (f"layer Linears in {quant.value} ({STORAGE_BYTES[storage]:.3f} B/param), "
                      "rest 2 B")
-    kv = sum(2 * s.count * s.n_kv_heads * s.head_dim * e * tokens for s in model.stacks)
+    return LineItem(key="inference.weights", label="weights", formula=w_formula,
+                    inputs={"params": model.n_params}, bytes=weights)
+
+
+def _per_token(model: ModelSpec) -> tuple[int, int]:
+    """The KV cache's bytes per token over every layer, and the widest layer activation."""
+    e = 2
+    kv = sum(2 * s.count * s.n_kv_heads * s.head_dim * e for s in model.stacks)
     widest = max(max(s.intermediate_size * max(1, s.experts_per_token), s.n_heads * s.head_dim)
                  for s in model.stacks)
+    return kv, widest
+
+
+def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstimate:
+    """Memory to serve `model` for `setup.micro_batch` sequences of `setup.seq_len` tokens.
+    What depends on the model alone is remembered per model (`vram.memo`)."""
+    quant = setup.effective_quant
+    e = 2
+    tokens = setup.micro_batch * setup.seq_len
+    weights = memoized(model, ("inference.weights", quant), lambda: _weights_item(model, quant))
+    kv_per_token, widest = memoized(model, "inference.per_token", lambda: _per_token(model))
+    kv = kv_per_token * tokens
     working = 3 * e * tokens * widest
     logits = FP32 * setup.micro_batch * model.vocab_size
     items = (
-        LineItem(key="inference.weights", label="weights", formula=w_formula,
-                 inputs={"params": model.n_params}, bytes=weights),
+        weights,
         LineItem(key="inference.kv_cache", label="KV cache",
                  formula="2 · layers · kv_heads · head_dim · 2 B · batch · tokens",
                  inputs={"batch": setup.micro_batch, "tokens": setup.seq_len}, bytes=kv,

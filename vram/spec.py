@@ -13,6 +13,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict
 
+from vram.memo import memoized
+
 
 class Role(StrEnum):
     """What a Linear layer does, independent of how a family names it."""
@@ -211,18 +213,19 @@ class ModelSpec(BaseModel):
 
     @property
     def layer_params(self) -> int:
-        return sum(stack.params for stack in self.stacks)
+        return memoized(self, "layer_params",
+                        lambda: sum(stack.params for stack in self.stacks))
 
     @property
     def n_params(self) -> int:
         """Total parameters, as `model.num_parameters()` counts them."""
-        return (
+        return memoized(self, "n_params", lambda: (
             self.embedding_params
             + self.embedding_extra_params
             + self.layer_params
             + self.extra_params
             + self.head_params
-        )
+        ))
 
     @property
     def n_layers(self) -> int:
