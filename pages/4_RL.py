@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram.rl as rl
-from ui import data
+from ui import data, text
 from ui.charts import format_bytes
 from ui.rl_view import (
     ALGOS,
@@ -57,11 +57,11 @@ def _widgets() -> None:
 
 
 def main() -> None:
+    data.stop_if_gpu_list_is_bad()
     errors = _init_state()
     st.title("RL post-training: generation and training, phase by phase")
     if errors:
-        st.error("Some settings in the link could not be used:\n\n"
-                 + "\n".join(f"- {line}" for line in errors))
+        text.error(errors, lead="**Some settings in the link could not be used.**")
     models = [e.slug for e in data.catalog()]
     gpus = data.gpus()
     gpu_ids = [g.id for g in gpus]
@@ -69,8 +69,8 @@ def main() -> None:
     for key, options, default in (("rl_model", models, "qwen2.5-7b-instruct"),
                                   ("rl_gpu", gpu_ids, "h100-sxm")):
         if state[key] not in options:
-            st.error(f"URL parameter `{key}`: {str(state[key])[:40]!r} is not in the list. "
-                     f"Using the default, {default}.")
+            text.error([f"URL parameter {key}: {str(state[key])[:40]!r} is not in the list. "
+                        f"Using the default, {default}."])
             state[key] = default
     a, b = st.columns(2)
     model_slug = a.selectbox("Model", models, key="rl_model")
@@ -80,7 +80,7 @@ def main() -> None:
     st.query_params.from_dict(rl_query(state))
     setup, message = rl_setup(state)
     if setup is None:
-        st.error(message)
+        text.error([message])
         return
     gpu = next(g for g in gpus if g.id == gpu_id)
     model = data.catalog_model(model_slug)

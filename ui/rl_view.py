@@ -94,7 +94,9 @@ def rl_defaults() -> dict[str, Any]:
 def parse_rl_query(query: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
     """The page's values from the URL, and one message per parameter that was ignored."""
     values: dict[str, Any] = {}
-    errors: list[str] = []
+    errors: list[str] = [
+        f"URL parameter {key[:40]!r} (= {str(query[key])[:60]!r}) is unknown on this page; it "
+        "reads " + ", ".join(RL_KEYS) + "." for key in query if key not in RL_KEYS]
     for param in RL_PARAMS:
         if param.key not in query:
             continue

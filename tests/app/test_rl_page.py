@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 import vram
 import vram.rl as rl
 from ui.rl_view import parse_rl_query, rl_query
+from ui.text import shown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,7 +60,7 @@ def test_rl_page_bad_url_value_is_named() -> None:
     at = _page()
     at.query_params.update({"rl_gens": "99999", "rl_model": "no-such-model"})
     at.run()
-    messages = " ".join(e.value for e in at.error)
+    messages = " ".join(shown(e.value) for e in at.error)  # as a reader sees the escaped text
     assert "rl_gens" in messages and "rl_model" in messages
 
 
