@@ -74,8 +74,11 @@ def seeds(unit: charts.Unit) -> None:
             f"{charts.format_bytes(held, unit)} ({held / est.params.total:.1f} B per "
             f"parameter of {est.params.total:,}), peak "
             f"{charts.format_bytes(est.device_peak_bytes, unit)} per GPU with activations and "
-            f"overhead. [Open it in the calculator]({link})"
+            "overhead."
         )
+        # The app's own link (built from the seed's constants), kept out of the caption, where
+        # the page echoes state and no link belongs.
+        st.markdown(f"[Open it in the calculator]({link})")
 
 
 def exercises() -> None:
