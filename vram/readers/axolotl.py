@@ -27,6 +27,7 @@ from vram.readers.mapper import Mapper, shown
 from vram.readers.parallel import map_deepspeed, map_fsdp
 from vram.readers.report import ReadResult
 from vram.readers.vocab import attention_from_hf, map_targets, precision_for
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "axolotl@067b021 (main after v0.18.0)"
 SCHEMA = "axolotl src/axolotl/utils/schemas/config.py@067b021"
@@ -71,7 +72,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None) -> ReadResult:
     else:
         m.default("grad_accum", 1, f"gradient_accumulation_steps 1 ({TRAINING})")
     if m.has("sequence_len"):
-        m.set("seq_len", m.int_key("sequence_len", high=4 * 1024 * 1024), "sequence_len")
+        m.set("seq_len", m.int_key("sequence_len", high=MAX_SEQ_LEN), "sequence_len")
     else:
         m.default("seq_len", 512, f"sequence_len 512 ({SCHEMA})")
     packing = m.bool_key("sample_packing")
@@ -139,7 +140,7 @@ def _method(m: Mapper) -> str:
 
 def _lora(m: Mapper) -> None:
     if m.has("lora_r"):
-        m.set("lora_rank", m.int_key("lora_r", high=4096), "lora_r")
+        m.set("lora_rank", m.int_key("lora_r", high=MAX_LORA_RANK), "lora_r")
     else:
         raise TrainingConfigError("lora_r", "an adapter needs lora_r (axolotl has no default)")
     if m.has("lora_dropout"):

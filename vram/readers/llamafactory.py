@@ -22,12 +22,14 @@ from vram.readers.common import (
     TRANSFORMERS,
     check_one_of,
     map_hf_optimizer,
+    map_training_args_batch,
     resolve_model,
 )
 from vram.readers.mapper import Mapper, shown
 from vram.readers.parallel import map_deepspeed, map_fsdp
 from vram.readers.report import ReadResult
 from vram.readers.vocab import attention_from_hf, map_targets, precision_for
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "LLaMA-Factory@ff6d4d1 (main after v0.9.5)"
 HPARAMS = "LLaMA-Factory src/llamafactory/hparams"
@@ -111,7 +113,7 @@ def _method(m: Mapper) -> str:
             raise TrainingConfigError("quantization_bit", f"{bits}: bitsandbytes takes 4 or 8")
         m.set("method", "qlora", "finetuning_type", kind, f"LoRA on a {bits}-bit base")
     if m.has("lora_rank"):
-        m.set("lora_rank", m.int_key("lora_rank", high=4096), "lora_rank")
+        m.set("lora_rank", m.int_key("lora_rank", high=MAX_LORA_RANK), "lora_rank")
     else:
         m.default("lora_rank", 8, f"lora_rank 8 ({FINETUNING})")
     if m.has("lora_dropout"):
@@ -137,18 +139,9 @@ def _method(m: Mapper) -> str:
 
 
 def _batch(m: Mapper) -> None:
-    if m.has("per_device_train_batch_size"):
-        m.set("micro_batch", m.int_key("per_device_train_batch_size"),
-              "per_device_train_batch_size")
-    else:
-        m.default("micro_batch", 8, f"per_device_train_batch_size 8 ({TRAINING_ARGS})")
-    if m.has("gradient_accumulation_steps"):
-        m.set("grad_accum", m.int_key("gradient_accumulation_steps"),
-              "gradient_accumulation_steps")
-    else:
-        m.default("grad_accum", 1, f"gradient_accumulation_steps 1 ({TRAINING_ARGS})")
+    map_training_args_batch(m)
     if m.has("cutoff_len"):
-        m.set("seq_len", m.int_key("cutoff_len", high=4 * 1024 * 1024), "cutoff_len")
+        m.set("seq_len", m.int_key("cutoff_len", high=MAX_SEQ_LEN), "cutoff_len")
     else:
         m.default("seq_len", 2048, f"cutoff_len 2048 ({DATA_ARGS})")
     for key in ("packing", "neat_packing"):

@@ -23,6 +23,7 @@ from vram.readers.mapper import Mapper, shown
 from vram.readers.report import ReadResult
 from vram.readers.safe_yaml import parse_mapping
 from vram.readers.vocab import TORCHTUNE_OPTIMIZERS, map_targets
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "torchtune@bd2a0fc (main after v0.6.1)"
 RECIPES = "torchtune recipes/*_finetune_*.py@bd2a0fc"
@@ -212,7 +213,8 @@ def _method(m: Mapper, builder: str, model: dict[str, Any]) -> None:
     rank = model.get("lora_rank")
     if rank is None:
         raise TrainingConfigError("model.lora_rank", "a LoRA builder needs lora_rank")
-    m.set("lora_rank", m.int_key("model.lora_rank", rank, high=4096), "model.lora_rank", rank)
+    m.set("lora_rank", m.int_key("model.lora_rank", rank, high=MAX_LORA_RANK),
+          "model.lora_rank", rank)
     dropout = model.get("lora_dropout")
     if dropout is not None:
         m.set("lora_dropout", m.float_key("model.lora_dropout", dropout, high=0.99),
@@ -248,7 +250,7 @@ def _batch(m: Mapper, data: dict[str, Any]) -> None:
     tokenizer = data.get("tokenizer")
     seq = tokenizer.get("max_seq_len") if isinstance(tokenizer, dict) else None
     if seq is not None:
-        m.set("seq_len", m.int_key("tokenizer.max_seq_len", seq, high=4 * 1024 * 1024),
+        m.set("seq_len", m.int_key("tokenizer.max_seq_len", seq, high=MAX_SEQ_LEN),
               "tokenizer.max_seq_len", seq)
     else:
         m.default("seq_len", 2048, "vram's default: tokenizer.max_seq_len is null, so "

@@ -21,12 +21,14 @@ from vram.readers.common import (
     check_one_of,
     map_hf_optimizer,
     map_reentrant,
+    map_training_args_batch,
     resolve_model,
 )
 from vram.readers.mapper import Mapper, shown
 from vram.readers.parallel import map_deepspeed, map_fsdp
 from vram.readers.report import ReadResult
 from vram.readers.vocab import attention_from_hf, map_targets, precision_for
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 Trainer = Literal["sft", "dpo", "grpo", "training-arguments"]
 VERSION = "trl@f2cd577 (main after v1.9.0) + transformers@v5.24.0"
@@ -128,7 +130,7 @@ def _method(m: Mapper) -> str:
     else:
         m.set("method", "lora", "use_peft", True)
     if m.has("lora_r"):
-        m.set("lora_rank", m.int_key("lora_r", high=4096), "lora_r")
+        m.set("lora_rank", m.int_key("lora_r", high=MAX_LORA_RANK), "lora_r")
     else:
         m.default("lora_rank", 16, f"lora_r 16 ({MODEL})")
     if m.has("lora_dropout"):
@@ -155,17 +157,8 @@ def _method(m: Mapper) -> str:
 
 
 def _batch(m: Mapper, kind: Trainer) -> None:
-    if m.has("per_device_train_batch_size"):
-        m.set("micro_batch", m.int_key("per_device_train_batch_size"),
-              "per_device_train_batch_size")
-    else:
-        m.default("micro_batch", 8, f"per_device_train_batch_size 8 ({TRAINING_ARGS})")
-    if m.has("gradient_accumulation_steps"):
-        m.set("grad_accum", m.int_key("gradient_accumulation_steps"),
-              "gradient_accumulation_steps")
-    else:
-        m.default("grad_accum", 1, f"gradient_accumulation_steps 1 ({TRAINING_ARGS})")
-    high = 4 * 1024 * 1024
+    map_training_args_batch(m)
+    high = MAX_SEQ_LEN
     if kind == "grpo":
         prompt = m.int_key("max_prompt_length", high=high)
         completion = m.int_key("max_completion_length", high=high) or 512
