@@ -332,10 +332,14 @@ def _optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingS
              "under 1e5 values stay device memory)" if state.paged else "",
     )]
     if master:
+        per_param = profile.precision.master
         items.append(LineItem(
-            key="optimizer.master", label="fp32 master weights (mixed precision + ZeRO)",
-            formula="4 B × trainable params" + divided, inputs={}, bytes=master,
-            source="DeepSpeed bf16/fp16 optimizer",
+            key="optimizer.master",
+            label=f"{'fp32' if per_param == FP32 else '16-bit'} master weights (the optimizer's "
+                  "own copy)",
+            formula=f"{per_param} B × trainable params" + divided, inputs={}, bytes=master,
+            source="DeepSpeed bf16/fp16 optimizer; DeepSpeed ZeRO clones its master partition "
+                   "(deepspeed/runtime/zero/stage3.py@v0.18.4#L988-L990)",
         ))
     return OptimizerPart(items, state, paged, 0, state.step_temp_bytes // shards.optimizer)
 

@@ -100,7 +100,8 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
                                "logits and chunked fp32 cross-entropy")
     if model.final_softcap:
         norm += logits  # tanh(logits / cap) is kept for its backward (Gemma 2)
-    up = FP32 * vocab if profile.upcasts_logits else logits
+    # autocast runs cross_entropy (log_softmax) in fp32 whatever the stack does
+    up = FP32 * vocab if profile.upcasts_logits or n.autocast else logits
     # The loss's forward still runs inside autocast (its cached casts alive): the 16-bit
     # logits, their fp32 copy and the log-softmax (the trace: 10 bytes per token and entry).
     loss_forward = norm + (logits if up != logits else 0) + 2 * up

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from vram.setup import TrainingSetup
+from vram.setup import Precision, Sharding, TrainingSetup
 
 #: FSDP1 before PyTorch 2.2 kept frozen parameters unsharded through backward
 #: (pytorch/pytorch#95805, fixed by #101982 in 2.2).
@@ -20,6 +20,36 @@ def effective_fsdp_version(setup: TrainingSetup,
     """The FSDP implementation: the `fsdp_version` knob, else the stack's (None: the stack
     shards with DeepSpeed ZeRO, not FSDP)."""
     return setup.fsdp_version if setup.fsdp_version is not None else stack_default
+
+
+#: ZeRO stages DeepSpeed's engine runs (FSDP has no stage 1).
+ZERO_STAGES = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
+
+
+def runs_deepspeed_engine(setup: TrainingSetup, stack_default: Literal[1, 2] | None) -> bool:
+    """ZeRO through DeepSpeed's engine: ZeRO sharding with no FSDP version (the knob, else the
+    stack's)."""
+    return (setup.sharding in ZERO_STAGES
+            and effective_fsdp_version(setup, stack_default) is None)
+
+
+#: DeepSpeed's documented pure-bf16 config (bf16_master_weights_and_grads and
+#: bf16_optimizer_states) runs under its `torch_autocast` section: DeepSpeed
+#: blogs/core_api_update/README.md@20cfce004 "Example: Pure bf16 config with low-precision
+#: master state" (`"torch_autocast": {"enabled": true}`); DeepSpeedExamples
+#: training/bf16_master_weight/configs/bf16_full.json@ac3800b7 likewise. DeepSpeed's own
+#: default is off (deepspeed/runtime/config.py get_torch_autocast_enabled), so a mixed recipe
+#: under ZeRO runs its 16-bit model without it.
+DEEPSPEED_PURE_BF16_AUTOCAST = True
+
+
+def torch_autocast(setup: TrainingSetup, deepspeed_engine: bool) -> bool:
+    """torch.autocast over a 16-bit model: the knob, else on for bf16-true under DeepSpeed's
+    ZeRO engine (its documented low-precision config), else off."""
+    if setup.torch_autocast is not None:
+        return setup.torch_autocast
+    return (DEEPSPEED_PURE_BF16_AUTOCAST and deepspeed_engine
+            and setup.precision is Precision.BF16_TRUE)
 
 
 def torch_at_most(setup: TrainingSetup, version: tuple[int, int]) -> bool:

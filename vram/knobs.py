@@ -27,7 +27,7 @@ import annotated_types
 from pydantic import ValidationError
 
 from vram.errors import VramError
-from vram.knob_rules import effective_fsdp_version
+from vram.knob_rules import effective_fsdp_version, runs_deepspeed_engine, torch_autocast
 from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
 from vram.stack import ckpt_reentrant, stack_row
 
@@ -326,13 +326,14 @@ def error_lines(exc: ValidationError, name_of: Callable[[SetupKnob], str]) -> li
 def _resolved(setup: TrainingSetup) -> dict[str, object]:
     """Fields whose None means "the stack's default", resolved to what the run does."""
     sharded = setup.sharding.value in ("zero2", "zero3")
+    stack_fsdp = stack_row(setup.framework).default_fsdp_version
     return {
         "quant": setup.effective_quant,
         "loss": setup.effective_loss,
         "compile": setup.effective_compile,
         "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
-        "fsdp_version": (effective_fsdp_version(setup, stack_row(setup.framework)
-                                                .default_fsdp_version) if sharded else None),
+        "fsdp_version": effective_fsdp_version(setup, stack_fsdp) if sharded else None,
+        "torch_autocast": torch_autocast(setup, runs_deepspeed_engine(setup, stack_fsdp)),
     }
 
 

@@ -69,8 +69,8 @@ class PrecisionPolicy:
     @property
     def casts_weights(self) -> bool:
         """torch.autocast casts fp32 weights to 16 bits for each matmul (a mixed recipe that
-        does not run a 16-bit model)."""
-        return self.autocast and not self.half_model
+        does not run a 16-bit model; 16-bit weights need no cast)."""
+        return self.autocast and not self.half_model and self.weights == FP32_BYTES
 
     @property
     def bf16_without_autocast(self) -> bool:
@@ -124,11 +124,32 @@ def _adapter_input_bytes(setup: TrainingSetup, fp32_adapters: bool) -> int:
     return BF16_BYTES
 
 
-def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
-                     upcasts_frozen: bool) -> PrecisionPolicy:
+def _master_bytes(setup: TrainingSetup, trained: int, deepspeed_engine: bool) -> int:
+    """A mixed recipe whose trained parameters are 16-bit keeps an fp32 master copy of them.
+    DeepSpeed's ZeRO engine keeps its own master partition in every recipe: it clones the
+    model's partition into the master dtype (the trained dtype under bf16-true's
+    bf16_master_weights_and_grads, fp32 under fp32). Its ZeRO-3 would alias a partition
+    already in that dtype, but compares the tensor's `torch.device` with the string
+    `current_device_name()`, which is never equal, so it clones:
+    deepspeed/runtime/zero/stage3.py@v0.18.4#L981-L990 (_create_fp32_partitions),
+    deepspeed/runtime/zero/stage_1_and_2.py@v0.18.4#L449 (`detach().clone().to(dtype)`)."""
+    if is_mixed(setup) and trained == BF16_BYTES:
+        return FP32_BYTES
+    return trained if deepspeed_engine else 0
+
+
+def _autocast_16bit(setup: TrainingSetup, torch_autocast: bool) -> bool:
+    """torch.autocast over 16-bit weights (pure bf16, or ZeRO's 16-bit model)."""
+    return torch_autocast and (setup.precision is Precision.BF16_TRUE or runs_half_model(setup))
+
+
+def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool, upcasts_frozen: bool,
+                     deepspeed_engine: bool = False,
+                     torch_autocast: bool = False) -> PrecisionPolicy:
     """The dtype policy of `setup` on a stack that does (`fp32_adapters`) or does not upcast
     LoRA adapters, and does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen
-    16-bit parameters to fp32."""
+    16-bit parameters to fp32; `deepspeed_engine`: DeepSpeed's ZeRO engine shards it;
+    `torch_autocast`: torch.autocast runs over a 16-bit model (`vram.knob_rules`)."""
     mixed = is_mixed(setup)
     half_model = runs_half_model(setup)
     weights = _trained_weight_bytes(setup)
@@ -139,8 +160,7 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
     base_dtype = frozen == BF16_BYTES and not fp32_adapters
     adapters = BF16_BYTES if mixed and (half_model or base_dtype) else adapter_inputs
     trained = adapters if setup.trains_adapters else weights
-    # A mixed recipe whose trained parameters are 16-bit keeps an fp32 master copy of them.
-    master = FP32_BYTES if mixed and trained == BF16_BYTES else 0
+    master = _master_bytes(setup, trained, deepspeed_engine)
     if upcasts_frozen:
         # HF QLoRA after prepare_model_for_kbit_training: fp32 embeddings and norms, and
         # Linear4bit returns `out.to(input dtype)`, so activations stay fp32; each 4-bit Linear
@@ -152,6 +172,12 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
     elif setup.precision is Precision.FP32:
         compute, residual, autocast, attention, input_copy = (
             FP32_BYTES, FP32_BYTES, False, FP32_BYTES, False)
+    elif _autocast_16bit(setup, torch_autocast):
+        # autocast's fp32 list (layer_norm, softmax, cross_entropy) returns fp32: a LayerNorm's
+        # output, so the stream it feeds, is fp32 as over fp32 weights; the 16-bit weights
+        # need no casts (`casts_weights`)
+        compute, residual, autocast, attention, input_copy = (
+            BF16_BYTES, FP32_BYTES, True, BF16_BYTES, False)
     elif setup.precision is Precision.BF16_TRUE or half_model:
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, BF16_BYTES, False, BF16_BYTES, False)
@@ -160,7 +186,7 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
             BF16_BYTES, FP32_BYTES, True, BF16_BYTES, False)
     return PrecisionPolicy(
         weights=weights, frozen_weights=frozen, adapters=adapters, adapter_inputs=adapter_inputs,
-        gradients=trained, states=FP32_BYTES if master else trained, master=master,
+        gradients=trained, states=max(master, trained), master=master,
         compute=compute, residual=residual, attention=attention, autocast=autocast,
         input_copy_per_linear=input_copy, half_model=half_model,
         sixteen_bit=Dtype.FP16 if setup.precision is Precision.FP16_MIXED else Dtype.BF16,

@@ -263,14 +263,70 @@ class TrainingSetup(BaseModel):
         help="bitsandbytes version such as 0.41.1 (default: a current one, or one of "
              "PyTorch <= 2.1's time); up to 0.43.0 a 4-bit Linear kept its input for backward",
     )] = None
-    #: DeepSpeed ZeRO-3's reduce bucket in values; None: the stack's config, else DeepSpeed's
+    #: DeepSpeed ZeRO's reduce bucket in values; None: the stack's config, else DeepSpeed's
     #: default (5e8, deepspeed/runtime/zero/config.py@v0.16.0). No case-file column yet.
     zero_reduce_bucket_values: Annotated[int | None, Field(strict=True, ge=1, le=10**10), Knob(
         "ZeRO reduce bucket (values)", key="zbucket", flag="--zero-reduce-bucket",
         labels=(("auto", "the stack's, else DeepSpeed's 5e8"),),
         app_options=(50_000_000, 200_000_000, 500_000_000),
         help="DeepSpeed reduce_bucket_size: the IPG gradient bucket kept on each GPU under "
-             "ZeRO-3 (default: the stack's config, else 5e8 values)",
+             "ZeRO-1/2/3 (default: the stack's config, else 5e8 values)",
+    )] = None
+    #: DeepSpeed's overlap_comm; None: DeepSpeed's default (on for ZeRO-3, off for ZeRO-1/2:
+    #: deepspeed/runtime/zero/config.py@v0.16.0 overlap_comm_valid). ZeRO-1/2 then keep two
+    #: reduce buckets instead of one.
+    zero_overlap_comm: Annotated[bool | None, Field(strict=True), Knob(
+        "ZeRO overlap_comm", key="zoverlap", flag="--zero-overlap-comm",
+        labels=(("auto", "DeepSpeed's (ZeRO-3 on, ZeRO-1/2 off)"), ("true", "on"),
+                ("false", "off")),
+        help="DeepSpeed overlap_comm: ZeRO-1/2 double the reduce bucket (default: on for "
+             "ZeRO-3, off for ZeRO-1/2)",
+    )] = None
+    #: DeepSpeed ZeRO-3's stage3_prefetch_bucket_size in parameters; None: DeepSpeed's 5e7.
+    zero_prefetch_bucket_values: Annotated[int | None, Field(strict=True, ge=0, le=10**11), Knob(
+        "ZeRO-3 prefetch bucket (parameters)", key="zprefetch", flag="--zero-prefetch-bucket",
+        labels=(("auto", "DeepSpeed's 5e7"),),
+        app_options=(0, 10_000_000, 50_000_000, 200_000_000),
+        help="DeepSpeed stage3_prefetch_bucket_size: parameters gathered ahead of use "
+             "(default 5e7)",
+    )] = None
+    #: DeepSpeed ZeRO-3's stage3_max_live_parameters; None: DeepSpeed's 1e9.
+    zero_max_live_parameters: Annotated[int | None, Field(strict=True, ge=0, le=10**12), Knob(
+        "ZeRO-3 max live parameters", key="zlive", flag="--zero-max-live-parameters",
+        labels=(("auto", "DeepSpeed's 1e9"),),
+        app_options=(100_000_000, 500_000_000, 1_000_000_000),
+        help="DeepSpeed stage3_max_live_parameters: no prefetch beyond this many gathered "
+             "parameters (default 1e9)",
+    )] = None
+    #: DeepSpeed ZeRO-3's stage3_max_reuse_distance in parameters; None: DeepSpeed's 1e9.
+    zero_max_reuse_distance: Annotated[int | None, Field(strict=True, ge=0, le=10**12), Knob(
+        "ZeRO-3 max reuse distance (parameters)", key="zreuse", flag="--zero-max-reuse-distance",
+        labels=(("auto", "DeepSpeed's 1e9"),),
+        app_options=(0, 100_000_000, 500_000_000, 1_000_000_000),
+        help="DeepSpeed stage3_max_reuse_distance: a gathered parameter used again within "
+             "this many parameters stays gathered, so the forward keeps the last ~half of it "
+             "gathered for backward (default 1e9)",
+    )] = None
+    #: DeepSpeed ZeRO-3's stage3_param_persistence_threshold; None: DeepSpeed's 1e5.
+    zero_param_persistence_threshold: Annotated[int | None, Field(strict=True, ge=0, le=10**12),
+                                                Knob(
+        "ZeRO-3 persistence threshold (values)", key="zpersist",
+        flag="--zero-param-persistence-threshold",
+        labels=(("auto", "DeepSpeed's 1e5"),),
+        app_options=(0, 10_000, 100_000, 1_000_000),
+        help="DeepSpeed stage3_param_persistence_threshold: parameters smaller than this stay "
+             "whole on every GPU (default 1e5)",
+    )] = None
+    #: torch.autocast over a model whose weights are 16-bit (pure bf16, or a ZeRO engine's
+    #: 16-bit model): norms, softmax and the loss then run in fp32. None: DeepSpeed's
+    #: low-precision model states (bf16-true under its ZeRO engine) run with it, as its
+    #: documented config does; everything else without (`vram.knob_rules.torch_autocast`).
+    torch_autocast: Annotated[bool | None, Field(strict=True), Knob(
+        "torch.autocast over a 16-bit model", key="autocast", flag="--torch-autocast",
+        labels=(("auto", "DeepSpeed bf16-true: on; else off"), ("true", "on"), ("false", "off")),
+        help="torch.autocast over 16-bit weights (DeepSpeed's torch_autocast section): norms, "
+             "softmax and the loss run in fp32 (default: on for bf16-true under DeepSpeed "
+             "ZeRO, else off)",
     )] = None
     #: The CUDA context in MiB as nvidia-smi counts it; None: the GPU's (data/gpus.csv).
     context_mib: Annotated[int | None, Field(strict=True, ge=0, le=MAX_CONTEXT_MIB), Knob(

@@ -17,7 +17,12 @@ from types import MappingProxyType
 from typing import Literal
 
 from vram.errors import VramError
-from vram.knob_rules import bnb_keeps_matmul_input, fsdp1_keeps_frozen_unsharded
+from vram.knob_rules import (
+    bnb_keeps_matmul_input,
+    fsdp1_keeps_frozen_unsharded,
+    runs_deepspeed_engine,
+    torch_autocast,
+)
 from vram.precision import PrecisionPolicy, precision_policy
 from vram.setup import Framework, Loss, Method, Sharding, TrainingSetup
 from vram.units import Dtype
@@ -533,7 +538,10 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
     row = stack_row(setup.framework)
     qlora = setup.method is Method.QLORA
     upcasts = row.kbit_upcast and qlora and (row.kbit_upcast_sharded or not _sharded_qlora(setup))
-    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts)
+    deepspeed = runs_deepspeed_engine(setup, row.default_fsdp_version)
+    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts,
+                                 deepspeed_engine=deepspeed,
+                                 torch_autocast=torch_autocast(setup, deepspeed))
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
