@@ -23,8 +23,13 @@ from enum import Enum
 from vram import activations as act
 from vram.architecture import ModelSpec, Role
 from vram.deepspeed_zero import (
+    gathers_copies,
     ipg_bucket_bytes,
+    ipg_buckets,
+    live_parameters,
+    persistence_threshold,
     reduce_bucket_values,
+    runs_deepspeed_zero,
     runs_deepspeed_zero3,
     step_copies_bytes,
 )
@@ -86,6 +91,12 @@ class Moment:
     activation_items: list[LineItem] = field(default_factory=list)
     #: Gradients that exist only in this moment (a unit's whole gradients before reduction).
     extra_gradient_items: list[LineItem] = field(default_factory=list)
+    #: Parameters that exist only in this moment (DeepSpeed ZeRO-3's gathered ones).
+    weight_items: list[LineItem] = field(default_factory=list)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(item.bytes for item in self.weight_items)
 
     @property
     def gradients_total(self) -> int:
@@ -123,6 +134,10 @@ def _weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             source="bitsandbytes quantize_4bit (QLoRA §2)" if group.storage in QUANTIZED
             else "parameter count × dtype",
         ))
+    if runs_deepspeed_zero3(setup):
+        # DeepSpeed's coordinator, not FSDP's units: see `_deepspeed_live_items`
+        items.extend(_deepspeed_persistent_items(setup, groups, shards))
+        return items, host
     gathered = _gathered_bytes(model, setup, groups)
     if gathered or offload_params:
         gathered = max(gathered, 2 * sum(g.bytes for g in groups) // max(1, model.n_layers))
@@ -144,6 +159,79 @@ def _weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                    "(pytorch/pytorch#95805)",
         ))
     return items, host
+
+
+def _persistent_values_and_bytes(setup: TrainingSetup, groups: list[ParamGroup]
+                                 ) -> tuple[int, int]:
+    """Tensors under stage3_param_persistence_threshold values (norms, biases, small LoRA
+    matrices): DeepSpeed ZeRO-3 never partitions them."""
+    threshold = persistence_threshold(setup)
+    values = 0
+    size = 0.0
+    for group in groups:
+        for numel, count in group.tensors:
+            if numel < threshold:
+                values += numel * count
+                size += numel * count * STORAGE_BYTES[group.storage]
+    return values, int(size)
+
+
+def _deepspeed_persistent_items(setup: TrainingSetup, groups: list[ParamGroup],
+                                shards: Shards) -> list[LineItem]:
+    """The persistent parameters' whole copies, beyond the shard counted above (all of them
+    when the shards live in host memory)."""
+    _, persistent = _persistent_values_and_bytes(setup, groups)
+    if setup.offload is Offload.PARAMS_OPTIMIZER:
+        extra = persistent
+    else:
+        extra = persistent - persistent // shards.weights
+    if not extra:
+        return []
+    return [LineItem(
+        key="weights.persistent", label="small parameters kept whole (ZeRO-3 persistence)",
+        formula="tensors under stage3_param_persistence_threshold values, unpartitioned",
+        inputs={"threshold": persistence_threshold(setup)}, bytes=extra,
+        source="deepspeed/runtime/zero/config.py@v0.18.4#L220 "
+               "stage3_param_persistence_threshold (ds_persist)")]
+
+
+#: The moments from the end of the forward to the top layer's backward, when DeepSpeed
+#: ZeRO-3 still holds the parameters it keeps for reuse (`_moments` labels them).
+_FORWARD_GATHERED = frozenset({"the last layer's forward", "end of forward",
+                               "the output cast to fp32", "the loss",
+                               "the top layer's backward"})
+#: Later in the backward only the module running and the prefetch are gathered.
+_ONE_MODULE_GATHERED = frozenset({"the first layer's backward", "the embedding's backward"})
+
+
+def _deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
+                          moment_label: str) -> list[LineItem]:
+    """The whole parameters DeepSpeed ZeRO-3 holds gathered at a moment of the step
+    (`vram.deepspeed_zero.live_parameters`): from the end of the forward to the top layer's
+    backward, the last max_reuse_distance / 2 parameters of the forward and the prefetch;
+    later, the module running and the prefetch; none at the optimizer step."""
+    if not runs_deepspeed_zero3(setup) or not gathers_copies(setup):
+        return []
+    persistent_values, persistent_bytes = _persistent_values_and_bytes(setup, groups)
+    values = sum(g.n_params for g in groups) - persistent_values
+    if values <= 0:
+        return []
+    per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
+    largest = max(_largest_matrix(model, profile_for(setup)), model.vocab_size * model.hidden_size)
+    live = live_parameters(setup, values, largest)
+    if moment_label in _FORWARD_GATHERED:
+        gathered, what = live.total, "the forward's last max_reuse_distance/2 parameters"
+    elif moment_label in _ONE_MODULE_GATHERED:
+        gathered, what = min(values, largest + live.prefetched), "the module running"
+    else:
+        return []
+    return [LineItem(
+        key="weights.gathered", label="gathered parameters (DeepSpeed ZeRO-3)",
+        formula=f"{what} + the prefetch bucket, whole, × bytes per parameter",
+        inputs={"kept": live.kept_for_backward, "prefetched": live.prefetched},
+        bytes=int(gathered * per_value),
+        source="deepspeed/runtime/zero/partitioned_param_coordinator.py@v0.18.4#L553 "
+               "(stage3_max_reuse_distance), #L384 (prefetch, max_live_parameters)")]
 
 
 def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]) -> int:
@@ -783,26 +871,29 @@ def _overhead_items(setup: TrainingSetup, slack: int, paged: int,
 
 @dataclass(frozen=True, slots=True)
 class ZeroBuffers:
-    """DeepSpeed ZeRO-3's own device buffers (`vram.deepspeed_zero`)."""
+    """DeepSpeed ZeRO's own device buffers (`vram.deepspeed_zero`)."""
 
     preallocated_gradients: bool = False
     bucket_bytes: int = 0
     step_copies_bytes: int = 0
 
 
-def _deepspeed_zero3(setup: TrainingSetup, groups: list[ParamGroup], shards: Shards,
-                     grads: GradientPart) -> ZeroBuffers:
-    """The flat gradient partition (allocated at init), the reduce bucket and the step's
-    flattened and master-dtype gradient copies, when DeepSpeed's engine runs ZeRO-3 and the
-    gradients stay on the GPU."""
+def _deepspeed_zero(setup: TrainingSetup, groups: list[ParamGroup], shards: Shards,
+                    grads: GradientPart) -> ZeroBuffers:
+    """DeepSpeed's engine: the IPG reduce bucket(s) on the GPU (ZeRO-1/2/3, offloaded or
+    not); under ZeRO-3 with the gradients on the GPU, the flat gradient partition (allocated at
+    init) and the step's flattened and master-dtype gradient copies."""
     trainable = trainable_params(groups)
-    if not runs_deepspeed_zero3(setup) or not trainable or grads.host or not grads.total:
+    if not runs_deepspeed_zero(setup) or not trainable:
         return ZeroBuffers()
-    grad_dtype = max(1, round(grads.total * shards.gradients / trainable))
-    master_dtype = FP32 if _master_bytes(groups, profile_for(setup)) else grad_dtype
+    policy = profile_for(setup).precision
+    grad_dtype = policy.gradients
+    bucket = ipg_bucket_bytes(setup, grad_dtype)
+    if setup.sharding is not Sharding.ZERO3 or grads.host or not grads.total:
+        return ZeroBuffers(False, bucket)
+    master_dtype = policy.master or grad_dtype
     partition = trainable // shards.gradients
-    return ZeroBuffers(True, ipg_bucket_bytes(setup, grad_dtype),
-                       step_copies_bytes(partition, grad_dtype, master_dtype))
+    return ZeroBuffers(True, bucket, step_copies_bytes(partition, grad_dtype, master_dtype))
 
 
 @dataclass(frozen=True, slots=True)
@@ -855,17 +946,19 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = part.grads
     working = part.working
-    zero = _deepspeed_zero3(setup, groups, shards, grads)
+    zero = _deepspeed_zero(setup, groups, shards, grads)
     moments = _moments(model, setup, plan, grads, working,
                        optimizer.step_temp_bytes + zero.step_copies_bytes)
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
+    for moment in moments:
+        moment.weight_items = _deepspeed_live_items(model, setup, groups, moment.label)
 
     static = weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes
 
     activations = [m.activation_bytes for m in moments]
-    totals = [static + m.gradients_total + act_bytes
+    totals = [static + m.gradients_total + act_bytes + m.weight_bytes
               for m, act_bytes in zip(moments, activations, strict=True)]
     # The first of equal moments wins: the allocator reaches a peak at its first moment.
     peak_index = max(range(len(moments)), key=totals.__getitem__)
@@ -892,11 +985,14 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
             source="torch.nn.parallel.DistributedDataParallel"))
     if zero.bucket_bytes:
         grad_items.append(LineItem(
-            key="gradients.zero_buckets", label="DeepSpeed ZeRO-3 reduce bucket",
-            formula="reduce_bucket_size × gradient dtype bytes",
-            inputs={"reduce_bucket_values": reduce_bucket_values(setup)},
+            key="gradients.zero_buckets", label="DeepSpeed ZeRO reduce bucket"
+            + ("s (overlap_comm)" if ipg_buckets(setup) > 1 else ""),
+            formula="buckets × reduce_bucket_size × gradient dtype bytes",
+            inputs={"reduce_bucket_values": reduce_bucket_values(setup),
+                    "buckets": ipg_buckets(setup)},
             bytes=zero.bucket_bytes,
-            source="deepspeed/runtime/zero/stage3.py@v0.16.0 ipg_buckets[dtype].buffer"))
+            source="deepspeed/runtime/zero/stage3.py@v0.18.4#L611 ipg_buckets[dtype].buffer; "
+                   "stage_1_and_2.py@v0.18.4#L2239-L2251 (a second with overlap_comm)"))
     grad_items.extend(peak.extra_gradient_items)
 
     notes: list[str] = []
@@ -913,7 +1009,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     slack = max(0, reserved - allocated)
     overhead = _overhead_items(setup, slack, optimizer.paged_bytes, optimizer.state)
     buckets = (
-        Bucket(name=BucketName.WEIGHTS, items=tuple(weight_items)),
+        Bucket(name=BucketName.WEIGHTS, items=(*weight_items, *peak.weight_items)),
         Bucket(name=BucketName.GRADIENTS, items=tuple(grad_items)),
         Bucket(name=BucketName.OPTIMIZER, items=tuple(optimizer.items)),
         Bucket(name=BucketName.ACTIVATIONS, items=tuple(peak.activation_items)),

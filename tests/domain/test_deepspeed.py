@@ -75,3 +75,63 @@ def test_autocast_runs_the_loss_in_fp32(model: ModelSpec) -> None:
                     if i.key == "activations.loss")
     tokens, vocab = 4 * 512, 50_000
     assert loss(True) - loss(False) == 6 * tokens * vocab
+
+
+def _items(model: ModelSpec, bucket: str, **fields: object) -> dict[str, int]:
+    result = estimate(model, TrainingSetup.model_validate({**RUN, **fields}))
+    return {item.key: item.bytes for item in result.bucket(bucket).items}
+
+
+def test_zero3_keeps_the_forward_gathered_until_backward_on_several_gpus(model: ModelSpec
+                                                                         ) -> None:
+    """stage3_max_reuse_distance (1e9) keeps every module gathered whose next use (its own
+    backward) comes within 1e9 parameters: the whole 254M model at the loss, as 2-byte copies
+    beside the 4 shards. On one GPU the gathered parameter is the shard itself."""
+    four = _items(model, "weights", precision="bf16-mixed", n_gpus=4,
+                  zero_param_persistence_threshold=0)
+    assert four["weights.gathered"] == 2 * PARAMS
+    assert "weights.gathered" not in _items(model, "weights", precision="bf16-mixed")
+
+
+def test_small_parameters_persist_whole(model: ModelSpec) -> None:
+    """Under stage3_param_persistence_threshold (1e5 values) the biases and LayerNorms (13,312
+    values a layer) are never partitioned: whole on each GPU, and not in the gathered set."""
+    persistent = 12 * 13_312
+    four = _items(model, "weights", precision="bf16-mixed", n_gpus=4)
+    assert four["weights.gathered"] == 2 * (PARAMS - persistent)
+    assert four["weights.persistent"] == 2 * persistent - 2 * persistent // 4
+
+
+def test_reuse_distance_and_prefetch_are_knobs(model: ModelSpec) -> None:
+    """With no reuse distance only the module running (the 50,000 × 1,024 head) and the
+    prefetch bucket stay gathered; the prefetch stops at max_live_parameters."""
+    head = 50_000 * 1024
+    short = _items(model, "weights", precision="bf16-mixed", n_gpus=4, zero_max_reuse_distance=0,
+                   zero_prefetch_bucket_values=10_000_000)
+    assert short["weights.gathered"] == 2 * (head + 10_000_000)
+    capped = _items(model, "weights", precision="bf16-mixed", n_gpus=4, zero_max_reuse_distance=0,
+                    zero_prefetch_bucket_values=10_000_000, zero_max_live_parameters=head)
+    assert capped["weights.gathered"] == 2 * head
+
+
+def test_parameter_offload_gathers_copies_on_one_gpu(model: ModelSpec) -> None:
+    """With the shards in host memory, each gathered parameter is a device copy: the gathered
+    set is on the GPU even on one GPU (ZeRO-Offload's 'params on CPU' is not 'no params on
+    the GPU'), and so is the IPG bucket."""
+    offload = _items(model, "weights", precision="bf16-mixed", offload="params+optimizer",
+                     zero_param_persistence_threshold=0)
+    assert offload["weights.gathered"] == 2 * PARAMS
+    grads = _items(model, "gradients", precision="bf16-mixed", offload="params+optimizer")
+    assert grads["gradients.zero_buckets"] == 2 * 50_000_000
+
+
+def test_zero12_buckets_double_with_overlap_comm(model: ModelSpec) -> None:
+    """ZeRO-1/2 keep one IPG bucket in the model dtype, a second with overlap_comm (off by
+    default there; ZeRO-3 keeps one either way)."""
+    def bucket(**fields: object) -> int:
+        return _items(model, "gradients", precision="bf16-mixed", n_gpus=4,
+                      **fields)["gradients.zero_buckets"]
+    assert bucket(sharding="zero2") == 2 * 50_000_000
+    assert bucket(sharding="zero2", zero_overlap_comm=True) == 2 * 2 * 50_000_000
+    assert bucket(sharding="zero1", zero_reduce_bucket_values=10_000_000) == 2 * 10_000_000
+    assert bucket(sharding="zero3", zero_overlap_comm=True) == 2 * 50_000_000
