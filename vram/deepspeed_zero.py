@@ -88,7 +88,10 @@ def _knob(value: int | None, default: int) -> int:
 
 
 def persistence_threshold(setup: TrainingSetup) -> int:
-    return _knob(setup.zero_param_persistence_threshold, DEEPSPEED_PERSISTENCE_THRESHOLD)
+    """The knob, else the stack's config, else DeepSpeed's 1e5."""
+    default = stack_row(setup.framework).default_zero_param_persistence_threshold
+    return _knob(setup.zero_param_persistence_threshold,
+                 _knob(default, DEEPSPEED_PERSISTENCE_THRESHOLD))
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,34 +204,36 @@ _FORWARD_GATHERED = frozenset({"the last layer's forward", "end of forward",
 _ONE_MODULE_GATHERED = frozenset({"the first layer's backward", "the embedding's backward"})
 
 
-def _deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
-                          moment_label: str) -> list[LineItem]:
-    """The whole parameters DeepSpeed ZeRO-3 holds gathered at a moment of the step
+def _deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
+                          ) -> dict[str, list[LineItem]]:
+    """The whole parameters DeepSpeed ZeRO-3 holds gathered, by moment label
     (`vram.deepspeed_zero.live_parameters`): from the end of the forward to the top layer's
     backward, the last max_reuse_distance / 2 parameters of the forward and the prefetch;
     later, the module running and the prefetch; none at the optimizer step."""
     if not runs_deepspeed_zero3(setup) or not gathers_copies(setup):
-        return []
+        return {}
     persistent_values, persistent_bytes = _persistent_values_and_bytes(setup, groups)
     values = sum(g.n_params for g in groups) - persistent_values
     if values <= 0:
-        return []
+        return {}
     per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
     largest = max(_largest_matrix(model, profile_for(setup)), model.vocab_size * model.hidden_size)
     live = live_parameters(setup, values, largest)
-    if moment_label in _FORWARD_GATHERED:
-        gathered, what = live.total, "the forward's last max_reuse_distance/2 parameters"
-    elif moment_label in _ONE_MODULE_GATHERED:
-        gathered, what = min(values, largest + live.prefetched), "the module running"
-    else:
-        return []
-    return [LineItem(
-        key="weights.gathered", label="gathered parameters (DeepSpeed ZeRO-3)",
-        formula=f"{what} + the prefetch bucket, whole, × bytes per parameter",
-        inputs={"kept": live.kept_for_backward, "prefetched": live.prefetched},
-        bytes=int(gathered * per_value),
-        source="deepspeed/runtime/zero/partitioned_param_coordinator.py@v0.18.4#L553 "
-               "(stage3_max_reuse_distance), #L384 (prefetch, max_live_parameters)")]
+    source = ("deepspeed/runtime/zero/partitioned_param_coordinator.py@v0.18.4#L553 "
+              "(stage3_max_reuse_distance), #L384 (prefetch, max_live_parameters)")
+    inputs: dict[str, int | float | str] = {"kept": live.kept_for_backward,
+                                            "prefetched": live.prefetched}
+
+    def item(gathered: int, what: str) -> list[LineItem]:
+        return [LineItem(
+            key="weights.gathered", label="gathered parameters (DeepSpeed ZeRO-3)",
+            formula=f"{what} + the prefetch bucket, whole, × bytes per parameter",
+            inputs=inputs, bytes=int(gathered * per_value), source=source)]
+
+    forward = item(live.total, "the forward's last max_reuse_distance/2 parameters")
+    late = item(min(values, largest + live.prefetched), "the module running")
+    return {**dict.fromkeys(_FORWARD_GATHERED, forward),
+            **dict.fromkeys(_ONE_MODULE_GATHERED, late)}
 
 
 def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]) -> int:
@@ -952,8 +954,10 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
-    for moment in moments:
-        moment.weight_items = _deepspeed_live_items(model, setup, groups, moment.label)
+    live = _deepspeed_live_items(model, setup, groups)
+    if live:
+        for moment in moments:
+            moment.weight_items = live.get(moment.label, [])
 
     static = weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes
 

@@ -307,15 +307,16 @@ class TrainingSetup(BaseModel):
              "this many parameters stays gathered, so the forward keeps the last ~half of it "
              "gathered for backward (default 1e9)",
     )] = None
-    #: DeepSpeed ZeRO-3's stage3_param_persistence_threshold; None: DeepSpeed's 1e5.
+    #: DeepSpeed ZeRO-3's stage3_param_persistence_threshold; None: the stack's config, else
+    #: DeepSpeed's 1e5.
     zero_param_persistence_threshold: Annotated[int | None, Field(strict=True, ge=0, le=10**12),
                                                 Knob(
         "ZeRO-3 persistence threshold (values)", key="zpersist",
         flag="--zero-param-persistence-threshold",
-        labels=(("auto", "DeepSpeed's 1e5"),),
+        labels=(("auto", "the stack's, else DeepSpeed's 1e5"),),
         app_options=(0, 10_000, 100_000, 1_000_000),
         help="DeepSpeed stage3_param_persistence_threshold: parameters smaller than this stay "
-             "whole on every GPU (default 1e5)",
+             "whole on every GPU (default: the stack's config, else 1e5)",
     )] = None
     #: torch.autocast over a model whose weights are 16-bit (pure bf16, or a ZeRO engine's
     #: 16-bit model): norms, softmax and the loss then run in fp32. None: DeepSpeed's

@@ -85,6 +85,9 @@ class StackRow:
     default_bitsandbytes_version: str | None
     #: DeepSpeed ZeRO-3's reduce_bucket_size in the stack's configs; None: DeepSpeed's default.
     default_zero_reduce_bucket_values: int | None
+    #: DeepSpeed ZeRO-3's stage3_param_persistence_threshold in the stack's configs; None:
+    #: DeepSpeed's default (1e5).
+    default_zero_param_persistence_threshold: int | None
     #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
     chunked_loss_fuses_head: bool
     #: `file@version` for each field above (every field has one: a test says so).
@@ -132,11 +135,14 @@ _HF_TRAINER = StackRow(
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=True,
+    default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
             chunked_loss_fuses_head=_HF_LIGER,
             default_zero_reduce_bucket_values=(
+                "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
+            default_zero_param_persistence_threshold=(
                 "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
             default_bitsandbytes_version=_HF_BNB,
         unties_head=f"{_HF_CODE} (tie_word_embeddings shares the matrix)",
@@ -239,12 +245,15 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
     chunked_loss_fuses_head=False,
+    default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
             chunked_loss_fuses_head=(
                 f"litgpt/utils.py@{_LITGPT} chunked_cross_entropy (all chunks' logits kept)"),
             default_zero_reduce_bucket_values=(
+                f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)"),
+            default_zero_param_persistence_threshold=(
                 f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)"),
             default_bitsandbytes_version=(
                 f"pyproject.toml@{_LITGPT} extra bitsandbytes==0.42.0"),
@@ -293,12 +302,14 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False,
+    default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
             chunked_loss_fuses_head=(
                 f"torchtune/modules/loss/ce_chunked_output_loss.py@{_TORCHTUNE} (chunks kept)"),
             default_zero_reduce_bucket_values=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
+            default_zero_param_persistence_threshold=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
             default_bitsandbytes_version=f"{_TORCHTUNE} (torchao NF4, no bitsandbytes)",
             unties_head=f"torchtune/modules/tied_linear.py@{_TORCHTUNE} TiedLinear",
             quantizes_head=f"torchtune/models/llama3/_component_builders.py@{_TORCHTUNE} "
@@ -353,12 +364,14 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False,
+    default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
             chunked_loss_fuses_head=(
                 f"torchtitan/components/loss.py@{_TORCHTITAN} (no chunked loss)"),
             default_zero_reduce_bucket_values=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
+            default_zero_param_persistence_threshold=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
             default_bitsandbytes_version=(
                 f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)"),
             unties_head=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
@@ -413,12 +426,15 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False,
+    default_zero_param_persistence_threshold=0,
     default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
             chunked_loss_fuses_head=f"{_DS_EXAMPLE} (no chunked loss)",
             default_zero_reduce_bucket_values=(
                 f"{_DS_EXAMPLE_CONFIG} zero_optimization.reduce_bucket_size 5e7"),
+            default_zero_param_persistence_threshold=(
+                f"{_DS_EXAMPLE_CONFIG} zero_optimization.stage3_param_persistence_threshold 0"),
             default_bitsandbytes_version=f"{_DS_EXAMPLE} (no QLoRA path)",
             unties_head=f"{_DS_EXAMPLE} (the model's own head)",
             quantizes_head=f"{_DS_EXAMPLE} (no QLoRA path)",
@@ -582,6 +598,7 @@ KNOB_DEFAULTS: tuple[tuple[str, str], ...] = (
     ("default_fsdp_version", "fsdp_version"),
     ("default_bitsandbytes_version", "bitsandbytes_version"),
     ("default_zero_reduce_bucket_values", "zero_reduce_bucket_values"),
+    ("default_zero_param_persistence_threshold", "zero_param_persistence_threshold"),
 )
 
 

@@ -94,12 +94,17 @@ def test_zero3_keeps_the_forward_gathered_until_backward_on_several_gpus(model: 
 
 
 def test_small_parameters_persist_whole(model: ModelSpec) -> None:
-    """Under stage3_param_persistence_threshold (1e5 values) the biases and LayerNorms (13,312
-    values a layer) are never partitioned: whole on each GPU, and not in the gathered set."""
+    """Under stage3_param_persistence_threshold (DeepSpeed's 1e5 values) the biases and
+    LayerNorms (13,312 values a layer) are never partitioned: whole on each GPU, and not in the
+    gathered set. The example's config sets the threshold to 0 (the stack's default)."""
     persistent = 12 * 13_312
-    four = _items(model, "weights", precision="bf16-mixed", n_gpus=4)
+    four = _items(model, "weights", precision="bf16-mixed", n_gpus=4,
+                  zero_param_persistence_threshold=100_000)
     assert four["weights.gathered"] == 2 * (PARAMS - persistent)
     assert four["weights.persistent"] == 2 * persistent - 2 * persistent // 4
+    by_stack = _items(model, "weights", precision="bf16-mixed", n_gpus=4)
+    assert "weights.persistent" not in by_stack
+    assert by_stack["weights.gathered"] == 2 * PARAMS
 
 
 def test_reuse_distance_and_prefetch_are_knobs(model: ModelSpec) -> None:
