@@ -33,6 +33,12 @@ parameter all-gather after a ZeRO-1/2 step runs into the flat 16-bit buffer itse
 (runtime/utils.py@v0.18.4#L1016-L1019 all_gather_into_tensor), so `allgather_bucket_size`
 holds no memory of its own.
 
+Without DeepSpeed's memory-efficient Linear (`zero3_linear_wrap`, installed by zero.Init, and
+for any model only from DeepSpeed 0.19.4, #8189), `F.linear`'s autograd keeps `weight.t()`, a
+view of the gathered weight: releasing the parameter swaps its `.data` but the view keeps the
+gathered storage until that Linear's backward. Every Linear outside checkpointed layers then
+stays gathered from its forward to its backward.
+
 With the optimizer offloaded (ZeRO-Offload) the gradient partition, the master and the states
 live in pinned host memory (stage3.py@v0.18.4#L306: `self.device` is the CPU); the IPG bucket,
 the 16-bit parameters (unless offloaded too) and the gathered parameters stay on the GPU.
@@ -94,6 +100,15 @@ def persistence_threshold(setup: TrainingSetup) -> int:
                  _knob(default, DEEPSPEED_PERSISTENCE_THRESHOLD))
 
 
+def linear_wrapper(setup: TrainingSetup) -> bool:
+    """DeepSpeed's zero3_linear_wrap is F.linear: the knob, else the stack's (a model built in
+    deepspeed.zero.Init), else installed."""
+    if setup.zero3_linear_wrapper is not None:
+        return setup.zero3_linear_wrapper
+    default = stack_row(setup.framework).default_zero3_linear_wrapper
+    return True if default is None else default
+
+
 @dataclass(frozen=True, slots=True)
 class LiveParameters:
     """Parameters ZeRO-3 holds gathered (whole) at the top of the step, in values."""
@@ -106,14 +121,15 @@ class LiveParameters:
         return self.kept_for_backward + self.prefetched
 
 
-def live_parameters(setup: TrainingSetup, gathered_values: int, largest_module: int
-                    ) -> LiveParameters:
+def live_parameters(setup: TrainingSetup, gathered_values: int, largest_module: int,
+                    retained_linear_values: int = 0) -> LiveParameters:
     """What stays gathered from the end of the forward to the top of the backward: the last
-    `max_reuse_distance / 2` parameters of the forward (at least the module running), and the
+    `max_reuse_distance / 2` parameters of the forward (at least the module running), or the
+    Linear weights autograd retains without the memory-efficient Linear if more, and the
     prefetch while fewer than `max_live_parameters` are gathered; never more than the model's
     partitioned parameters (`gathered_values`)."""
     reuse = _knob(setup.zero_max_reuse_distance, DEEPSPEED_MAX_REUSE_DISTANCE)
-    kept = min(gathered_values, max(reuse // 2, largest_module))
+    kept = min(gathered_values, max(reuse // 2, largest_module, retained_linear_values))
     live_cap = _knob(setup.zero_max_live_parameters, DEEPSPEED_MAX_LIVE_PARAMETERS)
     prefetch = min(_knob(setup.zero_prefetch_bucket_values, DEEPSPEED_PREFETCH_BUCKET_VALUES),
                    max(0, live_cap - kept), gathered_values - kept)

@@ -26,6 +26,7 @@ from vram.deepspeed_zero import (
     gathers_copies,
     ipg_bucket_bytes,
     ipg_buckets,
+    linear_wrapper,
     live_parameters,
     persistence_threshold,
     reduce_bucket_values,
@@ -218,7 +219,12 @@ def _deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[P
         return {}
     per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
     largest = max(_largest_matrix(model, profile_for(setup)), model.vocab_size * model.hidden_size)
-    live = live_parameters(setup, values, largest)
+    retained = 0
+    if not linear_wrapper(setup):
+        # checkpointed layers keep nothing for backward; the head is never checkpointed
+        keys = ("head",) if setup.grad_ckpt else ("linears", "head")
+        retained = sum(g.n_params for g in groups if g.key in keys)
+    live = live_parameters(setup, values, largest, retained)
     source = ("deepspeed/runtime/zero/partitioned_param_coordinator.py@v0.18.4#L553 "
               "(stage3_max_reuse_distance), #L384 (prefetch, max_live_parameters)")
     inputs: dict[str, int | float | str] = {"kept": live.kept_for_backward,
@@ -230,7 +236,8 @@ def _deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[P
             formula=f"{what} + the prefetch bucket, whole, × bytes per parameter",
             inputs=inputs, bytes=int(gathered * per_value), source=source)]
 
-    forward = item(live.total, "the forward's last max_reuse_distance/2 parameters")
+    forward = item(live.total, "the forward's last max_reuse_distance/2 parameters (or the "
+                               "Linear weights autograd retains, without zero3_linear_wrap)")
     late = item(min(values, largest + live.prefetched), "the module running")
     return {**dict.fromkeys(_FORWARD_GATHERED, forward),
             **dict.fromkeys(_ONE_MODULE_GATHERED, late)}

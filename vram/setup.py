@@ -318,6 +318,17 @@ class TrainingSetup(BaseModel):
         help="DeepSpeed stage3_param_persistence_threshold: parameters smaller than this stay "
              "whole on every GPU (default: the stack's config, else 1e5)",
     )] = None
+    #: DeepSpeed ZeRO-3's memory-efficient Linear (`zero3_linear_wrap` in F.linear); None: the
+    #: stack's. Without it, autograd keeps `weight.t()` (a view of the gathered weight) for each
+    #: Linear's backward, so the gathered storage outlives its release until that backward.
+    zero3_linear_wrapper: Annotated[bool | None, Field(strict=True), Knob(
+        "ZeRO-3 memory-efficient Linear", key="zlinear", flag="--zero3-linear-wrapper",
+        labels=(("auto", "the stack's"), ("true", "installed (zero.Init, DeepSpeed >= 0.19.4)"),
+                ("false", "not installed")),
+        help="DeepSpeed's zero3_linear_wrap in F.linear: installed by deepspeed.zero.Init, and "
+             "from DeepSpeed 0.19.4 for any model; without it each gathered Linear weight stays "
+             "on the GPU until its backward (default: the stack's)",
+    )] = None
     #: torch.autocast over a model whose weights are 16-bit (pure bf16, or a ZeRO engine's
     #: 16-bit model): norms, softmax and the loss then run in fp32. None: DeepSpeed's
     #: low-precision model states (bf16-true under its ZeRO engine) run with it, as its

@@ -88,6 +88,9 @@ class StackRow:
     #: DeepSpeed ZeRO-3's stage3_param_persistence_threshold in the stack's configs; None:
     #: DeepSpeed's default (1e5).
     default_zero_param_persistence_threshold: int | None
+    #: DeepSpeed ZeRO-3's memory-efficient Linear is installed: the model is built inside
+    #: deepspeed.zero.Init (None: the stack does not run DeepSpeed).
+    default_zero3_linear_wrapper: bool | None
     #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
     chunked_loss_fuses_head: bool
     #: `file@version` for each field above (every field has one: a test says so).
@@ -135,7 +138,7 @@ _HF_TRAINER = StackRow(
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=True,
-    default_zero_param_persistence_threshold=None,
+    default_zero3_linear_wrapper=True, default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
@@ -144,6 +147,9 @@ _HF_TRAINER = StackRow(
                 "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
             default_zero_param_persistence_threshold=(
                 "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
+            default_zero3_linear_wrapper=(
+                "transformers/modeling_utils.py@v4.46.0 from_pretrained builds the model inside "
+                "deepspeed.zero.Init under ZeRO-3 (is_deepspeed_zero3_enabled)"),
             default_bitsandbytes_version=_HF_BNB,
         unties_head=f"{_HF_CODE} (tie_word_embeddings shares the matrix)",
         quantizes_head=("transformers/integrations/bitsandbytes.py@v4.46.0 "
@@ -245,7 +251,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
     chunked_loss_fuses_head=False,
-    default_zero_param_persistence_threshold=None,
+    default_zero3_linear_wrapper=None, default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
@@ -255,6 +261,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                 f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)"),
             default_zero_param_persistence_threshold=(
                 f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)"),
+            default_zero3_linear_wrapper=f"litgpt/finetune/lora.py@{_LITGPT} (FSDP, not DeepSpeed)",
             default_bitsandbytes_version=(
                 f"pyproject.toml@{_LITGPT} extra bitsandbytes==0.42.0"),
             unties_head=f"litgpt/model.py@{_LITGPT} GPT.__init__ (lm_head always its own)",
@@ -302,7 +309,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False,
-    default_zero_param_persistence_threshold=None,
+    default_zero3_linear_wrapper=None, default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
@@ -310,6 +317,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                 f"torchtune/modules/loss/ce_chunked_output_loss.py@{_TORCHTUNE} (chunks kept)"),
             default_zero_reduce_bucket_values=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
             default_zero_param_persistence_threshold=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
+            default_zero3_linear_wrapper=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
             default_bitsandbytes_version=f"{_TORCHTUNE} (torchao NF4, no bitsandbytes)",
             unties_head=f"torchtune/modules/tied_linear.py@{_TORCHTUNE} TiedLinear",
             quantizes_head=f"torchtune/models/llama3/_component_builders.py@{_TORCHTUNE} "
@@ -364,7 +372,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False,
-    default_zero_param_persistence_threshold=None,
+    default_zero3_linear_wrapper=None, default_zero_param_persistence_threshold=None,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
@@ -372,6 +380,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                 f"torchtitan/components/loss.py@{_TORCHTITAN} (no chunked loss)"),
             default_zero_reduce_bucket_values=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
             default_zero_param_persistence_threshold=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
+            default_zero3_linear_wrapper=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
             default_bitsandbytes_version=(
                 f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)"),
             unties_head=f"torchtitan/models/llama3/model/model.py@{_TORCHTITAN} "
@@ -426,7 +435,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False,
-    default_zero_param_persistence_threshold=0,
+    default_zero3_linear_wrapper=False, default_zero_param_persistence_threshold=0,
     default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
@@ -435,6 +444,10 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                 f"{_DS_EXAMPLE_CONFIG} zero_optimization.reduce_bucket_size 5e7"),
             default_zero_param_persistence_threshold=(
                 f"{_DS_EXAMPLE_CONFIG} zero_optimization.stage3_param_persistence_threshold 0"),
+            default_zero3_linear_wrapper=(
+                f"{_DS_EXAMPLE} builds the model, then deepspeed.initialize (no zero.Init); "
+                "before DeepSpeed 0.19.4 (#8189) only zero.Init installed the wrapper: "
+                "deepspeed/runtime/zero/partition_parameters.py@v0.18.4#L574-L580"),
             default_bitsandbytes_version=f"{_DS_EXAMPLE} (no QLoRA path)",
             unties_head=f"{_DS_EXAMPLE} (the model's own head)",
             quantizes_head=f"{_DS_EXAMPLE} (no QLoRA path)",
@@ -599,6 +612,7 @@ KNOB_DEFAULTS: tuple[tuple[str, str], ...] = (
     ("default_bitsandbytes_version", "bitsandbytes_version"),
     ("default_zero_reduce_bucket_values", "zero_reduce_bucket_values"),
     ("default_zero_param_persistence_threshold", "zero_param_persistence_threshold"),
+    ("default_zero3_linear_wrapper", "zero3_linear_wrapper"),
 )
 
 
