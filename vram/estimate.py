@@ -961,7 +961,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
-    live = _deepspeed_live_items(model, setup, groups)
+    live = memoized(model, ("deepspeed_live", setup_key(setup, TOKEN_FIELDS)),
+                    lambda: _deepspeed_live_items(model, setup, groups))
     if live:
         for moment in moments:
             moment.weight_items = live.get(moment.label, [])
