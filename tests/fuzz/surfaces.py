@@ -461,7 +461,8 @@ TRAINING_CONFIGS = sorted(p for p in (ROOT / "tests" / "data" / "configs").rglob
 def import_bytes(rng: random.Random) -> tuple[str, bytes]:
     """(kind, content) of a hostile training-config import: bombs, tags, mutated real files."""
     kind = rng.choice(["bomb", "deep", "tag", "anchor", "binary", "huge", "digits",
-                       "mutated", "mutated", "mutated", "mutated", "json", "empty"])
+                       "mutated", "mutated", "mutated", "mutated", "json", "empty", "real",
+                       "real"])
     if kind == "bomb":
         lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
         for level in "bcdefghi"[: rng.randint(2, 8)]:
@@ -488,6 +489,11 @@ def import_bytes(rng: random.Random) -> tuple[str, bytes]:
                                  "max_seq_length": rng.choice([512, 0, "x"])}).encode()
     if kind == "empty":
         return kind, b""
+    if kind == "real":  # the accepting path too: a real file, one line dropped at most
+        lines = rng.choice(TRAINING_CONFIGS).read_text().splitlines()
+        if lines and rng.random() < 0.5:
+            del lines[rng.randrange(len(lines))]
+        return kind, "\n".join(lines).encode()
     lines = rng.choice(TRAINING_CONFIGS).read_text().splitlines()
     for _ in range(rng.randint(1, 4)):
         i = rng.randrange(len(lines)) if lines else 0
