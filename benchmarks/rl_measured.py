@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import vram
 import vram.rl as rl
-from vram.rl.estimate import forward_logits_bytes
+from vram.rl.policy_step import loss_forward_logits_bytes
 
 GIB = 2**30
 H100 = 80 * GIB
@@ -45,11 +45,11 @@ def main() -> None:
     setup = rl.RLSetup(algo="grpo", batch=2, num_generations=1, prompt_len=1,
                        completion_len=256,
                        policy=vram.TrainingSetup(method="lora", precision="fp32"))
-    logits = forward_logits_bytes(tiny, setup)
+    logits = loss_forward_logits_bytes(tiny, setup)
     measured = (902 - 44) * 10**6
     print(f"#7 TRL #3678 log-prob forward, B=2 x 256 x 151665 | {measured / GIB:.3f} | "
-          f"{logits / GIB:.3f} | {logits / measured:.2f} | component: forward log-prob "
-          "logits term only")
+          f"{logits / GIB:.3f} | {logits / measured:.2f} | component: the log-prob forward's "
+          "logits term only, read as _compute_loss calls it (with entropies; an assumption)")
 
 
 if __name__ == "__main__":
