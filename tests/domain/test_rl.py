@@ -131,9 +131,11 @@ def test_vllm_budget_is_a_share_of_total(qwen7b: vram.ModelSpec) -> None:
     setup = rl.RLSetup(policy=lora(), gpu_memory_utilization=0.3)
     result = rl.estimate(qwen7b, setup, H100, with_advice=False)
     gen = {i.key: i.bytes for _, i in result.generation.items}
-    budget = gen["rollout.weights"] + gen["rollout.kv_pool"] + gen["rollout.working"] + \
-        gen["rollout.cuda_graphs"]
+    budget = gen["rollout.weights"] + gen["rollout.kv_pool"] + gen["rollout.working"]
     assert budget == int(0.3 * H100)
+    # vllm/v1/worker/gpu_worker.py@35d5cda1: graphs are captured after the KV cache, outside
+    # the budget ("`memory_profiling` does not consider CUDAGraph memory size")
+    assert gen["rollout.cuda_graphs"] == GIB
 
 
 def test_sleep_frees_the_engine_in_training(qwen7b: vram.ModelSpec) -> None:

@@ -1,5 +1,5 @@
 """(c) The RL training phase traced on fake tensors with TRL's own loss code, against the closed
-form (issue 11). The grid (174 setups) is benchmarks/rl_trace_grid.py, output committed as
+form (issue 11). The grid (30 setups) is benchmarks/rl_trace_grid.py, output committed as
 benchmarks/rl_trace_grid.txt; this sample covers each reference kind in CI's time."""
 
 from __future__ import annotations

@@ -150,7 +150,9 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
         shared = setup.rollout is Rollout.SHARED
         rollout_weights = 0 if shared else eng.engine_weight_bytes(model)
         counted_weights = eng.engine_weight_bytes(model)
-        engine_working = eng.engine_working_bytes(model)
+        profile_tokens, profile_seqs = eng.profile_shape(
+            setup.rollout is Rollout.COLOCATE, setup.sequences_per_gpu, gpu_memory_bytes)
+        engine_working = eng.engine_working_bytes(model, profile_tokens, profile_seqs)
         graphs = eng.CUDA_GRAPH_BYTES
         free_at_start = gpu_memory_bytes - (context_bytes if server else resident_at_start)
         requested = eng.requested_bytes(setup.engine, setup.gpu_memory_utilization,
@@ -161,7 +163,7 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
                 f"{requested / 2**30:.1f} GiB but only {free_at_start / 2**30:.1f} GiB is free "
                 "when it starts (vLLM >= 0.7 counts a share of TOTAL memory): it refuses to "
                 "start")
-        pool = eng.kv_pool_bytes(requested, counted_weights, engine_working, graphs)
+        pool = eng.kv_pool_bytes(requested, counted_weights, engine_working)
         prompts_per_engine = setup.batch * (
             ceil_div(setup.policy.n_gpus, setup.rollout_gpus) if server else 1)
         sequences = prompts_per_engine * setup.effective_generations
@@ -189,14 +191,17 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
                 rollout_weights, "vLLM loads the merged bf16 model")),
             (RLBucket.KV_CACHE, _item(
                 "rollout.kv_pool", "engine KV pool",
-                "budget − weights − profiled forward − CUDA graphs (all of it is reserved)",
-                pool, "vllm/v1/core/kv_cache_utils.py get_num_blocks")),
+                "budget − weights − profiled forward (all of it is reserved)",
+                pool, "vllm/v1/worker/gpu_worker.py@35d5cda1 determine_available_memory")),
             (RLBucket.ACTIVATIONS, _item(
                 "rollout.working", "engine's profiled forward",
-                f"3 · 2 B · {eng.PROFILE_TOKENS} tokens · widest + sampler logits",
-                engine_working)),
+                f"3 · 2 B · {profile_tokens} tokens · widest + sampler logits of "
+                f"{profile_seqs} sequences", engine_working,
+                "TRL colocate: max_num_batched_tokens=4096; else vLLM's LLM defaults")),
             (RLBucket.OVERHEAD, _item(
-                "rollout.cuda_graphs", "CUDA graphs", "typical figure (assumption)", graphs)),
+                "rollout.cuda_graphs", "CUDA graphs (outside the utilization budget)",
+                "1 GiB, an assumption (vLLM measures it at capture)", graphs,
+                "vllm/v1/worker/gpu_worker.py@35d5cda1 compile_or_warm_up_model")),
         ]
         if shared:
             models.append(ModelRole(role="rollout", method="shared weights", bytes=pool,
@@ -290,7 +295,7 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
         else:
             train.append((RLBucket.OVERHEAD, _item(
                 "rollout.cuda_graphs", "CUDA graphs (sleep keeps them)",
-                "typical figure (assumption)", graphs)))
+                "1 GiB, an assumption (vLLM measures it at capture)", graphs)))
             if setup.sleep == 1:
                 host += rollout_weights
     train_group = "training"
