@@ -66,6 +66,13 @@ def test_pool_blocks_is_get_num_blocks(llama8b: vram.ModelSpec) -> None:
     ("trl-dpo", "precompute_ref_log_probs", "False"), ("trl-ppo", "kl_coef", "0.05"),
     ("openrlhf", "vllm_gpu_memory_utilization", "0.95"),
     ("openrlhf", "colocate_all_models", "False"),
+    ("vllm", "CUDA graphs", "outside the budget"),
+    ("vllm", "max_num_batched_tokens (LLM class)", "16384"),
+    ("trl-grpo", "colocate max_num_batched_tokens", "4096"),
+    ("verl", "ref_in_actor", "lora_rank > 0"), ("verl", "rollout.gpu_memory_utilization", "0.5"),
+    ("verl", "rollout.free_cache_engine", "True"), ("verl", "fsdp param_offload", "false"),
+    ("verl", "fsdp optimizer_offload", "false"), ("unsloth", "fast_inference", "False"),
+    ("unsloth", "gpu_memory_utilization", "0.5"), ("unsloth", "unsloth_vllm_standby", "False"),
 ])
 def test_stack_defaults_pinned(stack: str, setting: str, value: str) -> None:
     row = rl.rl_default(stack, setting)
@@ -74,7 +81,21 @@ def test_stack_defaults_pinned(stack: str, setting: str, value: str) -> None:
 
 
 def test_every_default_has_a_versioned_source() -> None:
-    assert all("@" in row.source or "blog" in row.source for row in rl.RL_STACKS)
+    assert all("@" in row.source for row in rl.RL_STACKS)
+    # verl's and Unsloth's rows were read at a line
+    assert all("#L" in row.source for row in rl.RL_STACKS if row.stack in ("verl", "unsloth"))
+
+
+def test_colocated_trl_engine_profiles_4096_tokens_and_the_batch(qwen7b: vram.ModelSpec) -> None:
+    from vram.rl import engine as eng
+
+    assert eng.profile_shape(True, 64, H100) == (4096, 64)
+    assert eng.profile_shape(False, 64, H100) == (16384, 1024)  # vLLM LLM class, 80 GiB
+    assert eng.profile_shape(False, 64, 40 * GIB) == (8192, 256)
+    setup = rl.RLSetup(policy=lora(), num_generations=8, batch=2)
+    gen = {i.key: i.bytes for _, i in rl.estimate(qwen7b, setup, H100,
+                                                   with_advice=False).generation.items}
+    assert gen["rollout.working"] == eng.engine_working_bytes(qwen7b, 4096, 16)
 
 
 # ---- models per algorithm ----

@@ -29,6 +29,31 @@ def test_the_trace_runs_the_trl_version_the_closed_form_cites() -> None:
     assert trl.__version__ == TRL_VERSION
 
 
+@pytest.mark.parametrize(("stack", "config", "setting", "field"), [
+    ("trl-grpo", "GRPOConfig", "beta", "beta"),
+    ("trl-grpo", "GRPOConfig", "num_generations", "num_generations"),
+    ("trl-grpo", "GRPOConfig", "max_completion_length", "max_completion_length"),
+    ("trl-grpo", "GRPOConfig", "use_vllm", "use_vllm"),
+    ("trl-grpo", "GRPOConfig", "vllm_mode", "vllm_mode"),
+    ("trl-grpo", "GRPOConfig", "vllm_gpu_memory_utilization", "vllm_gpu_memory_utilization"),
+    ("trl-grpo", "GRPOConfig", "vllm_enable_sleep_mode", "vllm_enable_sleep_mode"),
+    ("trl-grpo", "GRPOConfig", "loss_type", "loss_type"),
+    ("trl-rloo", "RLOOConfig", "beta", "beta"),
+    ("trl-rloo", "RLOOConfig", "num_generations", "num_generations"),
+    ("trl-dpo", "DPOConfig", "beta", "beta"),
+    ("trl-dpo", "DPOConfig", "max_length", "max_length"),
+    ("trl-dpo", "DPOConfig", "precompute_ref_log_probs", "precompute_ref_log_probs"),
+])
+def test_trl_rows_are_the_installed_trls_defaults(stack: str, config: str, setting: str,
+                                                   field: str) -> None:
+    import dataclasses
+
+    import vram.rl as rl
+
+    fields = {f.name: f for f in dataclasses.fields(getattr(trl, config))}
+    assert str(fields[field].default) == rl.rl_default(stack, setting).value
+
+
 @pytest.mark.trace
 @pytest.mark.parametrize(("model", "args"), SAMPLE)
 def test_closed_form_training_phase_agrees_with_the_trace(model: str,
