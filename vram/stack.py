@@ -82,6 +82,9 @@ class StackRow:
     default_zero_reduce_bucket_values: int | None
     #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
     chunked_loss_fuses_head: bool
+    #: A LoRA base under a mixed recipe is loaded in 16 bits (the checkpoint's dtype), not
+    #: upcast to fp32 like trained weights (`vram.precision.lora_base_16bit`).
+    loads_lora_base_16bit: bool
     #: `file@version` for each field above (every field has one: a test says so).
     sources: MappingProxyType[str, str]
 
@@ -126,11 +129,14 @@ _HF_TRAINER = StackRow(
     fused_activations=False, default_compile=False, default_ckpt_reentrant=False,
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=True,
+    chunked_loss_fuses_head=True, loads_lora_base_16bit=True,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
             chunked_loss_fuses_head=_HF_LIGER,
+            loads_lora_base_16bit=("transformers/modeling_utils.py@v5.24.0#L4186 "
+                                   "from_pretrained dtype defaults to 'auto' (the checkpoint's "
+                                   "bf16); PEFT/TRL recipes pass torch_dtype=bfloat16"),
             default_zero_reduce_bucket_values=(
                 "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
             default_bitsandbytes_version=_HF_BNB,
@@ -233,10 +239,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False,
     default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
+            loads_lora_base_16bit=(f"lightning/fabric/plugins/precision/amp.py@{_LIGHTNING} "
+                                   "MixedPrecision (bf16-mixed keeps the fp32 module)"),
             chunked_loss_fuses_head=(
                 f"litgpt/utils.py@{_LITGPT} chunked_cross_entropy (all chunks' logits kept)"),
             default_zero_reduce_bucket_values=(
@@ -287,10 +295,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=True, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            loads_lora_base_16bit=(f"recipes/lora_finetune_single_device.py@{_TORCHTUNE} "
+                                   "(dtype bf16 or fp32: no mixed recipe)"),
             chunked_loss_fuses_head=(
                 f"torchtune/modules/loss/ce_chunked_output_loss.py@{_TORCHTUNE} (chunks kept)"),
             default_zero_reduce_bucket_values=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
@@ -347,10 +357,11 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            loads_lora_base_16bit=f"torchtitan/train.py@{_TORCHTITAN} (no LoRA path)",
             chunked_loss_fuses_head=(
                 f"torchtitan/components/loss.py@{_TORCHTITAN} (no chunked loss)"),
             default_zero_reduce_bucket_values=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
@@ -407,10 +418,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=True,
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False,
     default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            loads_lora_base_16bit=(f"deepspeed/runtime/engine.py@{_DEEPSPEED} (a mixed "
+                                   "recipe runs a 16-bit model anyway)"),
             chunked_loss_fuses_head=f"{_DS_EXAMPLE} (no chunked loss)",
             default_zero_reduce_bucket_values=(
                 f"{_DS_EXAMPLE_CONFIG} zero_optimization.reduce_bucket_size 5e7"),
@@ -533,7 +546,8 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
     row = stack_row(setup.framework)
     qlora = setup.method is Method.QLORA
     upcasts = row.kbit_upcast and qlora and (row.kbit_upcast_sharded or not _sharded_qlora(setup))
-    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts)
+    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts,
+                                 base_16bit=row.loads_lora_base_16bit)
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
