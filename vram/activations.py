@@ -686,7 +686,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         checkpointed *= tokens
         stored = 0
         recompute = per_layer_max
-        if setup.offload is Offload.ACTIVATIONS:
+        if profile.offloads_checkpoints:
             offloaded = checkpointed
             checkpointed = 0
     else:

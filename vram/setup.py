@@ -245,6 +245,16 @@ class TrainingSetup(BaseModel):
              "(default: the stack's; Transformers 5 loads the checkpoint's bf16)",
         only_for=("lora",),
     )] = None
+    #: Checkpointed layer inputs are copied to CPU memory and brought back one layer at a time
+    #: in backward (Unsloth's `use_gradient_checkpointing="unsloth"`). None: the stack's
+    #: default; `offload="activations"` implies it.
+    ckpt_offload: Annotated[bool | None, Field(strict=True), Knob(
+        "Offload checkpoints to CPU", key="ckptoff", flag="--ckpt-offload",
+        labels=(("auto", "stack default"), ("true", "checkpointed inputs on the CPU"),
+                ("false", "checkpointed inputs on the GPU")),
+        help="with checkpointing: each layer's saved input lives in CPU memory (default: the "
+             "stack's; Unsloth offloads)",
+    )] = None
     #: 1: the `FullyShardedDataParallel` wrapper; 2: `fully_shard`. None: the stack's default.
     fsdp_version: Annotated[Literal[1, 2] | None, Knob(
         "FSDP version", key="fsdp", flag="--fsdp-version", column="fsdp_version",

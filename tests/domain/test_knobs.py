@@ -263,3 +263,23 @@ def test_lora_base_loaded_in_16_bits_halves_the_frozen_weights() -> None:
     assert vram.estimate(model, TrainingSetup.model_validate(full)).allocated_peak_bytes == \
         vram.estimate(model, TrainingSetup.model_validate(
             {**full, "lora_base_16bit": True})).allocated_peak_bytes
+
+
+def test_unsloth_offloads_checkpoints_and_fuses_its_loss() -> None:
+    """Unsloth's `use_gradient_checkpointing="unsloth"` copies each layer's input to the CPU
+    (unsloth_zoo gradient_checkpointing.py@ce232d6c#L269) and its loss is cut cross-entropy
+    (fused linear): the checkpointed inputs leave the GPU for host memory, and the logits are
+    never whole. `ckpt_offload=False` with the standard loss is the hf-trainer figure."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 8192}
+    hf, unsloth = _est(**base), _est(**base, framework="unsloth")
+    checkpoints = next(i.bytes for b in hf.buckets for i in b.items
+                       if i.key == "activations.checkpoints")
+    assert checkpoints == 32 * 8192 * 4096 * 4  # layers × tokens × h × fp32 (kbit upcast)
+    assert unsloth.host_bytes == hf.host_bytes + checkpoints
+    assert unsloth.allocated_peak_bytes < hf.allocated_peak_bytes - checkpoints
+    plain = _est(**base, framework="unsloth", ckpt_offload=False, loss="standard",
+                 ckpt_reentrant=False)
+    assert plain.allocated_peak_bytes == hf.allocated_peak_bytes
+    # Any stack offloads them when asked, and activation offload implies it.
+    assert _est(**base, ckpt_offload=True).host_bytes == unsloth.host_bytes
+    assert _est(**base, offload="activations").host_bytes == unsloth.host_bytes
