@@ -148,6 +148,12 @@ def head_targeted(setup: TrainingSetup) -> bool:
     return setup.lora_targets != ALL_LINEAR and "lm_head" in setup.lora_targets
 
 
+def leaves_bank_unquantized(linear: Linear, profile: StackProfile) -> bool:
+    """An MoE expert bank held as one 3-D parameter (Transformers 5) is not an nn.Linear, so
+    bitsandbytes' replacement of Linears passes it by: it stays in the frozen dense dtype."""
+    return linear.copies > 1 and not profile.quantizes_expert_banks
+
+
 def _dense_storage(setup: TrainingSetup, profile: StackProfile) -> Storage:
     """How the run's non-quantized parameters are stored (see `vram.precision`): trained ones
     for full fine-tuning, a frozen base's for LoRA and QLoRA."""
@@ -192,14 +198,22 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     bias_params = 0
     q_bytes = 0
     weights: list[Matrices] = []
+    bank_params = 0
+    banks: list[Matrices] = []
     for stack in model.stacks:
         for linear in stack.linears:
-            weight_params += stack.count * linear.weight_params
             bias_params += stack.count * (linear.params - linear.weight_params)
+            if q_storage is not None and leaves_bank_unquantized(linear, profile):
+                bank_params += stack.count * linear.weight_params
+                banks.append(Matrices(linear.d_in, linear.d_out, stack.count * linear.copies))
+                continue
+            weight_params += stack.count * linear.weight_params
             weights.append(Matrices(linear.d_in, linear.d_out, stack.count * linear.copies))
             if q_storage is not None:
                 one = quantized_bytes(linear.d_in * linear.d_out, linear.d_out, q_storage)
                 q_bytes += stack.count * linear.copies * one
+    add("expert_banks", "MoE expert banks (3-D parameters: not quantized)", bank_params,
+        dense, False, matrices=tuple(banks))
     if q_storage is not None:
         add("linears", f"layer Linear weights, {q_storage.value}", weight_params, q_storage,
             False, n_bytes=q_bytes, matrices=tuple(weights))

@@ -87,6 +87,9 @@ class StackRow:
     loads_lora_base_16bit: bool
     #: Checkpointed layer inputs are offloaded to CPU memory (the `ckpt_offload` default).
     default_ckpt_offload: bool
+    #: QLoRA quantizes MoE expert banks (experts as nn.Linear); False: the model code holds a
+    #: bank as one 3-D parameter, which bitsandbytes' Linear replacement passes by.
+    quantizes_expert_banks: bool
     #: `file@version` for each field above (every field has one: a test says so).
     sources: MappingProxyType[str, str]
 
@@ -132,10 +135,15 @@ _HF_TRAINER = StackRow(
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=True, loads_lora_base_16bit=True, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
             chunked_loss_fuses_head=_HF_LIGER,
+            quantizes_expert_banks=("transformers/integrations/bitsandbytes.py@v5.24.0#L189 "
+                                    "replaces type(module) is nn.Linear only; models/mixtral/"
+                                    "modeling_mixtral.py@v5.24.0#L65-L66 banks are 3-D "
+                                    "nn.Parameter"),
             default_ckpt_offload=("transformers/modeling_utils.py@v5.24.0 "
                                   "gradient_checkpointing_enable (inputs kept on the GPU)"),
             loads_lora_base_16bit=("transformers/modeling_utils.py@v5.24.0#L4186 "
@@ -263,9 +271,13 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=True,
     default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
+            quantizes_expert_banks=(f"litgpt/model.py@{_LITGPT}#L329 LLaMAMoE experts = "
+                                    "ModuleList of LLaMAMLP (nn.Linear: each becomes "
+                                    "Linear4bit)"),
             default_ckpt_offload=(f"litgpt/finetune/lora.py@{_LITGPT} activation_checkpointing"
                                   "_policy (inputs kept on the GPU)"),
             loads_lora_base_16bit=(f"lightning/fabric/plugins/precision/amp.py@{_LIGHTNING} "
@@ -321,9 +333,11 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            quantizes_expert_banks=f"torchtune/models@{_TORCHTUNE} (no MoE model)",
             default_ckpt_offload=(f"recipes/configs/llama3_1/8B_lora_single_device.yaml@"
                                   f"{_TORCHTUNE} enable_activation_offloading: False"),
             loads_lora_base_16bit=(f"recipes/lora_finetune_single_device.py@{_TORCHTUNE} "
@@ -385,10 +399,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
             loads_lora_base_16bit=f"torchtitan/train.py@{_TORCHTITAN} (no LoRA path)",
+            quantizes_expert_banks=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
             default_ckpt_offload=(f"torchtitan/distributed/activation_checkpoint.py@"
                                   f"{_TORCHTITAN} (inputs kept on the GPU)"),
             chunked_loss_fuses_head=(
@@ -448,9 +464,11 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            quantizes_expert_banks=f"{_DS_EXAMPLE} (no QLoRA path)",
             default_ckpt_offload=(f"deepspeed/runtime/activation_checkpointing/config.py@"
                                   f"{_DEEPSPEED} cpu_checkpointing: false"),
             loads_lora_base_16bit=(f"deepspeed/runtime/engine.py@{_DEEPSPEED} (a mixed "
@@ -531,6 +549,8 @@ class StackProfile:
     checkpoint_keeps_ctx_attributes: bool
     #: Checkpointed layer inputs live in CPU memory (`ckpt_offload`).
     offloads_checkpoints: bool
+    #: QLoRA quantizes MoE expert banks (see `StackRow.quantizes_expert_banks`).
+    quantizes_expert_banks: bool
     keeps_logits: bool
     keeps_previous_graph: bool
     #: bitsandbytes dequantizes to fp16 and casts to the compute dtype: two full copies.
@@ -613,6 +633,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         compiled=effective_compile(setup),
         checkpoint_keeps_ctx_attributes=not ckpt_reentrant(setup),
         offloads_checkpoints=ckpt_offload(setup),
+        quantizes_expert_banks=row.quantizes_expert_banks,
         keeps_logits=row.keeps_logits,
         keeps_previous_graph=row.keeps_previous_graph,
         # Quantized from fp16, an fp16 compute dtype needs no second copy.
