@@ -266,7 +266,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fp32_adapters=False, upcasts_logits=False, default_loss=Loss.CHUNKED,
         fused_optimizer=False, expands_kv=True, norm_keeps_fp32_input=True,
         adapts_fused_slices=True, quantized_linear_keeps_input=True,
-        norm_keeps_fp32_normalized=True, fsdp_keeps_frozen_unsharded=True,
+        norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=True,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
@@ -302,7 +302,9 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
             norm_keeps_fp32_input=f"litgpt/model.py@{_LITGPT} RMSNorm x.float()",
             adapts_fused_slices=f"litgpt/lora.py@{_LITGPT} LoRAQKVLinear enable_lora",
             quantized_linear_keeps_input=_BNB_KEEPS,
-            norm_keeps_fp32_normalized=f"litgpt/model.py@{_LITGPT} RMSNorm x * weight.float()",
+            norm_keeps_fp32_normalized=(f"litgpt/model.py@{_LITGPT}#L433-L438 RMSNorm "
+                                        "x_normed.to(dtype) * self.weight (16-bit; the fp32 "
+                                        "product came with #1545, 2024-07-22, after v0.4.0)"),
             fsdp_keeps_frozen_unsharded=("torch/distributed/fsdp/_runtime_utils.py@v2.1.0 "
                                          "(pytorch#95805, fixed in v2.2.0 by #101982): "
                                          "LitGPT's published FSDP LoRA peaks"),
