@@ -119,6 +119,16 @@ def short_gpu_name(name: str) -> str:
     return name
 
 
+#: The card the lessons are about ("QLoRA of 70B fits one 80 GB GPU"): when a chart runs out
+#: of room for capacity labels, this line keeps its label longest below the peak.
+LESSON_GPU_ID = "h100-sxm"
+
+
+def lesson_capacities() -> frozenset[int]:
+    """Sizes (bytes) whose capacity labels the charts keep longest: the lesson card's."""
+    return frozenset(int(g.memory_bytes) for g in gpus() if g.id == LESSON_GPU_ID)
+
+
 def capacities() -> list[tuple[str, int]]:
     """(name, bytes) of the common GPUs to draw as lines; every GPU for a team's own list."""
     all_gpus = gpus()
