@@ -23,7 +23,11 @@ from vram.through_step import through_step
 _CSS = """
 <style>
 [data-testid="stMetricValue"] { font-size: 2.4rem; font-weight: 700; }
-[data-testid="stMetricValue"] > div { white-space: normal; overflow-wrap: anywhere; }
+/* A long value ("1× RTX 6000 Ada Generation") wraps between words rather than end in "…" */
+[data-testid="stMetricValue"] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+  overflow-wrap: break-word; line-height: 1.15;
+}
 [data-testid="stMetricLabel"] p { font-size: 1.1rem; }
 /* Labels and deltas wrap rather than end in "…" on a laptop or a projector. */
 [data-testid="stMetricLabel"] *, [data-testid="stMetricDelta"] * {
