@@ -53,6 +53,14 @@ SMALL_FONT_SIZE = 16
 FONT_FAMILY = "Source Sans Pro, Arial, sans-serif"
 
 
+def short_gpu_name(name: str) -> str:
+    """A GPU's name without its vendor prefix: "NVIDIA GeForce RTX 4090" -> "RTX 4090"."""
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "AMD Instinct ", "AMD "):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
 def to_unit(n_bytes: int, unit: Unit) -> float:
     """Bytes as a float in GB (10^9) or GiB (2^30)."""
     return n_bytes / UNIT_BYTES[unit]

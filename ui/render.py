@@ -109,12 +109,16 @@ def through_step_table(est: Estimate, unit: Unit) -> None:
         } for r in rows]),
         hide_index=True,
         width="stretch",
+        # Short headers sized to their text, so all three columns show in a third of a laptop
+        # screen (the long one was cut to "most at any mom").
         column_config={
-            "bucket": st.column_config.TextColumn(width="medium"),
-            "at the peak": st.column_config.NumberColumn(f"at the peak ({unit})",
-                                                         format="%.2f"),
+            "bucket": st.column_config.TextColumn(),
+            "at the peak": st.column_config.NumberColumn(
+                f"at the peak ({unit})", format="%.2f",
+                help="What each bucket holds at the moment of the peak."),
             "most at any moment": st.column_config.NumberColumn(
-                f"most at any moment of the step ({unit})", format="%.2f"),
+                f"most in the step ({unit})", format="%.2f",
+                help="The most each bucket holds at any moment of the step."),
         },
     )
     for r in rows:
@@ -177,9 +181,18 @@ def fit_frames(report: FitReport, est: Estimate, too_small: Sequence[Gpu], unit:
     return fits, misses
 
 
+#: Short headers for the fit tables' size columns (the unit is added), with the long name as
+#: the header's help: with "needs per GPU (GB)" the headers were cut at 1280 px.
+_SIZE_HEADERS: dict[str, str] = {
+    "needs per GPU": "needs", "usable per GPU": "usable", "headroom": "headroom",
+    "short by": "short by",
+}
+
+
 def _size_columns(unit: Unit, *names: str) -> dict[str, Any]:
-    return {name: st.column_config.NumberColumn(f"{name} ({unit})", format="%.1f",
-                                                width="small") for name in names}
+    return {name: st.column_config.NumberColumn(f"{_SIZE_HEADERS[name]} ({unit})",
+                                                format="%.1f", help=f"{name} ({unit})")
+            for name in names}
 
 
 def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
@@ -194,11 +207,14 @@ def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
             fits,
             hide_index=True,
             width="stretch",
+            # Columns sized to their content (a "large" GPU column pushed the sizes out of
+            # sight on a laptop); the GPU stays pinned when a phone scrolls sideways.
             column_config={
-                "GPU": st.column_config.TextColumn(width="large", pinned=True),
-                "count": st.column_config.NumberColumn("GPUs", width="small"),
-                "sharding": st.column_config.TextColumn(width="small"),
-                "$ per hour": st.column_config.NumberColumn(format="$%.2f", width="small"),
+                "GPU": st.column_config.TextColumn(pinned=True),
+                "count": st.column_config.NumberColumn("GPUs"),
+                "sharding": st.column_config.TextColumn(),
+                "$ per hour": st.column_config.NumberColumn("$/h", format="$%.2f",
+                                                            help="$ per hour, all the GPUs"),
                 **_size_columns(unit, "needs per GPU", "usable per GPU", "headroom"),
             },
         )
@@ -217,7 +233,7 @@ def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
             hide_index=True,
             width="stretch",
             column_config={
-                "GPU": st.column_config.TextColumn(width="large", pinned=True),
+                "GPU": st.column_config.TextColumn(pinned=True),
                 **_size_columns(unit, "needs per GPU", "usable per GPU", "short by"),
             },
         )
