@@ -61,6 +61,23 @@ def short_gpu_name(name: str) -> str:
     return name
 
 
+#: Characters a big metric value holds on one line in a third of a 1280 px projector (52 px
+#: type): "1× RTX 6000 Ada Generation" wrapped to three lines and pushed the chart off screen.
+COMPACT_GPU_CHARS = 12
+
+
+def compact_gpu_name(name: str) -> str:
+    """A GPU's name short enough for a big metric: its leading words up to COMPACT_GPU_CHARS
+    (at least one), "Tesla" dropped: "RTX 6000 Ada Generation" -> "RTX 6000 Ada"."""
+    words = short_gpu_name(name).removeprefix("Tesla ").split(" ")
+    kept = [words[0]]
+    for word in words[1:]:
+        if len(" ".join([*kept, word])) > COMPACT_GPU_CHARS:
+            break
+        kept.append(word)
+    return " ".join(kept)
+
+
 def to_unit(n_bytes: int, unit: Unit) -> float:
     """Bytes as a float in GB (10^9) or GiB (2^30)."""
     return n_bytes / UNIT_BYTES[unit]
@@ -99,6 +116,13 @@ def _layout(**extra: Any) -> dict[str, Any]:
     }
     layout.update(extra)
     return layout
+
+
+def capacity_text(name: str, n_bytes: int, unit: Unit) -> str:
+    """A capacity line's label, "H200 (SXM) · 151 GB", with no-break spaces where a wrapped
+    label must not break: never before the dot, never between a number and its unit."""
+    size = format_bytes(n_bytes, unit).replace(" ", "\u00a0")
+    return f"{name}\u00a0· {size}"
 
 
 def capacity_lines(
@@ -141,6 +165,7 @@ BAR_HALF = 0.3
 LABEL_X = 0.42
 X_MIN = -0.35
 X_MAX = 2.65
+LINE_INSET = 0.03
 BREAKDOWN_MARGIN: dict[str, int] = {"l": 92, "r": 12, "t": 64, "b": 16}
 
 
@@ -221,12 +246,13 @@ def breakdown_figure(
     # reaches back over the bar on a phone.
     room_chars = int((X_MAX - LABEL_X) / (X_MAX - X_MIN) * min_plot_px
                      / (label_layout.CHAR_WIDTH_EM * font_px))
-    cap_texts = [wrap_label(f"{name}\u00a0· {format_bytes(size, unit)}", room_chars)
-                 for name, size in lines]
+    cap_texts = [wrap_label(capacity_text(name, size, unit), room_chars) for name, size in lines]
     cap_values = [to_unit(size, unit) for _, size in lines]
     for name_text, value in zip(cap_texts, cap_values, strict=True):
         traces.append({
-            "type": "scatter", "mode": "lines", "x": [X_MIN, X_MAX], "y": [value, value],
+            # ends just inside the label's right edge, so no dash shows past the text
+            "type": "scatter", "mode": "lines", "x": [X_MIN, X_MAX - LINE_INSET],
+            "y": [value, value],
             "line": {"color": "#333", "width": 2, "dash": "dash"}, "showlegend": False,
             "hovertemplate": f"{name_text.replace('<br>', ' ')}<extra>capacity</extra>",
         })
@@ -482,7 +508,7 @@ def compare_figure(
               "b": int(tick_lines * font_px * 1.4) + 24}
     scale = _px_scale(height, margin, top)
     # In the margin, long GPU names wrap onto a second line rather than squeeze the plot.
-    cap_texts = [wrap_label(f"{name} · {format_bytes(size, unit)}", 16) for name, size in lines]
+    cap_texts = [wrap_label(capacity_text(name, size, unit), 16) for name, size in lines]
     cap_values = [to_unit(size, unit) for _, size in lines]
     shapes: list[dict[str, Any]] = [
         {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": value,

@@ -54,10 +54,6 @@ def gpu_price(usd_per_hour: float | None) -> str:
     return "price unknown" if usd_per_hour is None else f"${usd_per_hour:,.2f}/h"
 
 
-def gpu_choice(option: FitOption) -> str:
-    return f"{option.count}× {data.short_gpu_name(option.gpu.name)}"
-
-
 def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
     """Peak per GPU, the cheapest GPUs that hold it, and the training ÷ inference multiple."""
     peak, cheapest, multiple = st.columns(3)
@@ -78,10 +74,12 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
         # The cheapest priced option; a GPU without a price in the list cannot be "cheapest".
         priced = [o for o in report.fits if o.usd_per_hour is not None]
         best = (priced or list(report.fits))[0]
+        full, compact = data.short_gpu_name(best.gpu.name), charts.compact_gpu_name(best.gpu.name)
         cheapest.metric(
             "Cheapest GPUs that hold it",
-            gpu_choice(best),
-            delta=gpu_price(best.usd_per_hour),
+            f"{best.count}× {compact}",
+            # the full name below the big one when that is shortened
+            delta=(f"{full} · " if compact != full else "") + gpu_price(best.usd_per_hour),
             delta_color="off",
             delta_arrow="off",
             help="Cheapest by the total price per hour of the GPUs needed.",

@@ -189,3 +189,17 @@ def test_compare_chart_keeps_its_lines_when_labels_run_out_of_room() -> None:
     texts = [a.text for a in fig.layout.annotations if "·" in a.text]
     assert 0 < len(texts) < 3
     assert any(t.startswith("H100") for t in texts)
+
+
+@pytest.mark.parametrize(
+    ("name", "compact"),
+    [
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+        ("NVIDIA H100 80GB HBM3 (SXM5)", "H100 80GB"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),  # one word is never cut
+        ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+    ],
+)
+def test_compact_gpu_names_fit_a_big_metric(name: str, compact: str) -> None:
+    assert charts.compact_gpu_name(name) == compact
