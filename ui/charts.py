@@ -61,14 +61,15 @@ def short_gpu_name(name: str) -> str:
     return name
 
 
-#: Characters a big metric value holds on one line in a third of a 1280 px projector (52 px
-#: type): "1× RTX 6000 Ada Generation" wrapped to three lines and pushed the chart off screen.
-COMPACT_GPU_CHARS = 12
+#: Characters of a GPU name that a big metric value holds on one line, with its count, in a
+#: third of a 1280 px projector (52 px type): "1× RTX 6000 Ada Generation" took three lines
+#: and pushed the chart off screen, "1× RTX 6000 Ada" still two.
+COMPACT_GPU_CHARS = 9
 
 
 def compact_gpu_name(name: str) -> str:
     """A GPU's name short enough for a big metric: its leading words up to COMPACT_GPU_CHARS
-    (at least one), "Tesla" dropped: "RTX 6000 Ada Generation" -> "RTX 6000 Ada"."""
+    (at least one), "Tesla" dropped: "RTX 6000 Ada Generation" -> "RTX 6000"."""
     words = short_gpu_name(name).removeprefix("Tesla ").split(" ")
     kept = [words[0]]
     for word in words[1:]:

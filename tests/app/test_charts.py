@@ -194,7 +194,7 @@ def test_compare_chart_keeps_its_lines_when_labels_run_out_of_room() -> None:
 @pytest.mark.parametrize(
     ("name", "compact"),
     [
-        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada"),
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000"),
         ("NVIDIA H100 80GB HBM3 (SXM5)", "H100 80GB"),
         ("AMD Instinct MI300X", "MI300X"),
         ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),  # one word is never cut
