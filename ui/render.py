@@ -16,7 +16,7 @@ from ui import charts, data
 from ui.charts import Unit, format_bytes
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
-from vram.result import BUCKET_ORDER, Estimate, LineItem
+from vram.result import BUCKET_ORDER, BucketName, Estimate, LineItem
 from vram.through_step import through_step
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
@@ -131,7 +131,12 @@ def notes(est: Estimate) -> None:
         st.info(
             f"Host (CPU) memory needed for offloaded state: {format_bytes(est.host_bytes, 'GB')}."
         )
+    # The through-step table's caption already says why the peak holds only part of the
+    # gradients, at more length; the estimate's short note would say it a second time.
+    explained = any(r.why for r in through_step(est) if r.name is BucketName.GRADIENTS)
     for note in est.notes:
+        if explained and note.startswith("The peak is at ") and "gradients" in note:
+            continue
         st.caption(note)
 
 
