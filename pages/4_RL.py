@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram.rl as rl
-from ui import data, text
+from ui import data, render, text
 from ui.charts import format_bytes
 from ui.rl_view import (
     ALGOS,
@@ -91,7 +91,7 @@ def main() -> None:
         f"**{format_bytes(result.device_peak_bytes, 'GB')}** per GPU in the "
         f"**{result.peak_phase.value}** phase; {verdict} on {gpu.name}. Host RAM: "
         f"{format_bytes(result.host_bytes, 'GB')}.")
-    st.plotly_chart(phases_figure(result, "GB"), use_container_width=True)
+    render.plot(phases_figure(result, "GB"), key="rl_phases")
     if result.peak_by_sleep:
         st.caption("Training GPUs' peak by sleep level: " + ", ".join(
             f"{level}: {format_bytes(peak, 'GB')}" for level, peak in result.peak_by_sleep.items()))

@@ -166,6 +166,8 @@ BAR_HALF = 0.3
 LABEL_X = 0.42
 X_MIN = -0.35
 X_MAX = 2.65
+#: Capacity lines stop this far (x units, about 3 px on a phone) inside X_MAX, under their
+#: label's right edge: drawn to X_MAX, a dash showed past the text.
 LINE_INSET = 0.03
 BREAKDOWN_MARGIN: dict[str, int] = {"l": 92, "r": 12, "t": 64, "b": 16}
 
