@@ -73,8 +73,9 @@ def main() -> None:
                         f"Using the default, {default}."])
             state[key] = default
     a, b = st.columns(2)
-    model_slug = a.selectbox("Model", models, key="rl_model")
-    gpu_id = b.selectbox("GPU", gpu_ids, key="rl_gpu")
+    names = {g.id: data.short_gpu_name(g.name) for g in gpus}
+    model_slug = a.selectbox("Model", models, key="rl_model", format_func=data.model_label)
+    gpu_id = b.selectbox("GPU", gpu_ids, key="rl_gpu", format_func=lambda i: names.get(i, i))
     _widgets()
     state = {key: st.session_state[key] for key in RL_KEYS}
     st.query_params.from_dict(rl_query(state))
