@@ -335,7 +335,8 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
         if enable is not None:
             enable(activation_checkpointing_kwargs=kwargs)
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            enable = model.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs=kwargs)
     hf = model
     if setup.method is Method.FULL:
         for param in model.parameters():
