@@ -28,7 +28,7 @@ def examples(unit: charts.Unit) -> None:
         format_func=data.model_label,
     )
     slug = st.session_state.get("learn_model") or data.default_model()
-    base = {**data.registry().defaults(), "model": slug, "opt": "adamw"}
+    base = {**data.registry().defaults(), "model": slug, "opt": "adamw", **learn.TEACHING_STATE}
     labelled: list[tuple[str, vram.Estimate]] = []
     model = data.catalog_model(slug)
     for method in ("full", "lora", "qlora"):
@@ -40,9 +40,11 @@ def examples(unit: charts.Unit) -> None:
         labelled.append((params.label("method", method), vram.estimate(model, setup)))
     render.plot(
         charts.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
-                              font_px=present.FONT_PX if present.is_on() else 16),
+                              font_px=present.FONT_PX if present.is_on() else 16,
+                              keep_labelled=data.lesson_capacities()),
         key="learn_examples",
     )
+    st.caption(learn.TEACHING_NOTE)
     st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
 
 
@@ -67,7 +69,7 @@ def seeds(unit: charts.Unit) -> None:
     if model is not None and setup is not None:
         est = vram.estimate(model, setup)
         held = learn.model_state_bytes(est)
-        link = "/?" + "&".join(f"{k}={v}" for k, v in seed.state.items())
+        link = learn.seed_link(reg, seed, present=present.is_on())
         st.caption(
             f"The calculator for {model.name} ({params.label('method', state['method'])}, "
             f"{state['prec']}): weights + all gradients + optimizer state = "
@@ -76,6 +78,8 @@ def seeds(unit: charts.Unit) -> None:
             f"{charts.format_bytes(est.device_peak_bytes, unit)} per GPU with activations and "
             "overhead."
         )
+        if seed.calculator_note:
+            st.caption(seed.calculator_note)
         # The app's own link (built from the seed's constants), kept out of the caption, where
         # the page echoes state and no link belongs.
         st.markdown(f"[Open it in the calculator]({link})")
@@ -146,7 +150,7 @@ Below, the same model three ways, computed live:
     examples(unit)
     st.header("Seed figures in one click")
     st.markdown("The back-of-the-envelope numbers a course starts from, each with its recipe, "
-                "beside what the calculator says for the same run.")
+                "beside what the calculator says for the same run. " + learn.TEACHING_NOTE)
     seeds(unit)
     st.header("The levers: which technique shrinks which bucket")
     st.markdown(learn.LEVERS_MARKDOWN)

@@ -36,7 +36,8 @@ def main() -> None:
         return
     render.plot(
         charts.compare_figure(labelled, unit=unit, capacities=data.capacities(),
-                              font_px=present.FONT_PX if present.is_on() else 16),
+                              font_px=present.FONT_PX if present.is_on() else 16,
+                              keep_labelled=data.lesson_capacities()),
         key="compare",
     )
     st.dataframe(render.bucket_table(labelled, unit), hide_index=True)

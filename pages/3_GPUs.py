@@ -22,7 +22,8 @@ def main() -> None:
         st.markdown(
             f"**{text.plain(model.name)}**, {params.label('method', state['method'])}: needs "
             f"**{render.format_bytes(est.device_peak_bytes, unit)}** per GPU "
-            f"with {setup.n_gpus} GPU(s). Click a column header to sort."
+            f"with {setup.n_gpus} GPU{'' if setup.n_gpus == 1 else 's'}. "
+            "Click a column header to sort."
         )
     vendors = sorted({g.vendor for g in gpus})
     segments = sorted({g.segment for g in gpus})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram.rl as rl
-from ui import data, text
+from ui import data, render, text
 from ui.charts import format_bytes
 from ui.rl_view import (
     ALGOS,
@@ -73,8 +73,9 @@ def main() -> None:
                         f"Using the default, {default}."])
             state[key] = default
     a, b = st.columns(2)
-    model_slug = a.selectbox("Model", models, key="rl_model")
-    gpu_id = b.selectbox("GPU", gpu_ids, key="rl_gpu")
+    names = {g.id: data.short_gpu_name(g.name) for g in gpus}
+    model_slug = a.selectbox("Model", models, key="rl_model", format_func=data.model_label)
+    gpu_id = b.selectbox("GPU", gpu_ids, key="rl_gpu", format_func=lambda i: names.get(i, i))
     _widgets()
     state = {key: st.session_state[key] for key in RL_KEYS}
     st.query_params.from_dict(rl_query(state))
@@ -91,7 +92,7 @@ def main() -> None:
         f"**{format_bytes(result.device_peak_bytes, 'GB')}** per GPU in the "
         f"**{result.peak_phase.value}** phase; {verdict} on {gpu.name}. Host RAM: "
         f"{format_bytes(result.host_bytes, 'GB')}.")
-    st.plotly_chart(phases_figure(result, "GB"), use_container_width=True)
+    render.plot(phases_figure(result, "GB"), key="rl_phases")
     if result.peak_by_sleep:
         st.caption("Training GPUs' peak by sleep level: " + ", ".join(
             f"{level}: {format_bytes(peak, 'GB')}" for level, peak in result.peak_by_sleep.items()))

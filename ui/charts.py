@@ -53,6 +53,32 @@ SMALL_FONT_SIZE = 16
 FONT_FAMILY = "Source Sans Pro, Arial, sans-serif"
 
 
+def short_gpu_name(name: str) -> str:
+    """A GPU's name without its vendor prefix: "NVIDIA GeForce RTX 4090" -> "RTX 4090"."""
+    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "AMD Instinct ", "AMD "):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+#: Characters of a GPU name that a big metric value holds on one line, with its count, in a
+#: third of a 1280 px projector (52 px type): "1× RTX 6000 Ada Generation" took three lines
+#: and pushed the chart off screen, "1× RTX 6000 Ada" still two.
+COMPACT_GPU_CHARS = 9
+
+
+def compact_gpu_name(name: str) -> str:
+    """A GPU's name short enough for a big metric: its leading words up to COMPACT_GPU_CHARS
+    (at least one), "Tesla" dropped: "RTX 6000 Ada Generation" -> "RTX 6000"."""
+    words = short_gpu_name(name).removeprefix("Tesla ").split(" ")
+    kept = [words[0]]
+    for word in words[1:]:
+        if len(" ".join([*kept, word])) > COMPACT_GPU_CHARS:
+            break
+        kept.append(word)
+    return " ".join(kept)
+
+
 def to_unit(n_bytes: int, unit: Unit) -> float:
     """Bytes as a float in GB (10^9) or GiB (2^30)."""
     return n_bytes / UNIT_BYTES[unit]
@@ -91,6 +117,13 @@ def _layout(**extra: Any) -> dict[str, Any]:
     }
     layout.update(extra)
     return layout
+
+
+def capacity_text(name: str, n_bytes: int, unit: Unit) -> str:
+    """A capacity line's label, "H200 (SXM) · 151 GB", with no-break spaces where a wrapped
+    label must not break: never before the dot, never between a number and its unit."""
+    size = format_bytes(n_bytes, unit).replace(" ", "\u00a0")
+    return f"{name}\u00a0· {size}"
 
 
 def capacity_lines(
@@ -133,7 +166,27 @@ BAR_HALF = 0.3
 LABEL_X = 0.42
 X_MIN = -0.35
 X_MAX = 2.65
+#: Capacity lines stop this far (x units, about 3 px on a phone) inside X_MAX, under their
+#: label's right edge: drawn to X_MAX, a dash showed past the text.
+LINE_INSET = 0.03
 BREAKDOWN_MARGIN: dict[str, int] = {"l": 92, "r": 12, "t": 64, "b": 16}
+
+
+def capacity_label_drop_order(sizes: Sequence[int], peak_bytes: int,
+                              keep: frozenset[int] = frozenset()) -> list[int]:
+    """Indices of capacity labels in the order they give up their room when labels collide.
+
+    First the cards below the peak, smallest first (the least telling); then those whose size
+    is in `keep` (the card a lesson is about, e.g. the 80 GB one); the smallest card that holds
+    the run last, since it answers the question the chart asks. A dropped label's line stays.
+    """
+    def rank(i: int) -> tuple[int, int]:
+        size = sizes[i]
+        if size >= peak_bytes:
+            return (2, -size)
+        return (1 if size in keep else 0, size)
+
+    return sorted(range(len(sizes)), key=rank)
 
 
 def _px_scale(height: int, margin: dict[str, int], top: float) -> float:
@@ -149,6 +202,8 @@ def breakdown_figure(
     height: int = 560,
     font_px: int = SMALL_FONT_SIZE,
     too_small: frozenset[str] | None = None,
+    min_plot_px: int = MIN_PLOT_PX,
+    keep_labelled: frozenset[int] = frozenset(),
 ) -> go.Figure:
     """One stacked bar of the buckets (per GPU), each labelled, with GPU capacities as lines.
 
@@ -157,6 +212,11 @@ def breakdown_figure(
     capacity labels share one column beside the bar and are spread so that none overlaps
     another (ui.label_layout); a label moved off what it names gets a leader line. The peak is
     the title, where no label can cover it.
+
+    `min_plot_px` is the narrowest plot the figure will be shown in (a phone by default; a
+    projector in presentation mode), to which long capacity labels are wrapped.
+    `keep_labelled` holds capacities (bytes) whose labels are the last below the peak to drop
+    when there is no room (capacity_label_drop_order).
     """
     peak = estimate.device_peak_bytes
     traces: list[dict[str, Any]] = []
@@ -187,29 +247,39 @@ def breakdown_figure(
     scale = _px_scale(height, margin, top)
     # Wrapped to the room right of the bar on the narrowest plot, so a long GPU name never
     # reaches back over the bar on a phone.
-    room_chars = int((X_MAX - LABEL_X) / (X_MAX - X_MIN) * MIN_PLOT_PX
+    room_chars = int((X_MAX - LABEL_X) / (X_MAX - X_MIN) * min_plot_px
                      / (label_layout.CHAR_WIDTH_EM * font_px))
-    cap_texts = [wrap_label(f"{name}\u00a0· {format_bytes(size, unit)}", room_chars)
-                 for name, size in lines]
+    cap_texts = [wrap_label(capacity_text(name, size, unit), room_chars) for name, size in lines]
     cap_values = [to_unit(size, unit) for _, size in lines]
     for name_text, value in zip(cap_texts, cap_values, strict=True):
         traces.append({
-            "type": "scatter", "mode": "lines", "x": [X_MIN, X_MAX], "y": [value, value],
+            # ends just inside the label's right edge, so no dash shows past the text
+            "type": "scatter", "mode": "lines", "x": [X_MIN, X_MAX - LINE_INSET],
+            "y": [value, value],
             "line": {"color": "#333", "width": 2, "dash": "dash"}, "showlegend": False,
             "hovertemplate": f"{name_text.replace('<br>', ' ')}<extra>capacity</extra>",
         })
     plot_px = height - margin["t"] - margin["b"]
-    wanted = [c * scale for c in centres] + [v * scale for v in cap_values]
-    heights = [label_layout.text_height_px(t, font_px) for t in labels + cap_texts]
-    placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
-    while placed is None and cap_texts:
-        # No room: drop the capacity label farthest below the peak (the smallest card) and
-        # try again; a dropped line keeps its hover.
-        cap_texts, cap_values = cap_texts[1:], cap_values[1:]
-        del wanted[len(labels)], heights[len(labels)]
-        placed = label_layout.spread_in_column(wanted, heights, 0.0, plot_px)
+    bucket_heights = [label_layout.text_height_px(t, font_px) for t in labels]
+    shown = list(range(len(lines)))
+    drops = iter(capacity_label_drop_order([s for _, s in lines], peak, keep_labelled))
+
+    def spread() -> list[float] | None:
+        return label_layout.spread_in_column(
+            [c * scale for c in centres] + [cap_values[i] * scale for i in shown],
+            bucket_heights + [label_layout.text_height_px(cap_texts[i], font_px)
+                              for i in shown],
+            0.0, plot_px)
+
+    placed = spread()
+    while placed is None and shown:
+        # No room: the least telling capacity label gives way (its line keeps its hover).
+        shown.remove(next(drops))
+        placed = spread()
     if placed is None:
-        placed = wanted
+        placed = [c * scale for c in centres]
+    cap_texts = [cap_texts[i] for i in shown]
+    cap_values = [cap_values[i] for i in shown]
     annotations: list[dict[str, Any]] = []
     for text, centre, label_px in zip(labels, centres, placed, strict=False):
         annotations.append({
@@ -347,9 +417,12 @@ def inference_figure(estimate: Estimate, *, unit: Unit = "GB", height: int = 460
 
 
 def wrap_label(text: str, max_chars: int = 18) -> str:
-    """`text` broken at spaces into lines of at most `max_chars` (a word never cut), ``<br>``."""
+    """`text` broken at spaces into lines of at most `max_chars` (a word never cut), ``<br>``.
+
+    A no-break space (U+00A0) holds its neighbours together ("H200\u00a0· 141 GB" never
+    starts a line with the dot)."""
     lines: list[str] = []
-    for word in text.split():
+    for word in (w for w in text.split(" ") if w):
         if lines and len(lines[-1]) + 1 + len(word) <= max_chars:
             lines[-1] += " " + word
         else:
@@ -387,6 +460,7 @@ def compare_figure(
     capacities: Iterable[tuple[str, int]] = (),
     height: int = 560,
     font_px: int = SMALL_FONT_SIZE,
+    keep_labelled: frozenset[int] = frozenset(),
 ) -> go.Figure:
     """Several setups side by side: one stacked bar each, the total written above it.
 
@@ -437,24 +511,34 @@ def compare_figure(
               "b": int(tick_lines * font_px * 1.4) + 24}
     scale = _px_scale(height, margin, top)
     # In the margin, long GPU names wrap onto a second line rather than squeeze the plot.
-    cap_texts = [wrap_label(f"{name} · {format_bytes(size, unit)}", 16) for name, size in lines]
+    cap_texts = [wrap_label(capacity_text(name, size, unit), 16) for name, size in lines]
     cap_values = [to_unit(size, unit) for _, size in lines]
-    placed = label_layout.spread_in_column(
-        [v * scale for v in cap_values],
-        [label_layout.text_height_px(t, font_px) for t in cap_texts],
-        0.0, height - margin["t"] - margin["b"],
-    )
-    shapes: list[dict[str, Any]] = []
-    for text, value, label_px in zip(cap_texts, cap_values, placed or [], strict=False):
-        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y",
-                       "y0": value, "y1": value,
-                       "line": {"color": "#333", "width": 2, "dash": "dash"}})
+    shapes: list[dict[str, Any]] = [
+        {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y", "y0": value,
+         "y1": value, "line": {"color": "#333", "width": 2, "dash": "dash"}}
+        for value in cap_values]
+    shown = list(range(len(lines)))
+    drops = iter(capacity_label_drop_order([s for _, s in lines], max(peaks, default=0),
+                                           keep_labelled))
+
+    def spread() -> list[float] | None:
+        return label_layout.spread_in_column(
+            [cap_values[i] * scale for i in shown],
+            [label_layout.text_height_px(cap_texts[i], font_px) for i in shown],
+            0.0, height - margin["t"] - margin["b"])
+
+    placed = spread()
+    while placed is None and shown:  # no room: the least telling label gives way, its line stays
+        shown.remove(next(drops))
+        placed = spread()
+    cap_texts = [cap_texts[i] for i in shown]
+    for text, label_px in zip(cap_texts, placed or [], strict=True):
         annotations.append({
             "xref": "paper", "x": 1.0, "yref": "y", "y": label_px / scale,
             "xanchor": "left", "xshift": 6, "showarrow": False, "text": text,
             "font": {"size": font_px, "color": "#333"},
         })
-    if placed:
+    if cap_texts:
         margin["r"] = int(max(label_layout.text_width_px(t, font_px) for t in cap_texts)) + 16
     return _figure(
         traces,

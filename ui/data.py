@@ -15,7 +15,7 @@ import streamlit as st
 from streamlit.errors import FragmentHandledException
 
 import vram
-from ui import params, text
+from ui import charts, params, text
 from vram.architecture import read_config_text
 from vram.catalog import load_config
 from vram.errors import VramError
@@ -112,11 +112,17 @@ def filter_gpus(gpu_list: Sequence[vram.Gpu], vendors: Sequence[str],
             if (not vendors or g.vendor in vendors) and (not segments or g.segment in segments)]
 
 
-def short_gpu_name(name: str) -> str:
-    for prefix in ("NVIDIA GeForce ", "NVIDIA ", "AMD Instinct ", "AMD "):
-        if name.startswith(prefix):
-            return name[len(prefix) :]
-    return name
+short_gpu_name = charts.short_gpu_name
+
+
+#: The card the lessons are about ("QLoRA of 70B fits one 80 GB GPU"): when a chart runs out
+#: of room for capacity labels, this line keeps its label longest below the peak.
+LESSON_GPU_ID = "h100-sxm"
+
+
+def lesson_capacities() -> frozenset[int]:
+    """Sizes (bytes) whose capacity labels the charts keep longest: the lesson card's."""
+    return frozenset(int(g.memory_bytes) for g in gpus() if g.id == LESSON_GPU_ID)
 
 
 def capacities() -> list[tuple[str, int]]:

@@ -5,9 +5,11 @@ The text is ours; every number shown next to it comes from `vram.estimate`.
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
+from ui import params
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
 from vram.through_step import through_step
@@ -263,6 +265,20 @@ class Seed:
     state: dict[str, Any] = field(default_factory=dict)
     #: The seed's upper figure, where it is a range (QLoRA's constants).
     upper_bytes_per_param: float | None = None
+    #: Where the calculator's run counts other bytes per parameter than the seed, why.
+    calculator_note: str = ""
+
+
+#: What every teaching preset (the seeds, Learn's three-way example) sets on top of the app's
+#: defaults: gradient checkpointing on, as the recipes the seeds come from train (the QLoRA
+#: reference script, artidoro/qlora qlora.py@00e5ad2: `gradient_checkpointing ... default=True`,
+#: "You want to use this."). The calculator's own default stays off (vram.TrainingSetup); without
+#: it 70B QLoRA at 2,048 tokens peaks near 200 GB of activations and no longer fits one 80 GB GPU.
+TEACHING_STATE: dict[str, Any] = {"ckpt": True}
+
+TEACHING_NOTE = ("Teaching presets turn **gradient checkpointing on**, as the QLoRA and LoRA "
+                 "recipes do; the calculator starts with it off, so a plain link shows more "
+                 "activations.")
 
 
 SEEDS: tuple[Seed, ...] = (
@@ -271,32 +287,52 @@ SEEDS: tuple[Seed, ...] = (
          "copy of the weights (4) + AdamW's two fp32 moments (4 + 4).",
          "Mixed-precision AdamW before any activation: the rule of thumb behind '7B needs "
          "more than an 80 GB card to fully fine-tune'.",
-         {"model": "llama-2-7b", "method": "full", "opt": "adamw", "prec": "bf16-mixed"}),
+         {"model": "llama-2-7b", "method": "full", "opt": "adamw", "prec": "bf16-mixed",
+          **TEACHING_STATE}),
     Seed("70b-full-16", "70B, full, 16 B/param", 70, 16,
          "The same 16 bytes per parameter: 16-bit weights and gradients, an fp32 master copy, "
          "fp32 Adam moments.",
          "1,120 GB of model state alone: fourteen 80 GB GPUs before activations, so it is "
          "sharded (ZeRO-3/FSDP) across nodes.",
-         {"model": "llama-3.1-70b", "method": "full", "opt": "adamw", "prec": "bf16-mixed"}),
+         {"model": "llama-3.1-70b", "method": "full", "opt": "adamw", "prec": "bf16-mixed",
+          **TEACHING_STATE}),
     Seed("70b-full-12", "70B, full, 12 B/param", 70, 12,
          "12 bytes per parameter: 16-bit weights (2) and gradients (2) plus AdamW's two fp32 "
-         "moments (8), with no fp32 master copy (pure bf16 training, e.g. bf16-true).",
+         "moments (8), with no fp32 master copy (bf16 weights, an optimizer with fp32 state).",
          "840 GB against 1,120 GB: the 280 GB between them is the fp32 master copy (4 bytes per "
          "parameter) that mixed precision keeps so small updates are not rounded away.",
-         {"model": "llama-3.1-70b", "method": "full", "opt": "adamw", "prec": "bf16-true"}),
+         {"model": "llama-3.1-70b", "method": "full", "opt": "adamw", "prec": "bf16-true",
+          **TEACHING_STATE},
+         calculator_note=(
+             "The calculator's pure bf16 keeps AdamW's two moments in bf16 too (PyTorch's "
+             "AdamW makes each with `torch.zeros_like(param)`), so it counts 8 B per parameter, "
+             "not 12: the 12 B recipe needs an optimizer that keeps fp32 moments beside bf16 "
+             "weights.")),
     Seed("70b-lora", "70B, LoRA on a 16-bit base", 70, 2,
          "2 bytes per parameter: the frozen base in bf16; the adapters (well under 1 % of the "
          "parameters) carry the only gradients and optimizer state.",
          "About 140 GB of weights: two 80 GB GPUs, or one 141 GB H200, before activations.",
-         {"model": "llama-3.1-70b", "method": "lora"}),
+         {"model": "llama-3.1-70b", "method": "lora", "prec": "bf16-true", **TEACHING_STATE}),
     Seed("70b-qlora", "70B, QLoRA (4-bit base)", 70, 0.5,
          "0.5 bytes per parameter for the 4-bit (NF4) base, plus its quantization constants "
          "(one absmax per 64 weights: up to about 0.06 bytes per parameter): 35-40 GB.",
          "What real stacks add on top: the embeddings and the LM head stay unquantized in "
          "16 bits (about 4 GB for Llama 3.1 70B's 128k vocabulary), the activations and the "
          "logits, and with reentrant checkpointing bitsandbytes keeps each layer's input.",
-         {"model": "llama-3.1-70b", "method": "qlora"}, upper_bytes_per_param=0.5625),
+         {"model": "llama-3.1-70b", "method": "qlora", **TEACHING_STATE},
+         upper_bytes_per_param=0.5625),
 )
+
+
+def seed_link(reg: params.Registry, seed: Seed, *, present: bool = False) -> str:
+    """The calculator's link for a seed's run: every setting of the seed spelled out in the
+    app's own URL form (checkpointing on, even where a default agrees), and presentation mode
+    kept when it is on."""
+    by_key = {param.key: param for param in reg.params}
+    query = {key: by_key[key].dump(value) for key, value in seed.state.items()}
+    if present:
+        query["present"] = "1"
+    return "/?" + urllib.parse.urlencode(query)
 
 
 def seed_range_bytes(seed: Seed) -> tuple[int, int]:

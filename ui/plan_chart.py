@@ -16,6 +16,7 @@ from ui.charts import (
     SMALL_FONT_SIZE,
     Unit,
     format_bytes,
+    short_gpu_name,
     to_unit,
     wrap_label,
 )
@@ -24,6 +25,12 @@ from vram.plan.planner import Plan
 SAVED_COLOR = "#009E73"  # Okabe-Ito bluish green: memory given back
 PEAK_COLOR = "#0072B2"  # blue: a total
 OVER_COLOR = "#D55E00"  # vermillion: a total over the capacity
+
+
+def gpu_name(plan: Plan) -> str:
+    """The planned GPU's short name (its catalog id when no option names it), to read."""
+    return short_gpu_name(next((o.name for o in plan.options if o.gpu == plan.hardware.gpu),
+                               plan.hardware.gpu))
 
 
 def path_rows(plan: Plan) -> list[dict[str, Any]]:
@@ -69,7 +76,7 @@ def path_figure(plan: Plan, *, unit: Unit = "GB", height: int = 420) -> go.Figur
                   line={"color": "#333333", "dash": "dash", "width": 2})
     fig.add_annotation(yref="paper", y=1.0, yanchor="bottom", xref="x", x=capacity,
                        xanchor="right" if capacity > top / 2 else "left", showarrow=False,
-                       text=f"{plan.hardware.gpu}: {format_bytes(plan.usable_bytes, unit)}",
+                       text=f"{gpu_name(plan)}: {format_bytes(plan.usable_bytes, unit)}",
                        font={"size": font_px, "color": "#333333"})
     fig.update_layout(
         height=max(height, 70 * len(rows) + 80), showlegend=False,

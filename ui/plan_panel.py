@@ -14,7 +14,7 @@ from typing import Any
 import streamlit as st
 
 import vram
-from ui import data, render, results, text
+from ui import data, plan_chart, render, results, text
 from ui.charts import Unit, format_bytes
 
 ANY = "any"
@@ -116,7 +116,7 @@ def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
     result = results.plan(model, setup, hardware, tokens)
 
     st.subheader("Make it fit")
-    where = f"{result.hardware.total}× {result.hardware.gpu}"
+    where = f"{result.hardware.total}× {plan_chart.gpu_name(result)}"
     verdict, batch, seq, cost = st.columns(4)
     verdict.metric(
         f"On {where}" + ("" if result.hardware_given else " (cheapest)"),
@@ -128,7 +128,7 @@ def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
     )
     batch.metric("Largest micro-batch", f"{result.max_micro_batch.value:,}",
                  help="The estimate at this batch fits; at one more it does not.")
-    seq.metric("Longest sequence", f"{result.max_seq_len.value:,} tokens",
+    seq.metric("Longest sequence (tokens)", f"{result.max_seq_len.value:,}",
                help="The estimate at this length fits; one token more does not.")
     cost.metric("This run", _money(result.usd_per_run), delta=_hours(result.hours),
                 delta_color="off", delta_arrow="off",

@@ -13,6 +13,9 @@ import streamlit as st
 FONT_PX = 22
 #: The big chart's height (px): with the metrics above it, it ends above a 720 px fold.
 CHART_HEIGHT = 385
+#: The narrowest plot the big chart gets in this mode (a 1024 px projector, less the axis and
+#: the page's padding): capacity labels wrap to this, not to a phone's width.
+MIN_PLOT_PX = 700
 
 _CSS = """
 <style>

@@ -16,14 +16,18 @@ from ui import charts, data
 from ui.charts import Unit, format_bytes
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
-from vram.result import BUCKET_ORDER, Estimate, LineItem
+from vram.result import BUCKET_ORDER, BucketName, Estimate, LineItem
 from vram.through_step import through_step
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """
 <style>
 [data-testid="stMetricValue"] { font-size: 2.4rem; font-weight: 700; }
-[data-testid="stMetricValue"] > div { white-space: normal; overflow-wrap: anywhere; }
+/* A long value ("1× RTX 6000 Ada Generation") wraps between words rather than end in "…" */
+[data-testid="stMetricValue"] * {
+  white-space: normal !important; overflow: visible !important; text-overflow: clip !important;
+  overflow-wrap: break-word; line-height: 1.15;
+}
 [data-testid="stMetricLabel"] p { font-size: 1.1rem; }
 /* Labels and deltas wrap rather than end in "…" on a laptop or a projector. */
 [data-testid="stMetricLabel"] *, [data-testid="stMetricDelta"] * {
@@ -50,10 +54,6 @@ def gpu_price(usd_per_hour: float | None) -> str:
     return "price unknown" if usd_per_hour is None else f"${usd_per_hour:,.2f}/h"
 
 
-def gpu_choice(option: FitOption) -> str:
-    return f"{option.count}× {data.short_gpu_name(option.gpu.name)}"
-
-
 def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
     """Peak per GPU, the cheapest GPUs that hold it, and the training ÷ inference multiple."""
     peak, cheapest, multiple = st.columns(3)
@@ -74,10 +74,12 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
         # The cheapest priced option; a GPU without a price in the list cannot be "cheapest".
         priced = [o for o in report.fits if o.usd_per_hour is not None]
         best = (priced or list(report.fits))[0]
+        full, compact = data.short_gpu_name(best.gpu.name), charts.compact_gpu_name(best.gpu.name)
         cheapest.metric(
             "Cheapest GPUs that hold it",
-            gpu_choice(best),
-            delta=gpu_price(best.usd_per_hour),
+            f"{best.count}× {compact}",
+            # the full name below the big one when that is shortened
+            delta=(f"{full} · " if compact != full else "") + gpu_price(best.usd_per_hour),
             delta_color="off",
             delta_arrow="off",
             help="Cheapest by the total price per hour of the GPUs needed.",
@@ -105,12 +107,16 @@ def through_step_table(est: Estimate, unit: Unit) -> None:
         } for r in rows]),
         hide_index=True,
         width="stretch",
+        # Short headers sized to their text, so all three columns show in a third of a laptop
+        # screen (the long one was cut to "most at any mom").
         column_config={
-            "bucket": st.column_config.TextColumn(width="medium"),
-            "at the peak": st.column_config.NumberColumn(f"at the peak ({unit})",
-                                                         format="%.2f"),
+            "bucket": st.column_config.TextColumn(),
+            "at the peak": st.column_config.NumberColumn(
+                f"at the peak ({unit})", format="%.2f",
+                help="What each bucket holds at the moment of the peak."),
             "most at any moment": st.column_config.NumberColumn(
-                f"most at any moment of the step ({unit})", format="%.2f"),
+                f"most in the step ({unit})", format="%.2f",
+                help="The most each bucket holds at any moment of the step."),
         },
     )
     for r in rows:
@@ -125,7 +131,12 @@ def notes(est: Estimate) -> None:
         st.info(
             f"Host (CPU) memory needed for offloaded state: {format_bytes(est.host_bytes, 'GB')}."
         )
+    # The through-step table's caption already says why the peak holds only part of the
+    # gradients, at more length; the estimate's short note would say it a second time.
+    explained = any(r.why for r in through_step(est) if r.name is BucketName.GRADIENTS)
     for note in est.notes:
+        if explained and note.startswith("The peak is at ") and "gradients" in note:
+            continue
         st.caption(note)
 
 
@@ -173,9 +184,18 @@ def fit_frames(report: FitReport, est: Estimate, too_small: Sequence[Gpu], unit:
     return fits, misses
 
 
+#: Short headers for the fit tables' size columns (the unit is added), with the long name as
+#: the header's help: with "needs per GPU (GB)" the headers were cut at 1280 px.
+_SIZE_HEADERS: dict[str, str] = {
+    "needs per GPU": "needs", "usable per GPU": "usable", "headroom": "headroom",
+    "short by": "short by",
+}
+
+
 def _size_columns(unit: Unit, *names: str) -> dict[str, Any]:
-    return {name: st.column_config.NumberColumn(f"{name} ({unit})", format="%.1f",
-                                                width="small") for name in names}
+    return {name: st.column_config.NumberColumn(f"{_SIZE_HEADERS[name]} ({unit})",
+                                                format="%.1f", help=f"{name} ({unit})")
+            for name in names}
 
 
 def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
@@ -190,11 +210,14 @@ def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
             fits,
             hide_index=True,
             width="stretch",
+            # Columns sized to their content (a "large" GPU column pushed the sizes out of
+            # sight on a laptop); the GPU stays pinned when a phone scrolls sideways.
             column_config={
-                "GPU": st.column_config.TextColumn(width="large", pinned=True),
-                "count": st.column_config.NumberColumn("GPUs", width="small"),
-                "sharding": st.column_config.TextColumn(width="small"),
-                "$ per hour": st.column_config.NumberColumn(format="$%.2f", width="small"),
+                "GPU": st.column_config.TextColumn(pinned=True),
+                "count": st.column_config.NumberColumn("GPUs"),
+                "sharding": st.column_config.TextColumn(),
+                "$ per hour": st.column_config.NumberColumn("$/h", format="$%.2f",
+                                                            help="$ per hour, all the GPUs"),
                 **_size_columns(unit, "needs per GPU", "usable per GPU", "headroom"),
             },
         )
@@ -213,7 +236,7 @@ def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
             hide_index=True,
             width="stretch",
             column_config={
-                "GPU": st.column_config.TextColumn(width="large", pinned=True),
+                "GPU": st.column_config.TextColumn(pinned=True),
                 **_size_columns(unit, "needs per GPU", "usable per GPU", "short by"),
             },
         )

@@ -118,11 +118,11 @@ def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -
     res = _result(key, gpu_list)
     assert res.estimate is not None
     caps, small = _runnable_capacities(res, gpu_list)
-    size = ({"font_px": present_mode.FONT_PX, "height": present_mode.CHART_HEIGHT}
-            if present else {})
+    size = ({"font_px": present_mode.FONT_PX, "height": present_mode.CHART_HEIGHT,
+             "min_plot_px": present_mode.MIN_PLOT_PX} if present else {})
     return frozen_figure(
         charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
-                                **size)
+                                keep_labelled=data.lesson_capacities(), **size)
     )
 
 

@@ -14,7 +14,15 @@ import plotly.graph_objects as go
 
 import vram
 import vram.rl as rl
-from ui.charts import BUCKET_COLORS, KV_CACHE_COLOR, UNIT_BYTES, WORKING_COLOR, Unit
+from ui.charts import (
+    BUCKET_COLORS,
+    FONT_FAMILY,
+    KV_CACHE_COLOR,
+    SMALL_FONT_SIZE,
+    UNIT_BYTES,
+    WORKING_COLOR,
+    Unit,
+)
 from vram.result import BucketName
 
 
@@ -161,9 +169,19 @@ def phases_figure(result: rl.RLEstimate, unit: Unit = "GB") -> go.Figure:
                     y=[p.buckets[bucket.value] / scale for p in phases],
                     marker_color=RL_COLORS[bucket.value])
     fig.add_hline(y=result.gpu_memory_bytes / scale, line_dash="dash",
-                  annotation_text=f"GPU memory {result.gpu_memory_bytes / scale:.0f} {unit}")
-    fig.update_layout(barmode="stack", yaxis_title=unit, height=480,
-                      legend={"traceorder": "normal"}, font={"size": 16})
+                  annotation_text=f"GPU memory {result.gpu_memory_bytes / scale:.0f} {unit}",
+                  annotation_font={"size": SMALL_FONT_SIZE, "color": "#333"})
+    # The app shows it with the figure's own fonts (theme=None): with Streamlit's theme the
+    # ticks and legend were 11-12 px and the phase names turned sideways on a phone. The
+    # legend sits above the plot, so the bars keep the width.
+    fig.update_layout(barmode="stack", yaxis_title=f"memory per GPU ({unit})", height=520,
+                      legend={"traceorder": "normal", "orientation": "h", "y": 1.02,
+                              "yanchor": "bottom", "x": 0, "font": {"size": SMALL_FONT_SIZE}},
+                      font={"size": SMALL_FONT_SIZE, "family": FONT_FAMILY},
+                      xaxis={"tickangle": 0, "tickfont": {"size": SMALL_FONT_SIZE}},
+                      yaxis={"tickfont": {"size": SMALL_FONT_SIZE}},
+                      margin={"l": 80, "r": 16, "t": 110, "b": 70},
+                      plot_bgcolor="white", paper_bgcolor="white")
     return fig
 
 

@@ -139,3 +139,67 @@ def test_capacity_labels_drop_to_the_hover_when_there_is_no_room(est: vram.Estim
     assert len(BUCKET_ORDER) <= len(texts) < len(BUCKET_ORDER) + len(caps)
     assert not any("T4" in t for t in texts)
     assert any(t.type == "scatter" and "capacity" in t.hovertemplate for t in fig.data)
+
+
+def test_capacity_labels_give_way_least_telling_first() -> None:
+    """Below the peak the smallest card goes first, the lesson's card (kept) last of those;
+    the smallest card that holds the run keeps its label longest."""
+    sizes = [16 * GIB, 24 * GIB, 80 * GIB, 141 * 10**9, 206 * 10**9]
+    order = charts.capacity_label_drop_order(sizes, 196 * 10**9, keep=frozenset({80 * GIB}))
+    assert order == [0, 1, 3, 2, 4]
+    assert charts.capacity_label_drop_order(sizes, 196 * 10**9) == [0, 1, 2, 3, 4]
+
+
+def test_presentation_chart_keeps_the_80gb_label_and_one_line_per_capacity() -> None:
+    """70B QLoRA with checkpointing off (about 196 GB) on the presentation chart: the lines of
+    80 GB, H200 and MI300X are labelled, MI300X's on one line (a projector is wide), and when
+    the room runs out it is a smaller card's label that goes, not the lesson's 80 GB one."""
+    est = vram.estimate(vram.load_model("llama-3.1-70b"), TrainingSetup(method="qlora"))
+    assert est.device_peak_bytes > 150 * 10**9
+    h100 = 80 * GIB
+    caps = [("Tesla T4", 16 * GIB), ("RTX 4090", 24 * GIB), ("A100-SXM4-40GB", 40 * GIB),
+            ("L40S", 48 * 10**9), ("H100 80GB HBM3 (SXM5)", h100), ("H200 (SXM)", 141 * 10**9),
+            ("MI300X", 192 * GIB)]
+    fig = charts.breakdown_figure(est, capacities=caps, height=385, font_px=22,
+                                  min_plot_px=700, keep_labelled=frozenset({h100}))
+    texts = [a.text.replace("\u00a0", " ") for a in fig.layout.annotations]
+    assert texts[-4:] == ["L40S · 48.0 GB", "H100 80GB HBM3 (SXM5) · 85.9 GB",
+                          "H200 (SXM) · 141 GB", "MI300X · 206 GB"]
+    shorter = charts.breakdown_figure(est, capacities=caps, height=320, font_px=22,
+                                      min_plot_px=700, keep_labelled=frozenset({h100}))
+    texts = [a.text.replace("\u00a0", " ") for a in shorter.layout.annotations]
+    assert any(t.startswith("H100") for t in texts) and "MI300X · 206 GB" in texts
+    assert not any(t.startswith("L40S") for t in texts)  # the least telling label gave way
+    # A phone-width chart still wraps the long names so they never reach back over the bar.
+    phone = charts.breakdown_figure(est, capacities=caps)
+    assert any("<br>" in a.text for a in phone.layout.annotations if "H100" in a.text)
+
+
+def test_compare_chart_keeps_its_lines_when_labels_run_out_of_room() -> None:
+    """A short chart with big type: every capacity line is still drawn; only labels give way,
+    and the lesson's 80 GB label is the last below the tallest bar to go."""
+    model = vram.load_model("llama-3.1-70b")
+    labelled = [(m, vram.estimate(model, TrainingSetup(method=m, grad_ckpt=True)))
+                for m in ("full", "lora", "qlora")]
+    h100 = 80 * GIB
+    caps = [("A", 40 * GIB), ("H100", h100), ("H200", 141 * 10**9), ("MI300X", 192 * GIB)]
+    fig = charts.compare_figure(labelled, capacities=caps, height=300, font_px=40,
+                                keep_labelled=frozenset({h100}))
+    assert len(fig.layout.shapes) == 3  # the three largest below the tallest bar
+    texts = [a.text for a in fig.layout.annotations if "·" in a.text]
+    assert 0 < len(texts) < 3
+    assert any(t.startswith("H100") for t in texts)
+
+
+@pytest.mark.parametrize(
+    ("name", "compact"),
+    [
+        ("NVIDIA RTX 6000 Ada Generation", "RTX 6000"),
+        ("NVIDIA H100 80GB HBM3 (SXM5)", "H100 80GB"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),  # one word is never cut
+        ("NVIDIA A100 80GB PCIe", "A100 80GB"),
+    ],
+)
+def test_compact_gpu_names_fit_a_big_metric(name: str, compact: str) -> None:
+    assert charts.compact_gpu_name(name) == compact

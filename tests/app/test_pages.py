@@ -41,7 +41,13 @@ def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
     assert not app.error
     assert app.selectbox(key="model").value == DEFAULT_MODEL
     assert _peak(app) == _expected_peak()
-    assert _metric(app, "Cheapest GPUs that hold it") != "none in the list"
+    # the default run's cheapest card, its name shortened for the big type, in full below it
+    cheapest = next(m for m in app.metric if m.label == "Cheapest GPUs that hold it")
+    assert cheapest.value == "1× RTX 6000"
+    assert str(cheapest.delta).startswith("RTX 6000 Ada Generation · $")
+    # why the peak holds no gradients yet is said once, in the through-step caption
+    captions = [c.value for c in app.caption]
+    assert sum("gradients" in c and "The peak is at" in c for c in captions) == 1, captions
     # the breakdown, training against inference, and the "Make it fit" path (issue 10)
     assert [c.key for c in app.get("plotly_chart")] == ["breakdown", "inference", "plan_path"]
     assert app.get("download_button")

@@ -27,10 +27,10 @@ def test_my_gpu_from_the_link_gives_the_plan(app: AppTest) -> None:
     setup = vram.TrainingSetup(method="qlora", seq_len=4096, micro_batch=4, grad_ckpt=True)
     expected = vram.plan(vram.load_model("llama-3.1-8b"), setup,
                          hardware=vram.Hardware(gpu="rtx-4090"), tokens=1e9)
-    value, delta = _metric(app, "On 1× rtx-4090")
+    value, delta = _metric(app, "On 1× RTX 4090")  # the GPU's name, not its catalog id
     assert value == "does not fit"
     assert delta == f"short by {format_bytes(expected.shortfall_bytes, 'GB')}"
-    assert _metric(app, "Longest sequence")[0] == f"{expected.max_seq_len.value:,} tokens"
+    assert _metric(app, "Longest sequence (tokens)")[0] == f"{expected.max_seq_len.value:,}"
     assert any(expected.path_summary in m.value for m in app.markdown)
     assert app.session_state["mygpu"] == "rtx-4090" and app.session_state["tokens"] == 1000.0
     # the link keeps the panel's keys beside the registry's
@@ -52,7 +52,7 @@ def test_changing_my_gpu_moves_the_verdict(app: AppTest) -> None:
     app.run()
     app.selectbox(key="mygpu").select("h100-sxm").run()
     assert not app.exception
-    value, _ = _metric(app, "On 1× h100-sxm")
+    value, _ = _metric(app, "On 1× H100")
     assert value == "fits"
 
 
@@ -66,4 +66,6 @@ def test_path_chart_rows_add_up() -> None:
     assert rows[0]["bytes"] == result.device_peak_bytes
     assert rows[0]["bytes"] + sum(r["bytes"] for r in rows[1:-1]) == rows[-1]["bytes"]
     assert rows[-1]["bytes"] == result.path[-1].device_peak_bytes <= result.usable_bytes
-    assert len(path_figure(result).data[0].y) == len(result.path) + 2
+    fig = path_figure(result)
+    assert len(fig.data[0].y) == len(result.path) + 2
+    assert fig.layout.annotations[0].text.startswith("RTX 4090: ")

@@ -14,6 +14,9 @@ pytestmark = pytest.mark.browser
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
 PAGES = {
     "calculator": "/?present=1&model=llama-3.1-70b&method=full",
+    # the default run's cheapest card has a long name ("RTX 6000 Ada Generation"): it wrapped
+    # over three lines of big type and pushed the chart past the fold
+    "calculator-default": "/?present=1",
     "learn": "/Learn?present=1",
     "compare": "/Compare?present=1&pin=%7B%7D&pin=%7B%22method%22%3A%22full%22%7D",
 }
@@ -33,7 +36,7 @@ def test_presentation_mode_fits_the_projector(server: str, browser: Any, width: 
         page.screenshot(path=str(ARTIFACTS / f"present-{name}-{width}x{height}.png"))
         assert not page.locator('[data-testid="stException"]').count(), name
         assert not page.locator('[data-testid="stSidebar"]').is_visible(), name
-        if name == "calculator":
+        if name.startswith("calculator"):
             peak = page.locator('[data-testid="stMetricValue"]').first.bounding_box()
             chart = page.locator(".js-plotly-plot").first.bounding_box()
             assert peak["y"] + peak["height"] <= height, "the peak is below the fold"

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+
+import pytest
 
 import vram
 
@@ -39,3 +42,15 @@ def test_the_core_is_light() -> None:
 
 def test_package_is_typed() -> None:
     assert (Path(vram.__file__).parent / "py.typed").exists()
+
+
+@pytest.mark.parametrize("module", ["vram.estimate", "ui.render", "ui"])
+@pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning])
+def test_a_deprecation_from_our_own_code_fails_the_tests(module: str,
+                                                         category: type[Warning]) -> None:
+    """pyproject's filterwarnings turn our own modules' deprecations into errors; a library's
+    stay warnings (the filters match the module a warning is attributed to)."""
+    with pytest.raises(category):
+        warnings.warn_explicit("old API", category, "x.py", 1, module=module)
+    with warnings.catch_warnings(record=True):
+        warnings.warn_explicit("old API", category, "x.py", 1, module="uvicorn.config")

@@ -13,7 +13,8 @@ Recipes (what each `TrainingSetup` field becomes):
   storage, see `quant.py`); the LM head stays 16-bit except with LitGPT, which quantizes it too.
   For the HF Trainer and PEFT+Accelerate stacks `peft.prepare_model_for_kbit_training` runs
   first, which upcasts every non-quantized 16-bit parameter (embeddings, norms, LM head) to fp32.
-* `grad_ckpt`: the model's own `gradient_checkpointing_enable(use_reentrant=False)`.
+* `grad_ckpt`: the model's own `activation_checkpointing_enable(use_reentrant=False)` (transformers
+  5.x; `gradient_checkpointing_enable` before it).
 * attention: `eager` builds HF's eager attention (s x s scores are real). `sdpa` builds HF's
   SDPA attention, and the step runs every SDPA call with PyTorch's CUDA kernel choice and
   memory (see `attention.py`); a family HF refuses SDPA for (Gemma 2: `_supports_sdpa = False`,
@@ -83,6 +84,8 @@ TARGET_MAP["gpt2"] = {  # Conv1D modules; PEFT adapts them with fan_in_fan_out
     "o_proj": [r"attn\.c_proj"], "gate_proj": [], "up_proj": [r"mlp\.c_fc"],
     "down_proj": [r"mlp\.c_proj"],
 }
+#: Families whose projections are transformers' Conv1D (weight stored as in x out).
+CONV1D_TYPES = frozenset({"gpt2"})
 TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
 
@@ -286,6 +289,8 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         r=setup.lora_rank, lora_alpha=2 * setup.lora_rank,
         target_modules=target_patterns(model_type, setup),
         lora_dropout=setup.lora_dropout, task_type=task,
+        # Conv1D stores its weight transposed; PEFT would set this itself, with a warning
+        fan_in_fan_out=model_type in CONV1D_TYPES,
     )
     # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stack).
     keep_dtype = not stack_row(setup.framework).fp32_adapters
@@ -330,8 +335,15 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     if setup.grad_ckpt:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise TraceUnsupported(f"model_type {model_type!r}: no gradient checkpointing")
-        enable: Any = model.gradient_checkpointing_enable
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5.x renamed it (the old name warns "deprecated ... removed in v6" and
+        # calls the new one); the pinned trace extra has the new name, an older one the old.
+        kwargs = {"use_reentrant": False}
+        enable: Any = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            enable = model.gradient_checkpointing_enable
+            enable(gradient_checkpointing_kwargs=kwargs)
     hf = model
     if setup.method is Method.FULL:
         for param in model.parameters():
