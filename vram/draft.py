@@ -1,0 +1,43 @@
+"""A line item not validated yet: the estimate compares the step's moments by their bytes, and
+only the peak moment's items become `LineItem`s (a pydantic model costs a validation each;
+about ten of an estimate's items belong to moments that are not the peak).
+
+    >>> ItemDraft("activations.x", "x", "tokens × 2 B", {"tokens": 8}, 16).line_item().bytes
+    16
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vram.result import InputValue, LineItem
+
+
+@dataclass(frozen=True, slots=True)
+class ItemDraft:
+    """The fields of a `LineItem`, validated by `line_item()`."""
+
+    key: str
+    label: str
+    formula: str
+    inputs: Mapping[str, InputValue]
+    bytes: int
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.bytes < 0:  # what LineItem's validation would refuse, for every moment
+            raise ValueError(f"{self.key}: bytes must be >= 0, got {self.bytes}")
+
+    def line_item(self) -> LineItem:
+        return LineItem(key=self.key, label=self.label, formula=self.formula,
+                        inputs=dict(self.inputs), bytes=self.bytes, source=self.source)
+
+
+#: What a moment holds: items built once per setup structure (cached, validated) or drafts.
+Alive = LineItem | ItemDraft
+
+
+def line_items(items: list[Alive]) -> tuple[LineItem, ...]:
+    """The validated items, in order (a cached `LineItem` is kept as it is)."""
+    return tuple(item if isinstance(item, LineItem) else item.line_item() for item in items)
