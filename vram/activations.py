@@ -713,11 +713,11 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     """Activation memory of one micro-batch: the per-token figures (remembered per model for
     setups equal but for the batch size) times its tokens."""
     tokens = setup.micro_batch * setup.seq_len
-    per = memoized(model, ("plan per token", *per_token_key(setup)),
+    key = per_token_key(setup)
+    per = memoized(model, ("plan per token", *key),
                    lambda: _plan_per_token(model, setup, profile))
     # Liger's fused head sizes its chunks to the micro-batch; every other head is per token.
-    head = memoized(model, ("head", *per_token_key(setup),
-                            tokens if profile.fused_linear_loss else 0),
+    head = memoized(model, ("head", *key, tokens if profile.fused_linear_loss else 0),
                     lambda: head_activations(model, setup, profile))
     assert head.kept_per_token is not None  # head_activations always decides it
     per_layer_max = per.layer_max * tokens

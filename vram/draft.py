@@ -8,7 +8,7 @@ about ten of an estimate's items belong to moments that are not the peak).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from vram.result import InputValue, LineItem
@@ -34,10 +34,27 @@ class ItemDraft:
                         inputs=dict(self.inputs), bytes=self.bytes, source=self.source)
 
 
+@dataclass(frozen=True, slots=True)
+class ItemGroup:
+    """Items counted by their total: `items()` builds them only for the peak moment (a layer
+    stack's saved tensors are a dozen items, alive in most moments)."""
+
+    bytes: int
+    items: Callable[[], list[LineItem]]
+
+
 #: What a moment holds: items built once per setup structure (cached, validated) or drafts.
-Alive = LineItem | ItemDraft
+Alive = LineItem | ItemDraft | ItemGroup
 
 
 def line_items(items: list[Alive]) -> tuple[LineItem, ...]:
     """The validated items, in order (a cached `LineItem` is kept as it is)."""
-    return tuple(item if isinstance(item, LineItem) else item.line_item() for item in items)
+    out: list[LineItem] = []
+    for item in items:
+        if isinstance(item, LineItem):
+            out.append(item)
+        elif isinstance(item, ItemDraft):
+            out.append(item.line_item())
+        else:
+            out.extend(item.items())
+    return tuple(out)

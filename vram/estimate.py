@@ -28,7 +28,7 @@ from vram.deepspeed_zero import (
     runs_deepspeed_zero3,
     step_copies_bytes,
 )
-from vram.draft import Alive, ItemDraft, line_items
+from vram.draft import Alive, ItemDraft, ItemGroup, line_items
 from vram.inference import inference_estimate
 from vram.memo import memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
@@ -438,6 +438,8 @@ class StepContext:
     accumulated_bytes: int
     #: What the layers keep for backward, as the loss and the backward see it.
     layers: list[Alive]
+    #: The causal mask as the backward sees it (none unless checkpointing recomputes with it).
+    mask: list[Alive]
     #: The same during the forward (with the causal mask, which backward may have freed).
     forward_layers: list[Alive]
     #: The previous step's bitsandbytes inputs, still held in the forward (LitGPT's loop).
@@ -464,11 +466,12 @@ def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPl
         source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
     )] if plan.previous_step_bytes else []
     saved = _saved_layer_items(model, setup, plan)  # the same in the forward and the backward
+    mask = _mask_items(setup, plan, forward=False)
     return StepContext(
         model=model, setup=setup, plan=plan, grads=grads, working=working,
         step_temp_bytes=step_temp, in_backward=in_backward,
         accumulated_bytes=grads.total if setup.grad_accum > 1 and not in_backward else 0,
-        layers=_mask_items(setup, plan, forward=False) + saved,
+        layers=mask + saved, mask=mask,
         forward_layers=_mask_items(setup, plan, forward=True) + saved, previous=previous,
         bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
     )
@@ -589,7 +592,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
-    mask = [i for i in c.layers if i.key == "activations.mask"]
+    mask = c.mask
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
         *c.working[late_stage], *mask,
         ItemDraft(key="activations.backward", label="first layer's activations and gradients",
@@ -736,18 +739,23 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
         return [ItemDraft(key="activations.kept", label="one layer kept on the GPU",
                           formula="largest layer", inputs={}, bytes=plan.stored_layers_bytes,
                           source="activation offloading")]
-    return [
-        ItemDraft(
-            key=f"activations.{layer.stack}.{term.key}",
-            label=f"{term.label} × {layer.count} {layer.stack} layers",
-            formula=f"tokens × layers × ({term.formula})",
-            inputs={"tokens": tokens, "layers": layer.count,
-                    "per_token_bytes": term.bytes_per_token},
-            bytes=term.bytes_per_token * tokens * layer.count,
-            source="autograd saved tensors; see vram.activations",
-        )
-        for layer in plan.layers for term in layer.terms
-    ]
+    layers = plan.layers
+    # One group: the per-term items (and their f-strings) are built for the peak only.
+    return [ItemGroup(
+        sum(term.bytes_per_token * tokens * layer.count for layer in layers
+            for term in layer.terms),
+        lambda: [
+            LineItem(
+                key=f"activations.{layer.stack}.{term.key}",
+                label=f"{term.label} × {layer.count} {layer.stack} layers",
+                formula=f"tokens × layers × ({term.formula})",
+                inputs={"tokens": tokens, "layers": layer.count,
+                        "per_token_bytes": term.bytes_per_token},
+                bytes=term.bytes_per_token * tokens * layer.count,
+                source="autograd saved tensors; see vram.activations",
+            )
+            for layer in layers for term in layer.terms
+        ])]
 
 
 # ------------------------------------------------------------------------------------------
