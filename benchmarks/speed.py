@@ -9,6 +9,9 @@ fitcheck-llm is installed in this venv its estimate is timed in the same run.
 
 Times are CPU time of this process (`time.process_time`), medians of repeated runs: the
 machine is shared, and wall-clock time there measures the other processes as much as this one.
+Each figure is measured in ROUNDS rounds and the median round is printed with the range; CPU
+time still grows with the load (two cores shared by many processes share caches and
+hyperthreads), so the load average is printed beside it.
 `estimate()` is timed warm (the per-model cache of the batch-independent part filled, as in a
 sweep, a fit or a plan) and cold (a fresh model object each call, an empty cache).
 """
@@ -51,6 +54,16 @@ def median_seconds(call: Callable[[], object], runs: int, warmup: int = 10) -> f
     return statistics.median(samples)
 
 
+#: Rounds of every measurement; the median round is reported, with the range.
+ROUNDS = 3
+
+
+def rounds(measure: Callable[[], float]) -> str:
+    """`measure()` ROUNDS times: "median (min-max)" in its unit."""
+    samples = sorted(measure() for _ in range(ROUNDS))
+    return f"{statistics.median(samples):.3f} ({samples[0]:.3f}-{samples[-1]:.3f})"
+
+
 def sweep_setups(n: int, seed: int = 0) -> list[vram.TrainingSetup]:
     """n distinct single-GPU setups: methods, optimizers, precisions, batches, sequences."""
     rng = random.Random(seed)
@@ -67,13 +80,17 @@ def sweep_setups(n: int, seed: int = 0) -> list[vram.TrainingSetup]:
 
 def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    print("estimate() median over 2000 calls")
+    print(f"times: CPU time of this process (time.process_time), median of {ROUNDS} rounds "
+          "(range in brackets)")
+    print("estimate() per call, the median over 2000 calls in each round, ms")
     for label, (slug, setup) in SETUPS.items():
         model = vram.load_model(slug)
-        median = median_seconds(lambda m=model, s=setup: vram.estimate(m, s), 2000, 100)
-        copies = iter([model.model_copy() for _ in range(400)])
-        cold = median_seconds(lambda c=copies, s=setup: vram.estimate(next(c), s), 300, 100)
-        print(f"  {label:<28} {median * 1e3:7.3f} ms warm, {cold * 1e3:7.3f} ms cold")
+        warm = rounds(lambda m=model, s=setup: median_seconds(
+            lambda: vram.estimate(m, s), 2000, 100) * 1e3)
+        copies = iter([model.model_copy() for _ in range(ROUNDS * 400)])
+        cold = rounds(lambda c=copies, s=setup: median_seconds(
+            lambda: vram.estimate(next(c), s), 300, 100) * 1e3)
+        print(f"  {label:<28} warm {warm}   cold {cold}")
     try:
         import fitcheck  # type: ignore[import-not-found]  # noqa: F401
         print("  fitcheck-llm: installed, but no adapter written yet")
@@ -82,29 +99,36 @@ def main() -> None:
 
     model = vram.load_model("llama-3.1-8b")
     gpus = vram.load_gpus()
-    fit_s = median_seconds(lambda: vram.fit(model, vram.TrainingSetup(), gpus), 200)
-    print(f"fit() over the catalog ({len(gpus)} GPUs), 8B QLoRA: {fit_s * 1e3:.2f} ms")
+    fit_ms = rounds(lambda: median_seconds(
+        lambda: vram.fit(model, vram.TrainingSetup(), gpus), 200) * 1e3)
+    print(f"fit() over the catalog ({len(gpus)} GPUs), 8B QLoRA, ms: {fit_ms}")
 
     default_mfu_table()  # the calibration is read once per process
     slug, setup = PLAN_70B
     big = vram.load_model(slug)
     last = vram.plan(big, setup, tokens=1e9)
-    plan_s = median_seconds(lambda: vram.plan(big, setup, tokens=1e9), 20, 2)
-    print(f"plan() 70B full over the catalog, every lever: {plan_s * 1e3:.1f} ms "
+    plan_ms = rounds(lambda: median_seconds(
+        lambda: vram.plan(big, setup, tokens=1e9), 20, 2) * 1e3)
+    print(f"plan() 70B full over the catalog, every lever, ms: {plan_ms} "
           f"({last.estimates} estimates, {len(last.levers)} levers, {len(last.options)} "
           "options)")
     mine = vram.Hardware(gpu="h100-sxm", count=8)
     last = vram.plan(big, setup, hardware=mine, tokens=1e9)
-    plan_s = median_seconds(lambda: vram.plan(big, setup, hardware=mine, tokens=1e9), 20, 2)
-    print(f"plan() 70B full on 8x H100 (path needed), every lever: {plan_s * 1e3:.1f} ms "
+    plan_ms = rounds(lambda: median_seconds(
+        lambda: vram.plan(big, setup, hardware=mine, tokens=1e9), 20, 2) * 1e3)
+    print(f"plan() 70B full on 8x H100 (path needed), every lever, ms: {plan_ms} "
           f"({last.estimates} estimates)")
 
     setups = sweep_setups(10_000)
-    sweep_model = model.model_copy()  # an empty cache: the sweep fills it as it goes
-    start = time.process_time()
-    for each in setups:
-        vram.estimate(sweep_model, each)
-    print(f"sweep: 10,000 distinct 8B setups estimated in {time.process_time() - start:.2f} s")
+
+    def sweep() -> float:
+        sweep_model = model.model_copy()  # an empty cache: the sweep fills it as it goes
+        start = time.process_time()
+        for each in setups:
+            vram.estimate(sweep_model, each)
+        return time.process_time() - start
+
+    print(f"sweep: 10,000 distinct 8B setups estimated, s: {rounds(sweep)}")
 
     cases = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/validation/cases.csv")
     if cases.exists():

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.attention import Kernel, attention_kernel, mask_bytes, needs_mask
+from vram.attention import Kernel, attention_kernel, mask_bytes_per_sequence, needs_mask
 from vram.head import HeadActivations, head_activations
 from vram.memo import memoized, per_token_key
 from vram.numerics import FP32, Numerics, numerics, zero_half_model
@@ -680,49 +680,81 @@ class ActivationPlan:
     moe_loop: bool = False
 
 
-def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
-    """Activation memory of one micro-batch."""
+@dataclass(frozen=True, slots=True)
+class PlanPerToken:
+    """What `plan` multiplies by the micro-batch's tokens (the masks: by its sequences). It
+    depends on the setup but the batch size, of which only "one sequence or more" matters
+    (`vram.memo.per_token_key`), so a sweep over batch sizes computes it once."""
+
+    layers: list[LayerActivations]
+    layer_max: int  # the largest layer's saved tensors
+    backward_transient: int
+    forward_transient: int
+    backward_peak_in_attention: bool
+    checkpointed: int  # every layer's checkpointed input (0 without checkpointing)
+    stored: int  # every layer's saved tensors (0 under checkpointing)
+    previous_step: int
+    moe: MoeBackward | None
+    mask_per_sequence: int
+
+
+def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
+                    profile: StackProfile) -> PlanPerToken:
     n = numerics(setup, profile)
-    tokens = setup.micro_batch * setup.seq_len
-    layers = memoized(model, ("layers", *per_token_key(setup)),
-                      lambda: [layer_activations(model, stack, setup, profile)
-                               for stack in model.stacks])
-    head = head_activations(model, setup, profile)
-    assert head.kept_per_token is not None  # head_activations always decides it
-    per_layer_max = max(layer.bytes_per_token for layer in layers) * tokens
-    transient = max(layer.backward_transient_per_token for layer in layers) * tokens
-    offloaded = 0
+    layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
+    checkpointed = stored = 0
     if setup.grad_ckpt:
         checkpointed = sum(layer.count for layer in layers) * n.residual * model.hidden_size
         if profile.checkpoint_keeps_ctx_attributes:
             checkpointed += sum(layer.count * layer.ctx_kept_per_token for layer in layers)
-        checkpointed *= tokens
-        stored = 0
-        recompute = per_layer_max
-        if profile.offloads_checkpoints:
-            offloaded = checkpointed
-            checkpointed = 0
     else:
-        checkpointed = 0
-        stored = sum(layer.bytes_per_token * layer.count for layer in layers) * tokens
-        recompute = 0
-        if setup.offload is Offload.ACTIVATIONS:
-            offloaded = stored - per_layer_max
-            stored = per_layer_max
-    moe = next((layer.moe for layer in layers if layer.moe is not None), None)
+        stored = sum(layer.bytes_per_token * layer.count for layer in layers)
+    return PlanPerToken(
+        layers=layers, layer_max=max(layer.bytes_per_token for layer in layers),
+        backward_transient=max(layer.backward_transient_per_token for layer in layers),
+        forward_transient=max(layer.forward_transient_per_token for layer in layers),
+        backward_peak_in_attention=max(
+            layers, key=lambda layer: layer.bytes_per_token + layer.backward_transient_per_token,
+        ).backward_peak_in_attention,
+        checkpointed=checkpointed, stored=stored,
+        previous_step=_previous_step_bytes_per_token(model, setup, profile, layers),
+        moe=next((layer.moe for layer in layers if layer.moe is not None), None),
+        mask_per_sequence=mask_bytes_per_sequence(model, setup, profile, n))
+
+
+def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
+    """Activation memory of one micro-batch: the per-token figures (remembered per model for
+    setups equal but for the batch size) times its tokens."""
+    tokens = setup.micro_batch * setup.seq_len
+    key = per_token_key(setup)
+    per = memoized(model, ("plan per token", *key),
+                   lambda: _plan_per_token(model, setup, profile))
+    # Liger's fused head sizes its chunks to the micro-batch; every other head is per token.
+    head = memoized(model, ("head", *key, tokens if profile.fused_linear_loss else 0),
+                    lambda: head_activations(model, setup, profile))
+    assert head.kept_per_token is not None  # head_activations always decides it
+    per_layer_max = per.layer_max * tokens
+    checkpointed = per.checkpointed * tokens
+    stored = per.stored * tokens
+    recompute = per_layer_max if setup.grad_ckpt else 0
+    offloaded = 0
+    if setup.grad_ckpt and profile.offloads_checkpoints:
+        offloaded, checkpointed = checkpointed, 0
+    elif not setup.grad_ckpt and setup.offload is Offload.ACTIVATIONS:
+        offloaded, stored = stored - per_layer_max, per_layer_max
+    moe = per.moe
     return ActivationPlan(
         moe_freed_minus_inflight_bytes=None if moe is None
         else moe.freed_minus_inflight_per_token * tokens,
         moe_loop=moe is not None and moe.loop,
-        mask_bytes=mask_bytes(model, setup, profile, n),
-        previous_step_bytes=_previous_step_bytes_per_token(model, setup, profile, layers) * tokens,
-        layers=layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
+        mask_bytes=per.mask_per_sequence * setup.micro_batch,
+        previous_step_bytes=per.previous_step * tokens,
+        layers=per.layers, head=head, tokens=tokens, checkpointed_bytes=checkpointed,
         stored_layers_bytes=stored, recompute_bytes=recompute, layer_bytes_max=per_layer_max,
-        backward_transient_bytes=transient, head_saved_bytes=head.saved_per_token * tokens,
-        forward_transient_bytes=max(layer.forward_transient_per_token for layer in layers) * tokens,
-        backward_peak_in_attention=max(
-            layers, key=lambda layer: layer.bytes_per_token + layer.backward_transient_per_token,
-        ).backward_peak_in_attention,
+        backward_transient_bytes=per.backward_transient * tokens,
+        head_saved_bytes=head.saved_per_token * tokens,
+        forward_transient_bytes=per.forward_transient * tokens,
+        backward_peak_in_attention=per.backward_peak_in_attention,
         head_kept_bytes=head.kept_per_token * tokens, head_cast_bytes=head.cast_per_token * tokens,
         head_peak_bytes=head.loss_peak_per_token * tokens, offloaded_bytes=offloaded,
     )

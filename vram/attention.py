@@ -72,11 +72,11 @@ def needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) ->
         model.sliding_window and model.sliding_window < setup.seq_len)
 
 
-def mask_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-               n: Numerics) -> int:
+def mask_bytes_per_sequence(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                            n: Numerics) -> int:
     """HF materializes a [batch, 1, s, s] additive causal mask in the compute dtype when the
     kernel needs one (eager, math), and a second one for sliding-window layers (Gemma 2)
-    (transformers masking_utils)."""
+    (transformers masking_utils). Per sequence of the batch: the mask grows with the batch."""
     hf = runs_transformers_code(profile)
     causal = [st for st in model.stacks if st.causal]
     if not hf or not causal:
@@ -87,7 +87,7 @@ def mask_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
         # A fused kernel needs no mask, except a sliding window: HF then builds a boolean
         # [batch, 1, s, s] mask (SDPA turns it into each layer's bias, counted per layer).
         if Kernel.EFFICIENT in kernels and needs_mask(model, setup, profile):
-            return setup.micro_batch * s * s
+            return s * s
         return 0
     masks = 2 if model.sliding_window and model.sliding_window < s else 1
-    return masks * setup.micro_batch * s * s * n.compute
+    return masks * s * s * n.compute

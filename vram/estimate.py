@@ -34,6 +34,7 @@ from vram.deepspeed_zero import (
     runs_deepspeed_zero3,
     step_copies_bytes,
 )
+from vram.draft import Alive, ItemDraft, ItemGroup, line_items
 from vram.inference import inference_estimate
 from vram.memo import memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
@@ -96,9 +97,9 @@ class Moment:
     phase: Phase
     label: str
     gradient_bytes: int
-    activation_items: list[LineItem] = field(default_factory=list)
+    activation_items: list[Alive] = field(default_factory=list)
     #: Gradients that exist only in this moment (a unit's whole gradients before reduction).
-    extra_gradient_items: list[LineItem] = field(default_factory=list)
+    extra_gradient_items: list[Alive] = field(default_factory=list)
     #: Parameters that exist only in this moment (DeepSpeed ZeRO-3's gathered ones).
     weight_items: list[LineItem] = field(default_factory=list)
 
@@ -548,11 +549,13 @@ class StepContext:
     #: Gradients accumulated over earlier micro-batches, alive through the whole step.
     accumulated_bytes: int
     #: What the layers keep for backward, as the loss and the backward see it.
-    layers: list[LineItem]
+    layers: list[Alive]
+    #: The causal mask as the backward sees it (none unless checkpointing recomputes with it).
+    mask: list[Alive]
     #: The same during the forward (with the causal mask, which backward may have freed).
-    forward_layers: list[LineItem]
+    forward_layers: list[Alive]
     #: The previous step's bitsandbytes inputs, still held in the forward (LitGPT's loop).
-    previous: list[LineItem]
+    previous: list[Alive]
     #: An MoE layer's bank gradient write, a candidate for a layer's backward peak.
     bank: BankWrite | None
 
@@ -568,18 +571,19 @@ def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPl
                   grads: GradientPart, working: dict[Stage, list[LineItem]],
                   step_temp: int) -> StepContext:
     in_backward = steps_in_backward(setup)
-    previous = [LineItem(
+    previous: list[Alive] = [ItemDraft(
         key="activations.previous_step", label="previous step's bitsandbytes inputs",
         formula="tokens × Σ layers × MatMul4Bit inputs (ctx attributes outlive backward)",
         inputs={"tokens": plan.tokens}, bytes=plan.previous_step_bytes,
         source="litgpt/finetune/lora.py fit() keeps `loss` and `logits` until reassigned",
     )] if plan.previous_step_bytes else []
     saved = _saved_layer_items(model, setup, plan)  # the same in the forward and the backward
+    mask = _mask_items(setup, plan, forward=False)
     return StepContext(
         model=model, setup=setup, plan=plan, grads=grads, working=working,
         step_temp_bytes=step_temp, in_backward=in_backward,
         accumulated_bytes=grads.total if setup.grad_accum > 1 and not in_backward else 0,
-        layers=_mask_items(setup, plan, forward=False) + saved,
+        layers=mask + saved, mask=mask,
         forward_layers=_mask_items(setup, plan, forward=True) + saved, previous=previous,
         bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
     )
@@ -605,10 +609,10 @@ def _last_layer_forward(c: StepContext) -> list[Moment]:
         return []
     return [Moment(Phase.FORWARD, "the last layer's forward", c.accumulated_bytes, [
         *c.forward_layers, *c.working[Stage.LAYERS_FORWARD],
-        LineItem(key="activations.layer_forward", label="attention scores of the layer running",
-                 formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
-                 inputs={"tokens": plan.tokens}, bytes=plan.forward_transient_bytes,
-                 source="eager/math attention materializes s × s scores"),
+        ItemDraft(key="activations.layer_forward", label="attention scores of the layer running",
+                  formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
+                  inputs={"tokens": plan.tokens}, bytes=plan.forward_transient_bytes,
+                  source="eager/math attention materializes s × s scores"),
         *c.previous])]
 
 
@@ -617,8 +621,8 @@ def _forward_end(c: StepContext) -> Moment:
     plan = c.plan
     return Moment(Phase.FORWARD, "end of forward", c.accumulated_bytes, [
         *c.forward_layers, *c.working[Stage.FORWARD],
-        LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
-                 inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=_HEAD_SOURCE),
+        ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
+                  inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=_HEAD_SOURCE),
         *c.previous])
 
 
@@ -629,9 +633,9 @@ def _output_cast(c: StepContext) -> list[Moment]:
         return []
     return [Moment(Phase.FORWARD, "the output cast to fp32", c.accumulated_bytes, [
         *c.forward_layers,
-        LineItem(key="activations.head", label=plan.head.label, formula=plan.head.formula,
-                 inputs=c.head_inputs, bytes=plan.head_cast_bytes,
-                 source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
+        ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
+                  inputs=c.head_inputs, bytes=plan.head_cast_bytes,
+                  source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
         *c.previous])]
 
 
@@ -641,17 +645,17 @@ def _loss(c: StepContext) -> Moment:
     plan = c.plan
     return Moment(Phase.BACKWARD, "the loss", c.accumulated_bytes, [
         *c.layers, *c.working[Stage.LOSS],
-        LineItem(key="activations.loss", label="logits, loss and their gradients",
-                 formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
-                 source=_HEAD_SOURCE)])
+        ItemDraft(key="activations.loss", label="logits, loss and their gradients",
+                  formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
+                  source=_HEAD_SOURCE)])
 
 
-def _reducing(c: StepContext) -> list[LineItem]:
+def _reducing(c: StepContext) -> list[Alive]:
     """With sharded gradients, the unit in backward holds its gradients whole until they are
     reduce-scattered."""
     if not c.grads.unsharded_unit:
         return []
-    return [LineItem(
+    return [ItemDraft(
         key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
         formula="one layer's gradients before reduce-scatter",
         inputs={"gpus": c.setup.n_gpus}, bytes=c.grads.unsharded_unit,
@@ -670,9 +674,9 @@ def _top_layer_backward(c: StepContext) -> Moment:
     # Optimizer-in-backward keeps one parameter's gradient at a time (the head's is largest).
     top_grads = grads.head if c.in_backward else max(c.accumulated_bytes,
                                                      grads.head + layer_grads)
-    head_left = LineItem(key="activations.head_left", label="logits kept into backward",
-                         formula="what the loss leaves for the layers' backward",
-                         inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=_HEAD_SOURCE)
+    head_left = ItemDraft(key="activations.head_left", label="logits kept into backward",
+                          formula="what the loss leaves for the layers' backward",
+                          inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=_HEAD_SOURCE)
     vocab = c.model.vocab_size
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
         *c.layers, *c.working[Stage.TOP_LAYER], head_left,
@@ -700,14 +704,14 @@ def _first_layer_backward(c: StepContext) -> Moment:
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
-    mask = [i for i in c.layers if i.key == "activations.mask"]
+    mask = c.mask
     late = Moment(Phase.BACKWARD, "the first layer's backward", late_grads, [
         *c.working[late_stage], *mask,
-        LineItem(key="activations.backward", label="first layer's activations and gradients",
-                 formula="one layer's saved tensors + its backward buffers + the gradient "
+        ItemDraft(key="activations.backward", label="first layer's activations and gradients",
+                  formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
-                 bytes=first_layer + plan.backward_transient_bytes + building,
-                 source="per-layer backward"), *_tied_pending(grads, vocab)], _reducing(c))
+                  bytes=first_layer + plan.backward_transient_bytes + building,
+                  source="per-layer backward"), *_tied_pending(grads, vocab)], _reducing(c))
     if c.bank is None:
         return late
     return _with_bank_write(late, plan, Moment(
@@ -726,17 +730,17 @@ def _embedding_backward(c: StepContext) -> Moment:
     vocab = c.model.vocab_size
     return Moment(Phase.BACKWARD, "the embedding's backward", 0 if c.in_backward else max(
         c.accumulated_bytes, embedding_grads), [
-        LineItem(key="activations.embedding_grad", label="embedding gradient being built",
-                 formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
-                 bytes=grads.embedding, source="aten embedding_dense_backward"),
+        ItemDraft(key="activations.embedding_grad", label="embedding gradient being built",
+                  formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
+                  bytes=grads.embedding, source="aten embedding_dense_backward"),
         *_tied_pending(grads, vocab)])
 
 
 def _optimizer_step(c: StepContext) -> Moment:
     """The optimizer step: every gradient, and the step's temporaries."""
-    items = []
+    items: list[Alive] = []
     if c.step_temp_bytes:
-        items.append(LineItem(
+        items.append(ItemDraft(
             key="activations.optimizer_temp", label="optimizer step temporaries",
             formula="one state-sized list (foreach AdamW's sqrt(v))", inputs={},
             bytes=c.step_temp_bytes, source="torch/optim/adamw.py _multi_tensor_adamw"))
@@ -763,7 +767,7 @@ class BankWrite:
     casts_released: int  # autocast's bf16 copies of the experts already through backward
     loop: bool
 
-    def item(self, saved: int, plan: act.ActivationPlan) -> LineItem:
+    def item(self, saved: int, plan: act.ActivationPlan) -> ItemDraft:
         freed = plan.moe_freed_minus_inflight_bytes or 0
         if self.loop:
             formula = ("saved − 2/E of the experts' + gradient of the layer's input + "
@@ -774,7 +778,7 @@ class BankWrite:
             formula = ("saved − the experts' (but gathered inputs and outputs) + gradient of "
                        "the gate/up output + the gate/up bank gradient")
             source = "transformers grouped_mm experts: the bank's gradient in one tensor"
-        return LineItem(
+        return ItemDraft(
             key="activations.backward", label="an MoE layer's backward, at its bank gradient",
             formula=formula, inputs={"tokens": plan.tokens},
             bytes=max(0, saved - freed + self.buffers - self.casts_released), source=source)
@@ -799,18 +803,18 @@ def _bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan
     return BankWrite(buffers, 0, casts, loop=True)
 
 
-def _tied_pending(grads: GradientPart, vocab: int) -> list[LineItem]:
+def _tied_pending(grads: GradientPart, vocab: int) -> list[Alive]:
     if not grads.tied:
         return []
-    return [LineItem(
+    return [ItemDraft(
         key="activations.tied_grad_pending", label="the head's gradient of the tied embedding",
         formula="vocab × hidden × grad bytes (in autograd's input buffer, not yet a .grad)",
         inputs={"vocab": vocab}, bytes=grads.tied,
         source="autograd InputBuffer: a leaf used twice gets one .grad when both arrive")]
 
 
-def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
-    return LineItem(
+def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> ItemDraft:
+    return ItemDraft(
         key="activations.backward", label="backward of the top layer"
         + (" (recomputed)" if setup.grad_ckpt else ""),
         formula="one layer's activations (checkpointing) + its gradient buffers",
@@ -821,9 +825,9 @@ def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> LineItem:
 
 
 def _mask_items(setup: TrainingSetup, plan: act.ActivationPlan, *,
-                forward: bool) -> list[LineItem]:
+                forward: bool) -> list[Alive]:
     """The causal mask the layers share, beside what they keep (`_saved_layer_items`)."""
-    return [LineItem(
+    return [ItemDraft(
         key="activations.mask", label="causal attention mask (eager/math attention)",
         formula="batch × s × s × e (one per window kind)", inputs={"seq": setup.seq_len},
         bytes=plan.mask_bytes, source="transformers masking_utils: a 4-D additive mask",
@@ -831,12 +835,12 @@ def _mask_items(setup: TrainingSetup, plan: act.ActivationPlan, *,
 
 
 def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-                       ) -> list[LineItem]:
+                       ) -> list[Alive]:
     tokens = plan.tokens
     if setup.grad_ckpt:
         if not plan.checkpointed_bytes:
             return []
-        return [LineItem(
+        return [ItemDraft(
             key="activations.checkpoints", label="checkpointed layer inputs",
             formula="layers × tokens × h × residual bytes",
             inputs={"layers": model.n_layers, "tokens": tokens, "h": model.hidden_size},
@@ -844,49 +848,31 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
             source="torch.utils.checkpoint keeps each layer's input",
         )]
     if setup.offload is Offload.ACTIVATIONS:
-        return [LineItem(key="activations.kept", label="one layer kept on the GPU",
-                         formula="largest layer", inputs={}, bytes=plan.stored_layers_bytes,
-                         source="activation offloading")]
-    return [
-        LineItem(
-            key=f"activations.{layer.stack}.{term.key}",
-            label=f"{term.label} × {layer.count} {layer.stack} layers",
-            formula=f"tokens × layers × ({term.formula})",
-            inputs={"tokens": tokens, "layers": layer.count,
-                    "per_token_bytes": term.bytes_per_token},
-            bytes=term.bytes_per_token * tokens * layer.count,
-            source="autograd saved tensors; see vram.activations",
-        )
-        for layer in plan.layers for term in layer.terms
-    ]
+        return [ItemDraft(key="activations.kept", label="one layer kept on the GPU",
+                          formula="largest layer", inputs={}, bytes=plan.stored_layers_bytes,
+                          source="activation offloading")]
+    layers = plan.layers
+    # One group: the per-term items (and their f-strings) are built for the peak only.
+    return [ItemGroup(
+        sum(term.bytes_per_token * tokens * layer.count for layer in layers
+            for term in layer.terms),
+        lambda: [
+            LineItem(
+                key=f"activations.{layer.stack}.{term.key}",
+                label=f"{term.label} × {layer.count} {layer.stack} layers",
+                formula=f"tokens × layers × ({term.formula})",
+                inputs={"tokens": tokens, "layers": layer.count,
+                        "per_token_bytes": term.bytes_per_token},
+                bytes=term.bytes_per_token * tokens * layer.count,
+                source="autograd saved tensors; see vram.activations",
+            )
+            for layer in layers for term in layer.terms
+        ])]
 
 
 # ------------------------------------------------------------------------------------------
 # The estimate
 # ------------------------------------------------------------------------------------------
-
-
-def _overhead_items(setup: TrainingSetup, slack: int, paged: int,
-                    state: OptimizerState) -> list[LineItem]:
-    items = [
-        LineItem(key="overhead.allocator", label="caching-allocator slack (fragmentation)",
-                 formula="reserved − allocated", inputs={}, bytes=slack,
-                 source="PyTorch CUDA caching allocator; see vram.overhead"),
-        LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
-                 formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
-                 source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
-    ]
-    nccl = nccl_bytes(setup)
-    if nccl:
-        items.append(LineItem(
-            key="overhead.nccl", label="NCCL communication buffers", formula="constant",
-            inputs={"gpus": setup.n_gpus}, bytes=nccl, source="NCCL default buffers"))
-    if paged:
-        items.append(LineItem(
-            key="overhead.paged", label="paged optimizer state (unified memory, on the GPU)",
-            formula=state.formula, inputs={}, bytes=paged,
-            source="bitsandbytes paged optimizers (cudaMallocManaged)"))
-    return items
 
 
 @dataclass(frozen=True, slots=True)
@@ -916,19 +902,94 @@ def _deepspeed_zero(setup: TrainingSetup, groups: list[ParamGroup], shards: Shar
     return ZeroBuffers(True, bucket, step_copies_bytes(partition, grad_dtype, master_dtype))
 
 
+def _slack_item(slack: int) -> LineItem:
+    return LineItem(key="overhead.allocator", label="caching-allocator slack (fragmentation)",
+                    formula="reserved − allocated", inputs={}, bytes=slack,
+                    source="PyTorch CUDA caching allocator; see vram.overhead")
+
+
+def _fixed_overhead_items(setup: TrainingSetup, paged: int,
+                          state: OptimizerState) -> tuple[LineItem, ...]:
+    """The overhead beside the allocator's slack (which follows the peak): the CUDA context,
+    NCCL's buffers and paged optimizer state."""
+    items = [
+        LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
+                 formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
+                 source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
+    ]
+    nccl = nccl_bytes(setup)
+    if nccl:
+        items.append(LineItem(
+            key="overhead.nccl", label="NCCL communication buffers", formula="constant",
+            inputs={"gpus": setup.n_gpus}, bytes=nccl, source="NCCL default buffers"))
+    if paged:
+        items.append(LineItem(
+            key="overhead.paged", label="paged optimizer state (unified memory, on the GPU)",
+            formula=state.formula, inputs={}, bytes=paged,
+            source="bitsandbytes paged optimizers (cudaMallocManaged)"))
+    return tuple(items)
+
+
+def _bucket_gradient_items(setup: TrainingSetup, grads: GradientPart,
+                           zero: ZeroBuffers) -> tuple[LineItem, ...]:
+    """The gradient buffers beside the parameters' own gradients: DDP's and ZeRO-3's buckets."""
+    items = []
+    if grads.ddp_buckets:
+        items.append(LineItem(
+            key="gradients.ddp_buckets", label="DDP gradient buckets",
+            formula="one more copy of the gradients (gradient_as_bucket_view=False)",
+            inputs={}, bytes=grads.ddp_buckets,
+            source="torch.nn.parallel.DistributedDataParallel"))
+    if zero.bucket_bytes:
+        items.append(LineItem(
+            key="gradients.zero_buckets", label="DeepSpeed ZeRO reduce bucket"
+            + ("s (overlap_comm)" if ipg_buckets(setup) > 1 else ""),
+            formula="buckets × reduce_bucket_size × gradient dtype bytes",
+            inputs={"reduce_bucket_values": reduce_bucket_values(setup),
+                    "buckets": ipg_buckets(setup)},
+            bytes=zero.bucket_bytes,
+            source="deepspeed/runtime/zero/stage3.py@v0.18.4#L611 ipg_buckets[dtype].buffer; "
+                   "stage_1_and_2.py@v0.18.4#L2239-L2251 (a second with overlap_comm)"))
+    return tuple(items)
+
+
+def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
+    """The notes that do not depend on the peak moment."""
+    notes: list[str] = []
+    if optimizer.paged_bytes:
+        notes.append(
+            f"Paged optimizer state ({optimizer.paged_bytes:,} B) lives in unified memory: "
+            "nvidia-smi can show it, torch.cuda.max_memory_allocated() does not.")
+    if model.approximate:
+        notes.append("The architecture was derived from a parameter count: figures are "
+                     "approximate.")
+    return tuple(notes)
+
+
 @dataclass(frozen=True, slots=True)
 class StatePart:
     """What does not depend on the batch or the sequence: the stack's behaviours, the
-    parameter groups, and the weights, gradients and optimizer parts built from them."""
+    parameter groups, and the weights, gradients and optimizer parts built from them, with
+    the result's pieces made of them alone (validated once per setup structure)."""
 
     profile: StackProfile
     groups: list[ParamGroup]
     shards: Shards
-    weight_items: list[LineItem]
-    host: int
+    host_bytes: int  # weights, gradients and optimizer state offloaded to the host
     optimizer: OptimizerPart
     grads: GradientPart
     working: dict[Stage, list[LineItem]]
+    zero: ZeroBuffers
+    #: Weights, optimizer state and the DDP and ZeRO-3 buckets: alive at every moment.
+    static_bytes: int
+    #: Weights + every gradient + every optimizer state (`Estimate.state_bytes`).
+    state_bytes: int
+    params: ParamCounts
+    weights: Bucket
+    optimizer_bucket: Bucket
+    bucket_gradient_items: tuple[LineItem, ...]
+    fixed_overhead: tuple[LineItem, ...]
+    fixed_notes: tuple[str, ...]
 
 
 #: Setup fields no part of `StatePart` reads (a sweep over them reuses one `StatePart`).
@@ -940,12 +1001,26 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     groups = param_groups(model, setup, profile)
     shards = shards_of(setup)
     weight_items, host = _weight_items(model, setup, profile, groups, shards)
+    weights = sum(item.bytes for item in weight_items)
+    optimizer = _optimizer_part(model, groups, setup, profile, shards)
+    opt_bytes = sum(item.bytes for item in optimizer.items)
+    grads = _gradient_part(model, setup, groups, shards)
+    zero = _deepspeed_zero(setup, groups, shards, grads)
     return StatePart(
-        profile=profile, groups=groups, shards=shards, weight_items=weight_items, host=host,
-        optimizer=_optimizer_part(model, groups, setup, profile, shards),
-        grads=_gradient_part(model, setup, groups, shards),
+        profile=profile, groups=groups, shards=shards,
+        host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
         working={stage: _working_items(model, setup, profile, groups, shards, stage)
-                 for stage in Stage})
+                 for stage in Stage},
+        zero=zero, static_bytes=weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes,
+        state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
+        params=ParamCounts(
+            total=model.n_params, trainable=trainable_params(groups),
+            quantized=sum(g.n_params for g in groups if g.storage in QUANTIZED)),
+        weights=Bucket(name=BucketName.WEIGHTS, items=tuple(weight_items)),
+        optimizer_bucket=Bucket(name=BucketName.OPTIMIZER, items=tuple(optimizer.items)),
+        bucket_gradient_items=_bucket_gradient_items(setup, grads, zero),
+        fixed_overhead=_fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state),
+        fixed_notes=_fixed_notes(model, optimizer))
 
 
 def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
@@ -957,32 +1032,23 @@ def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     """Per-GPU memory of one training step of `model` under `setup`."""
     part = state_part(model, setup)
-    profile, groups, shards = part.profile, part.groups, part.shards
-    plan = act.plan(model, setup, profile)
-
-    weight_items, host = part.weight_items, part.host
-    weights = sum(item.bytes for item in weight_items)
-    optimizer = part.optimizer
-    opt_bytes = sum(item.bytes for item in optimizer.items)
-    grads = part.grads
-    working = part.working
-    zero = _deepspeed_zero(setup, groups, shards, grads)
-    moments = _moments(model, setup, plan, grads, working,
-                       optimizer.step_temp_bytes + zero.step_copies_bytes)
+    plan = act.plan(model, setup, part.profile)
+    grads, zero = part.grads, part.zero
+    moments = _moments(model, setup, plan, grads, part.working,
+                       part.optimizer.step_temp_bytes + zero.step_copies_bytes)
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
     live = memoized(model, ("deepspeed_live", setup_key(setup, TOKEN_FIELDS)),
-                    lambda: _deepspeed_live_items(model, setup, groups))
+                    lambda: _deepspeed_live_items(model, setup, part.groups))
     if live:
         for moment in moments:
             moment.weight_items = live.get(moment.label, [])
 
-    static = weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes
-
+    gradients = [m.gradients_total for m in moments]
     activations = [m.activation_bytes for m in moments]
-    totals = [static + m.gradients_total + act_bytes + m.weight_bytes
-              for m, act_bytes in zip(moments, activations, strict=True)]
+    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes
+              for m, grad_bytes, act_bytes in zip(moments, gradients, activations, strict=True)]
     # The first of equal moments wins: the allocator reaches a peak at its first moment.
     peak_index = max(range(len(moments)), key=totals.__getitem__)
     peak = moments[peak_index]
@@ -992,65 +1058,49 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     reserved = max(total + allocator_slack_bytes(total, act_bytes)
                    for total, act_bytes in zip(totals, activations, strict=True))
 
-    grad_items = [LineItem(
-        key="gradients.params", label="gradients of trainable parameters",
-        formula="trainable params × grad dtype bytes"
-        + (f" ÷ {shards.gradients}" if shards.gradients > 1 else ""),
-        inputs={"trainable_params": trainable_params(groups), "shards": shards.gradients,
-                "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
-        bytes=peak.gradient_bytes, source="PyTorch .grad takes the parameter's dtype",
-    )]
-    if grads.ddp_buckets:
-        grad_items.append(LineItem(
-            key="gradients.ddp_buckets", label="DDP gradient buckets",
-            formula="one more copy of the gradients (gradient_as_bucket_view=False)",
-            inputs={}, bytes=grads.ddp_buckets,
-            source="torch.nn.parallel.DistributedDataParallel"))
-    if zero.bucket_bytes:
-        grad_items.append(LineItem(
-            key="gradients.zero_buckets", label="DeepSpeed ZeRO reduce bucket"
-            + ("s (overlap_comm)" if ipg_buckets(setup) > 1 else ""),
-            formula="buckets × reduce_bucket_size × gradient dtype bytes",
-            inputs={"reduce_bucket_values": reduce_bucket_values(setup),
-                    "buckets": ipg_buckets(setup)},
-            bytes=zero.bucket_bytes,
-            source="deepspeed/runtime/zero/stage3.py@v0.18.4#L611 ipg_buckets[dtype].buffer; "
-                   "stage_1_and_2.py@v0.18.4#L2239-L2251 (a second with overlap_comm)"))
-    grad_items.extend(peak.extra_gradient_items)
-
-    notes: list[str] = []
-    if peak.gradient_bytes < grads.total:
-        notes.append(f"The peak is at {peak.label}: only part of the gradients exist then.")
-    if optimizer.paged_bytes:
-        notes.append(
-            f"Paged optimizer state ({optimizer.paged_bytes:,} B) lives in unified memory: "
-            "nvidia-smi can show it, torch.cuda.max_memory_allocated() does not.")
-    if model.approximate:
-        notes.append("The architecture was derived from a parameter count: figures are "
-                     "approximate.")
-
-    slack = max(0, reserved - allocated)
-    overhead = _overhead_items(setup, slack, optimizer.paged_bytes, optimizer.state)
+    overhead = (_slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
+    weights = part.weights if not peak.weight_items else Bucket(
+        name=BucketName.WEIGHTS, items=(*part.weights.items, *peak.weight_items))
     buckets = (
-        Bucket(name=BucketName.WEIGHTS, items=(*weight_items, *peak.weight_items)),
-        Bucket(name=BucketName.GRADIENTS, items=tuple(grad_items)),
-        Bucket(name=BucketName.OPTIMIZER, items=tuple(optimizer.items)),
-        Bucket(name=BucketName.ACTIVATIONS, items=tuple(peak.activation_items)),
-        Bucket(name=BucketName.OVERHEAD, items=tuple(overhead)),
+        weights,
+        Bucket(name=BucketName.GRADIENTS, items=_gradient_items(part, peak)),
+        part.optimizer_bucket,
+        Bucket(name=BucketName.ACTIVATIONS, items=line_items(peak.activation_items)),
+        Bucket(name=BucketName.OVERHEAD, items=overhead),
     )
-    quantized = sum(g.n_params for g in groups if g.storage in QUANTIZED)
     return Estimate(
-        model_name=model.name, setup=setup,
-        params=ParamCounts(total=model.n_params, trainable=trainable_params(groups),
-                           quantized=quantized),
+        model_name=model.name, setup=setup, params=part.params,
         buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved,
         device_peak_bytes=allocated + sum(i.bytes for i in overhead),
-        host_bytes=host + grads.host + optimizer.host_bytes + plan.offloaded_bytes,
-        paged_bytes=optimizer.paged_bytes, inference=inference_estimate(model, setup),
-        state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
-        approximate=model.approximate, notes=tuple(notes),
+        host_bytes=part.host_bytes + plan.offloaded_bytes,
+        paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
+        state_bytes=part.state_bytes, approximate=model.approximate,
+        notes=_notes(part, peak),
         moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
-                                  gradient_bytes=m.gradients_total, activation_bytes=act_bytes)
-                      for m, total, act_bytes in zip(moments, totals, activations, strict=True)),
+                                  gradient_bytes=grad_bytes, activation_bytes=act_bytes)
+                      for m, total, grad_bytes, act_bytes
+                      in zip(moments, totals, gradients, activations, strict=True)),
     )
+
+
+def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
+    """The gradients alive at the peak: the parameters' (as many as exist then), the buckets,
+    and what exists only in that moment."""
+    grads, shards = part.grads, part.shards
+    params = LineItem(
+        key="gradients.params", label="gradients of trainable parameters",
+        formula="trainable params × grad dtype bytes"
+        + (f" ÷ {shards.gradients}" if shards.gradients > 1 else ""),
+        inputs={"trainable_params": part.params.trainable, "shards": shards.gradients,
+                "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
+        bytes=peak.gradient_bytes, source="PyTorch .grad takes the parameter's dtype",
+    )
+    return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items))
+
+
+def _notes(part: StatePart, peak: Moment) -> tuple[str, ...]:
+    if peak.gradient_bytes < part.grads.total:
+        return (f"The peak is at {peak.label}: only part of the gradients exist then.",
+                *part.fixed_notes)
+    return part.fixed_notes

@@ -46,20 +46,26 @@ def _per_token(model: ModelSpec) -> tuple[int, int]:
 
 def inference_estimate(model: ModelSpec, setup: TrainingSetup) -> InferenceEstimate:
     """Memory to serve `model` for `setup.micro_batch` sequences of `setup.seq_len` tokens.
-    What depends on the model alone is remembered per model (`vram.memo`)."""
+    It reads nothing else of the setup but the quantization, so it is remembered per model
+    for those three (a sweep over training knobs builds it once per batch shape)."""
     quant = setup.effective_quant
+    return memoized(model, ("inference", quant, setup.micro_batch, setup.seq_len),
+                    lambda: _inference(model, quant, setup.micro_batch, setup.seq_len))
+
+
+def _inference(model: ModelSpec, quant: Quant, batch: int, seq_len: int) -> InferenceEstimate:
     e = 2
-    tokens = setup.micro_batch * setup.seq_len
+    tokens = batch * seq_len
     weights = memoized(model, ("inference.weights", quant), lambda: _weights_item(model, quant))
     kv_per_token, widest = memoized(model, "inference.per_token", lambda: _per_token(model))
     kv = kv_per_token * tokens
     working = 3 * e * tokens * widest
-    logits = FP32 * setup.micro_batch * model.vocab_size
+    logits = FP32 * batch * model.vocab_size
     items = (
         weights,
         LineItem(key="inference.kv_cache", label="KV cache",
                  formula="2 · layers · kv_heads · head_dim · 2 B · batch · tokens",
-                 inputs={"batch": setup.micro_batch, "tokens": setup.seq_len}, bytes=kv,
+                 inputs={"batch": batch, "tokens": seq_len}, bytes=kv,
                  source="Pope et al. 2022, §2"),
         LineItem(key="inference.working", label="one layer's working activations",
                  formula="3 · 2 B · tokens · max(I, q width)", inputs={"tokens": tokens},
