@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from vram import activations as act
+from vram import fsdp2
 from vram.architecture import ModelSpec, Role
 from vram.deepspeed_zero import (
     ipg_bucket_bytes,
@@ -86,6 +87,13 @@ class Moment:
     activation_items: list[LineItem] = field(default_factory=list)
     #: Gradients that exist only in this moment (a unit's whole gradients before reduction).
     extra_gradient_items: list[LineItem] = field(default_factory=list)
+    #: What FSDP2 holds unsharded at this moment (`vram.fsdp2`): gathered parameters
+    #: (`weights.*`) and unsharded gradients and reduce buffers (`gradients.*`).
+    in_flight_items: list[LineItem] = field(default_factory=list)
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return sum(item.bytes for item in self.in_flight_items)
 
     @property
     def gradients_total(self) -> int:
@@ -123,8 +131,8 @@ def _weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             source="bitsandbytes quantize_4bit (QLoRA §2)" if group.storage in QUANTIZED
             else "parameter count × dtype",
         ))
-    gathered = _gathered_bytes(model, setup, groups)
-    if gathered or offload_params:
+    gathered = 0 if profile.fsdp2 else _gathered_bytes(model, setup, groups)
+    if gathered or (offload_params and not profile.fsdp2):
         gathered = max(gathered, 2 * sum(g.bytes for g in groups) // max(1, model.n_layers))
         items.append(LineItem(
             key="weights.gathered", label="gathered layers (ZeRO-3/FSDP, with prefetch)",
@@ -365,6 +373,12 @@ class GradientPart:
     #: it holds the last reference; an out-of-place sum seen under a dispatch mode is not what a
     #: GPU runs).
     tied: int = 0
+    #: Gradients made only at the end of backward, after every block's: an untied embedding's
+    #: and a tied one's (whose .grad waits for the embedding's backward); under FSDP2 every
+    #: gradient of the root unit (embedding, head), reduced at the root's post-backward.
+    pending: int = 0
+    #: FSDP2's unsharded sizes (`vram.fsdp2`); None for any other sharding.
+    fsdp2: fsdp2.Fsdp2Units | None = None
     #: The largest attention projection's gradient (being written when a layer's backward
     #: peaks in its attention, after the MLP's gradients became .grad).
     largest_in_attention: int = 0
@@ -374,8 +388,23 @@ class GradientPart:
     bank_experts: int = 0
 
 
+def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                         groups: list[ParamGroup], total: int, per_layer: int,
+                         unit: int) -> GradientPart:
+    """FSDP2: the root's sharded gradients (embedding, head) exist only after its
+    post-backward, at the end; the head's gradient waits unsharded until then (an in-flight
+    item) and a tied embedding's in autograd's buffer; the embedding's is built unsharded."""
+    units = fsdp2.units(model, setup, profile, groups)
+    root = sum(_grad_bytes(g) for g in groups if g.trainable and g.key in fsdp2.ROOT_KEYS)
+    embedding = next((g for g in groups if g.key == "embedding" and g.trainable), None)
+    built = embedding.n_params * fsdp2.gather_bytes(embedding, profile) if embedding else 0
+    return GradientPart(total, 0, 0, built, per_layer, 0, 0, 0, unit,
+                        tied=fsdp2.tied_pending_bytes(model, groups, profile),
+                        pending=root // setup.n_gpus, fsdp2=units)
+
+
 def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
-                   shards: Shards) -> GradientPart:
+                   shards: Shards, profile: StackProfile) -> GradientPart:
     trainable = [g for g in groups if g.trainable]
     full = sum(_grad_bytes(g) for g in trainable)
     by_key = {g.key: _grad_bytes(g) for g in trainable}
@@ -408,12 +437,18 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     unit = per_layer if (n > 1 or offloaded) and not in_backward else 0
     embedding = by_key.get("embedding", 0)
     if offloaded:
-        # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
-        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit)
+        # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory (FSDP2
+        # still gathers and reduces on the GPU).
+        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit, fsdp2=(
+            fsdp2.units(model, setup, profile, groups) if profile.fsdp2 else None))
     tied = embedding if tied_lm and "head" not in by_key and not in_backward \
         else 0
+    if profile.fsdp2 and not in_backward:
+        return _fsdp2_gradient_part(model, setup, profile, groups, full // n, per_layer // n,
+                                    unit)
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
                         per_layer // n, ddp, 0, largest, unit, tied=tied // n,
+                        pending=untied_embedding // n + tied // n,
                         largest_in_attention=largest_attention,
                         # a unit's gradients are whole until reduce-scattered
                         bank_gate_up=banks[Role.GATE_UP] // (1 if unit else n),
@@ -480,9 +515,44 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     holds the weight copies alive at each stage."""
     c = _step_context(model, setup, plan, grads, working, step_temp)
     # Order matters for ties: the allocator reaches a peak at its first moment.
-    return [*_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
-            _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
-            _optimizer_step(c)]
+    return _with_fsdp2(c, [
+        *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
+        _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
+        _optimizer_step(c)])
+
+
+#: What FSDP2 holds unsharded at each moment of the step (`vram.fsdp2`).
+_FSDP2_IN_FLIGHT = {
+    "the last layer's forward": fsdp2.forward_block,
+    "end of forward": fsdp2.forward_end,
+    "the output cast to fp32": fsdp2.forward_end,
+    "the loss": fsdp2.loss_backward,
+    "the top layer's backward": fsdp2.top_block_backward,
+    "the first layer's backward": fsdp2.first_block_backward,
+    "the embedding's backward": fsdp2.embedding_backward,
+}
+
+
+def _with_fsdp2(c: StepContext, moments: list[Moment]) -> list[Moment]:
+    """Under FSDP2, each moment with what is unsharded then, and one moment more: the last
+    block's all-gather, with the blocks before it saved (three blocks' parameters alive)."""
+    units = c.grads.fsdp2
+    if units is None:
+        return moments
+    for moment in moments:
+        in_flight = _FSDP2_IN_FLIGHT.get(moment.label)
+        moment.in_flight_items = in_flight(units) if in_flight else []
+    layers = max(1, c.model.n_layers)
+    per_block = [i for i in c.forward_layers if i.key != "activations.mask"]
+    saved = sum(i.bytes for i in per_block) * (layers - 1) // layers
+    gather = Moment(Phase.FORWARD, "the last block's all-gather", c.accumulated_bytes, [
+        *[i for i in c.forward_layers if i.key == "activations.mask"],
+        *c.working[Stage.LAYERS_FORWARD],
+        LineItem(key="activations.blocks_before_last", label="what the blocks before the last "
+                 "keep for backward", formula="(layers − 1) / layers × the layers' saved tensors",
+                 inputs={"layers": layers}, bytes=saved, source="see vram.activations"),
+        *c.previous], in_flight_items=fsdp2.forward_gather(units))
+    return [gather, *moments]
 
 
 def _last_layer_forward(c: StepContext) -> list[Moment]:
@@ -537,7 +607,7 @@ def _loss(c: StepContext) -> Moment:
 def _reducing(c: StepContext) -> list[LineItem]:
     """With sharded gradients, the unit in backward holds its gradients whole until they are
     reduce-scattered."""
-    if not c.grads.unsharded_unit:
+    if not c.grads.unsharded_unit or c.grads.fsdp2 is not None:
         return []
     return [LineItem(
         key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
@@ -584,7 +654,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         grads.largest_in_attention if plan.backward_peak_in_attention
         else grads.largest_in_layer)
     late_grads = grads.head if c.in_backward else max(
-        c.accumulated_bytes, grads.total - grads.untied_embedding - grads.tied - building
+        c.accumulated_bytes, grads.total - grads.pending - building
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
@@ -600,7 +670,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         return late
     return _with_bank_write(late, plan, Moment(
         Phase.BACKWARD, "the first layer's backward",
-        max(c.accumulated_bytes, grads.total - grads.untied_embedding - grads.tied
+        max(c.accumulated_bytes, grads.total - grads.pending
             - grads.per_layer + c.bank.done_in_layer), [
             *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
             *_tied_pending(grads, vocab)]))
@@ -610,7 +680,7 @@ def _embedding_backward(c: StepContext) -> Moment:
     """The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     becomes an untied embedding's .grad or is added (in place) into a tied one's."""
     grads = c.grads
-    embedding_grads = grads.total - grads.untied_embedding - grads.tied
+    embedding_grads = grads.total - grads.pending
     vocab = c.model.vocab_size
     return Moment(Phase.BACKWARD, "the embedding's backward", 0 if c.in_backward else max(
         c.accumulated_bytes, embedding_grads), [
@@ -828,7 +898,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     return StatePart(
         profile=profile, groups=groups, shards=shards, weight_items=weight_items, host=host,
         optimizer=_optimizer_part(model, groups, setup, profile, shards),
-        grads=_gradient_part(model, setup, groups, shards),
+        grads=_gradient_part(model, setup, groups, shards, profile),
         working={stage: _working_items(model, setup, profile, groups, shards, stage)
                  for stage in Stage})
 
@@ -861,7 +931,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     static = weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes
 
     activations = [m.activation_bytes for m in moments]
-    totals = [static + m.gradients_total + act_bytes
+    totals = [static + m.gradients_total + act_bytes + m.in_flight_bytes
               for m, act_bytes in zip(moments, activations, strict=True)]
     # The first of equal moments wins: the allocator reaches a peak at its first moment.
     peak_index = max(range(len(moments)), key=totals.__getitem__)
@@ -894,6 +964,9 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
             bytes=zero.bucket_bytes,
             source="deepspeed/runtime/zero/stage3.py@v0.16.0 ipg_buckets[dtype].buffer"))
     grad_items.extend(peak.extra_gradient_items)
+    grad_items.extend(i for i in peak.in_flight_items if i.key.startswith("gradients."))
+    weight_items = [*weight_items,
+                    *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
 
     notes: list[str] = []
     if peak.gradient_bytes < grads.total:
@@ -928,6 +1001,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
         approximate=model.approximate, notes=tuple(notes),
         moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
-                                  gradient_bytes=m.gradients_total, activation_bytes=act_bytes)
+                                  gradient_bytes=m.gradients_total, activation_bytes=act_bytes,
+                                  in_flight_bytes=m.in_flight_bytes)
                       for m, total, act_bytes in zip(moments, totals, activations, strict=True)),
     )

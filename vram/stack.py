@@ -17,7 +17,11 @@ from types import MappingProxyType
 from typing import Literal
 
 from vram.errors import VramError
-from vram.knob_rules import bnb_keeps_matmul_input, fsdp1_keeps_frozen_unsharded
+from vram.knob_rules import (
+    bnb_keeps_matmul_input,
+    effective_fsdp_version,
+    fsdp1_keeps_frozen_unsharded,
+)
 from vram.precision import PrecisionPolicy, precision_policy
 from vram.setup import Framework, Loss, Method, Sharding, TrainingSetup
 from vram.units import Dtype
@@ -492,6 +496,8 @@ class StackProfile:
     casts_output_to_fp32: bool
     #: The dtype of each kind of tensor in this run.
     precision: PrecisionPolicy
+    #: FSDP2 (`fully_shard`) shards the run (`runs_fsdp2`; see `vram.fsdp2`).
+    fsdp2: bool = False
 
 
 def runs_transformers_code(profile: StackProfile) -> bool:
@@ -527,13 +533,32 @@ def ckpt_reentrant(setup: TrainingSetup) -> bool:
     return row.default_ckpt_reentrant
 
 
+def runs_fsdp2(setup: TrainingSetup) -> bool:
+    """FSDP2 (`fully_shard`) shards the run: ZeRO-3-style sharding over 2+ GPUs, FSDP version 2
+    (the setup's, else the stack's)."""
+    return (setup.sharding is Sharding.ZERO3 and setup.n_gpus > 1
+            and effective_fsdp_version(setup, stack_row(setup.framework).default_fsdp_version)
+            == 2)
+
+
+def fsdp2_root_holds_embeddings(setup: TrainingSetup) -> bool:
+    """FSDP2 with the blocks and the model wrapped (Accelerate's FSDP2, the HF stacks): the
+    embedding and head are the root unit's, the recipe `vram.trace.sharded` traces and
+    `vram.fsdp2` models. torchtune and torchtitan shard them as units of their own
+    (`vram.fsdp2.SEPARATE_EMBEDDING_UNITS`), not modelled yet."""
+    from vram.fsdp2 import SEPARATE_EMBEDDING_UNITS
+
+    return runs_fsdp2(setup) and setup.framework not in SEPARATE_EMBEDDING_UNITS
+
+
 def profile_for(setup: TrainingSetup) -> StackProfile:
     """The stack's row applied to `setup`: the one place where behaviours depend on the
     method, the sharding or the precision."""
     row = stack_row(setup.framework)
     qlora = setup.method is Method.QLORA
     upcasts = row.kbit_upcast and qlora and (row.kbit_upcast_sharded or not _sharded_qlora(setup))
-    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts)
+    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts,
+                                 fsdp2=fsdp2_root_holds_embeddings(setup))
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
@@ -562,6 +587,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
                               and precision.sixteen_bit is not Dtype.FP16),
         casts_output_to_fp32=row.casts_output_to_fp32,
         precision=precision,
+        fsdp2=fsdp2_root_holds_embeddings(setup),
     )
 
 
