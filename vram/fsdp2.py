@@ -35,9 +35,10 @@ from vram.units import BF16_BYTES, FP32_BYTES
 #: Parameter groups in the root unit (`fully_shard(model)` after every block).
 ROOT_KEYS = ("embedding", "embedding_extra", "head")
 #: Stacks that shard the embedding and the head as units of their own, so the root holds
-#: nothing across the step (not traced yet: they keep the ZeRO-3 rule of `vram.estimate`,
-#: two gathered blocks, and DeepSpeed's 16-bit model with an fp32 master): torchtitan (torchtitan/models/llama3/infra/parallelize.py@6404b93
-#: apply_fsdp: tok_embeddings, each block, [norm, output], then the model) and torchtune
+#: nothing across the step (not traced yet: they keep the ZeRO-3 rule of `vram.estimate`, two
+#: gathered blocks, and DeepSpeed's 16-bit model with an fp32 master): torchtitan
+#: (torchtitan/models/llama3/infra/parallelize.py@6404b93 apply_fsdp: tok_embeddings, each
+#: block, [norm, output], then the model) and torchtune
 #: (recipes/configs/llama3_1/70B_full.yaml@30b8519e8 custom_sharded_layers: tok_embeddings,
 #: output). Accelerate's FSDP2 (the HF stacks) wraps the blocks and the model: the embedding
 #: and head are the root's (accelerate/utils/fsdp_utils.py@v1.13.0 fsdp2_prepare_model).
