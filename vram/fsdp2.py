@@ -17,7 +17,7 @@ trace of rank 0, `vram.trace.sharded`):
   keeps every block's to its backward);
 * backward: the block running is unsharded and the next one's all-gather is prefetched
   (`pre_backward` -> `_backward_prefetch`, #L576-L585); the previous block's reduce-scatter
-  buffer stays until this block's post-backward (`reduce_scatter_states`, #L640-L655); the
+  buffer stays until this block's post-backward (`reduce_scatter_states`, #L647-L658); the
   root's gradients (the head's) wait unsharded until the root's post-backward, at the end.
 """
 
@@ -79,7 +79,7 @@ class Fsdp2Units:
 
 def reshards_after_forward(setup: TrainingSetup) -> bool:
     """`fully_shard(reshard_after_forward=...)` for the blocks: the setup's, else FSDP2's
-    default True (_fully_shard.py@v2.13.0 fully_shard)."""
+    default True (_fully_shard.py@v2.13.0 fully_shard #L246-L260)."""
     return True if setup.fsdp_reshard_after_forward is None else setup.fsdp_reshard_after_forward
 
 
@@ -143,9 +143,17 @@ def forward_block(u: Fsdp2Units) -> list[LineItem]:
     return [_root(u), _blocks(u, 2 + kept, "buffer and parameters")]
 
 
+def _kept(u: Fsdp2Units) -> list[LineItem]:
+    """Without resharding, every block's parameters are kept to its backward, and the last
+    block's all-gather buffer too: `wait_for_unshard` frees the saved all-gather state only in
+    the forward of the next unit gathered, and in this step none is (#L429-L432)."""
+    return [] if u.reshards else [_blocks(u, u.n_layers + 1, "kept to backward, and the "
+                                          "last block's buffer")]
+
+
 def forward_end(u: Fsdp2Units) -> list[LineItem]:
     """After the blocks: the root; without resharding every block."""
-    return [_root(u)] + ([] if u.reshards else [_blocks(u, u.n_layers, "kept to backward")])
+    return [_root(u), *_kept(u)]
 
 
 def _head_grad(u: Fsdp2Units) -> list[LineItem]:
@@ -160,8 +168,9 @@ def loss_backward(u: Fsdp2Units) -> list[LineItem]:
     """The loss's backward: the root's pre-backward has prefetched the top block (its
     all-gather buffer; the copy-out waits for the block's own pre-backward); without
     resharding every block is still unsharded."""
-    count = 1 if u.reshards else u.n_layers
-    return [_root(u), _blocks(u, count, "the top block's prefetch"), *_head_grad(u)]
+    if not u.reshards:
+        return [_root(u), *_kept(u), *_head_grad(u)]
+    return [_root(u), _blocks(u, 1, "the top block's prefetch"), *_head_grad(u)]
 
 
 def _building(u: Fsdp2Units) -> LineItem:
@@ -179,8 +188,9 @@ def _reduce_buffer(u: Fsdp2Units) -> LineItem:
 def top_block_backward(u: Fsdp2Units) -> list[LineItem]:
     """The top block's backward: it and the prefetched next block (every block without
     resharding), its gradients being made."""
-    count = 2 if u.reshards else u.n_layers
-    return [_root(u), _blocks(u, count, "this block and prefetch"), *_head_grad(u),
+    if not u.reshards:
+        return [_root(u), *_kept(u), *_head_grad(u), _building(u)]
+    return [_root(u), _blocks(u, 2, "this block and prefetch"), *_head_grad(u),
             _building(u)]
 
 

@@ -51,7 +51,7 @@ GATHERED, REDUCING = "gathered", "reducing"
 
 def fsdp2_reshards_after_forward(setup: TrainingSetup) -> bool:
     """`fully_shard(reshard_after_forward=...)` of the blocks: the setup's, else FSDP2's
-    default True (torch/distributed/fsdp/_fully_shard/_fully_shard.py@v2.13.0 fully_shard)."""
+    default True (torch/distributed/fsdp/_fully_shard/_fully_shard.py@v2.13.0 #L246-L260)."""
     value = setup.fsdp_reshard_after_forward
     return True if value is None else value
 
