@@ -57,6 +57,7 @@ AXES: dict[str, list[Any]] = {
     "seq_len": [1024, 4096],
 }
 FIXED: dict[str, Any] = {"framework": "hf-trainer", "sharding": "zero3", "fsdp_version": 2,
+                         "lora_base_16bit": False,  # the grid was traced with an fp32 base
                          "optimizer": "adamw", "attention": "sdpa",
                          "lora_targets": "q_proj,v_proj", "lora_rank": 16}
 TRACE_KEYS = ("buckets", "bucket_max", "allocated_peak_bytes", "peak_at", "phase")

@@ -104,14 +104,29 @@ def _trained_weight_bytes(setup: TrainingSetup) -> int:
     return FP32_BYTES
 
 
-def _frozen_weight_bytes(setup: TrainingSetup, upcasts_frozen: bool) -> int:
+def _frozen_weight_bytes(setup: TrainingSetup, upcasts_frozen: bool,
+                         base_16bit: bool) -> int:
     """A QLoRA base's frozen 16-bit parameters follow the stack (prepare_model_for_kbit_training
-    upcasts them to fp32); otherwise frozen parameters are stored like trained ones."""
+    upcasts them to fp32); a LoRA base under a mixed recipe stays in the 16 bits it was loaded
+    in on a stack that loads it so (`lora_base_16bit`); otherwise frozen parameters are stored
+    like trained ones."""
     if setup.precision is Precision.FP32:
         return FP32_BYTES
     if setup.method is Method.QLORA:
         return FP32_BYTES if upcasts_frozen else BF16_BYTES
+    if lora_base_16bit(setup, base_16bit):
+        return BF16_BYTES
     return _trained_weight_bytes(setup)
+
+
+def lora_base_16bit(setup: TrainingSetup, stack_loads_16bit: bool) -> bool:
+    """LoRA under autocast over a base loaded in 16 bits (the `lora_base_16bit` knob, else the
+    stack's default, e.g. Transformers 5's `from_pretrained(dtype="auto")`: the checkpoint's
+    bf16): the frozen Linears are 16-bit, so autocast casts nothing but the adapters and the
+    residual stream is 16-bit too."""
+    loads = setup.lora_base_16bit if setup.lora_base_16bit is not None else stack_loads_16bit
+    return (loads and setup.method is Method.LORA and is_mixed(setup)
+            and not runs_half_model(setup))
 
 
 def _adapter_input_bytes(setup: TrainingSetup, fp32_adapters: bool) -> int:
@@ -127,7 +142,8 @@ def _adapter_input_bytes(setup: TrainingSetup, fp32_adapters: bool) -> int:
     return BF16_BYTES
 
 
-def fsdp2_mixed_policy(setup: TrainingSetup, *, fp32_adapters: bool) -> PrecisionPolicy:
+def fsdp2_mixed_policy(setup: TrainingSetup, *, fp32_adapters: bool,
+                       base_16bit: bool = False) -> PrecisionPolicy:
     """FSDP2's `MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)`: the sharded
     parameters stay as loaded (fp32) and are the optimizer's master, so gradients and states are
     fp32 and no extra master copy exists; every all-gather casts to 16 bits, so the layers
@@ -137,7 +153,8 @@ def fsdp2_mixed_policy(setup: TrainingSetup, *, fp32_adapters: bool) -> Precisio
     sixteen = Dtype.FP16 if setup.precision is Precision.FP16_MIXED else Dtype.BF16
     adapters = FP32_BYTES if fp32_adapters else BF16_BYTES
     return PrecisionPolicy(
-        weights=FP32_BYTES, frozen_weights=FP32_BYTES, adapters=adapters,
+        weights=FP32_BYTES, frozen_weights=BF16_BYTES if base_16bit else FP32_BYTES,
+        adapters=adapters,
         adapter_inputs=BF16_BYTES, gradients=adapters if setup.trains_adapters else FP32_BYTES,
         states=adapters if setup.trains_adapters else FP32_BYTES, master=0,
         compute=BF16_BYTES, residual=BF16_BYTES, attention=BF16_BYTES, autocast=False,
@@ -147,16 +164,19 @@ def fsdp2_mixed_policy(setup: TrainingSetup, *, fp32_adapters: bool) -> Precisio
 
 
 def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
-                     upcasts_frozen: bool, fsdp2: bool = False) -> PrecisionPolicy:
+                     upcasts_frozen: bool, base_16bit: bool = False,
+                     fsdp2: bool = False) -> PrecisionPolicy:
     """The dtype policy of `setup` on a stack that does (`fp32_adapters`) or does not upcast
-    LoRA adapters, and does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen
-    16-bit parameters to fp32; `fsdp2`: the run shards with FSDP2 (`fully_shard`)."""
+    LoRA adapters, does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen 16-bit
+    parameters to fp32, and does (`base_16bit`) or does not load a LoRA base in 16 bits;
+    `fsdp2`: the run shards with FSDP2 (`fully_shard`) and the traced wrapping."""
     mixed = is_mixed(setup)
     if fsdp2 and mixed and setup.method is not Method.QLORA:
-        return fsdp2_mixed_policy(setup, fp32_adapters=fp32_adapters)
+        return fsdp2_mixed_policy(setup, fp32_adapters=fp32_adapters,
+                                  base_16bit=lora_base_16bit(setup, base_16bit))
     half_model = runs_half_model(setup)
     weights = _trained_weight_bytes(setup)
-    frozen = _frozen_weight_bytes(setup, upcasts_frozen)
+    frozen = _frozen_weight_bytes(setup, upcasts_frozen, base_16bit)
     adapter_inputs = _adapter_input_bytes(setup, fp32_adapters)
     # Under a mixed recipe the adapters are 16-bit when ZeRO casts the model, or beside a
     # 16-bit base on a stack that builds them in the base's dtype (LitGPT, torchtune).
@@ -179,6 +199,10 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
     elif setup.precision is Precision.BF16_TRUE or half_model:
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, BF16_BYTES, False, BF16_BYTES, False)
+    elif lora_base_16bit(setup, base_16bit):
+        # the 16-bit embedding starts a 16-bit residual stream; autocast runs the adapters
+        compute, residual, autocast, attention, input_copy = (
+            BF16_BYTES, BF16_BYTES, True, BF16_BYTES, False)
     else:
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, FP32_BYTES, True, BF16_BYTES, False)
