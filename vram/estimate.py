@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from vram import activations as act
+from vram import fsdp2
 from vram.architecture import ModelSpec, Role
 from vram.deepspeed_zero import (
     gathers_copies,
@@ -102,10 +103,17 @@ class Moment:
     extra_gradient_items: list[Alive] = field(default_factory=list)
     #: Parameters that exist only in this moment (DeepSpeed ZeRO-3's gathered ones).
     weight_items: list[LineItem] = field(default_factory=list)
+    #: What FSDP2 holds unsharded at this moment (`vram.fsdp2`): gathered parameters
+    #: (`weights.*`) and unsharded gradients and reduce buffers (`gradients.*`).
+    in_flight_items: list[LineItem] = field(default_factory=list)
 
     @property
     def weight_bytes(self) -> int:
         return sum(item.bytes for item in self.weight_items)
+
+    @property
+    def in_flight_bytes(self) -> int:
+        return sum(item.bytes for item in self.in_flight_items)
 
     @property
     def gradients_total(self) -> int:
@@ -147,8 +155,8 @@ def _weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
         # DeepSpeed's coordinator, not FSDP's units: see `_deepspeed_live_items`
         items.extend(_deepspeed_persistent_items(setup, groups, shards))
         return items, host
-    gathered = _gathered_bytes(model, setup, groups)
-    if gathered or offload_params:
+    gathered = 0 if profile.fsdp2 else _gathered_bytes(model, setup, groups)
+    if gathered or (offload_params and not profile.fsdp2):
         gathered = max(gathered, 2 * sum(g.bytes for g in groups) // max(1, model.n_layers))
         items.append(LineItem(
             key="weights.gathered", label="gathered layers (ZeRO-3/FSDP, with prefetch)",
@@ -478,6 +486,12 @@ class GradientPart:
     #: it holds the last reference; an out-of-place sum seen under a dispatch mode is not what a
     #: GPU runs).
     tied: int = 0
+    #: Gradients made only at the end of backward, after every block's: an untied embedding's
+    #: and a tied one's (whose .grad waits for the embedding's backward); under FSDP2 every
+    #: gradient of the root unit (embedding, head), reduced at the root's post-backward.
+    pending: int = 0
+    #: FSDP2's unsharded sizes (`vram.fsdp2`); None for any other sharding.
+    fsdp2: fsdp2.Fsdp2Units | None = None
     #: The largest attention projection's gradient (being written when a layer's backward
     #: peaks in its attention, after the MLP's gradients became .grad).
     largest_in_attention: int = 0
@@ -487,8 +501,23 @@ class GradientPart:
     bank_experts: int = 0
 
 
+def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                         groups: list[ParamGroup], total: int, per_layer: int,
+                         unit: int) -> GradientPart:
+    """FSDP2: the root's sharded gradients (embedding, head) exist only after its
+    post-backward, at the end; the head's gradient waits unsharded until then (an in-flight
+    item) and a tied embedding's in autograd's buffer; the embedding's is built unsharded."""
+    units = fsdp2.units(model, setup, profile, groups)
+    root = sum(_grad_bytes(g) for g in groups if g.trainable and g.key in fsdp2.ROOT_KEYS)
+    embedding = next((g for g in groups if g.key == "embedding" and g.trainable), None)
+    built = embedding.n_params * fsdp2.gather_bytes(embedding, profile) if embedding else 0
+    return GradientPart(total, 0, 0, built, per_layer, 0, 0, 0, unit,
+                        tied=fsdp2.tied_pending_bytes(model, groups, profile),
+                        pending=root // setup.n_gpus, fsdp2=units)
+
+
 def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
-                   shards: Shards) -> GradientPart:
+                   shards: Shards, profile: StackProfile) -> GradientPart:
     trainable = [g for g in groups if g.trainable]
     full = sum(_grad_bytes(g) for g in trainable)
     by_key = {g.key: _grad_bytes(g) for g in trainable}
@@ -521,12 +550,18 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
     unit = per_layer if (n > 1 or offloaded) and not in_backward else 0
     embedding = by_key.get("embedding", 0)
     if offloaded:
-        # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory.
-        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit)
+        # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory (FSDP2
+        # still gathers and reduces on the GPU).
+        return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit, fsdp2=(
+            fsdp2.units(model, setup, profile, groups) if profile.fsdp2 else None))
     tied = embedding if tied_lm and "head" not in by_key and not in_backward \
         else 0
+    if profile.fsdp2 and not in_backward:
+        return _fsdp2_gradient_part(model, setup, profile, groups, full // n, per_layer // n,
+                                    unit)
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
                         per_layer // n, ddp, 0, largest, unit, tied=tied // n,
+                        pending=untied_embedding // n + tied // n,
                         largest_in_attention=largest_attention,
                         # a unit's gradients are whole until reduce-scattered
                         bank_gate_up=banks[Role.GATE_UP] // (1 if unit else n),
@@ -596,9 +631,45 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     holds the weight copies alive at each stage."""
     c = _step_context(model, setup, plan, grads, working, step_temp)
     # Order matters for ties: the allocator reaches a peak at its first moment.
-    return [*_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
-            _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
-            _optimizer_step(c)]
+    return _with_fsdp2(c, [
+        *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
+        _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
+        _optimizer_step(c)])
+
+
+#: What FSDP2 holds unsharded at each moment of the step (`vram.fsdp2`).
+_FSDP2_IN_FLIGHT = {
+    "the last layer's forward": fsdp2.forward_block,
+    "end of forward": fsdp2.forward_end,
+    "the output cast to fp32": fsdp2.forward_end,
+    "the loss": fsdp2.loss_backward,
+    "the top layer's backward": fsdp2.top_block_backward,
+    "the first layer's backward": fsdp2.first_block_backward,
+    "the embedding's backward": fsdp2.embedding_backward,
+}
+
+
+def _with_fsdp2(c: StepContext, moments: list[Moment]) -> list[Moment]:
+    """Under FSDP2, each moment with what is unsharded then, and one moment more: the last
+    block's all-gather, with the blocks before it saved (three blocks' parameters alive)."""
+    units = c.grads.fsdp2
+    if units is None:
+        return moments
+    for moment in moments:
+        in_flight = _FSDP2_IN_FLIGHT.get(moment.label)
+        moment.in_flight_items = in_flight(units) if in_flight else []
+    layers = max(1, c.model.n_layers)
+    mask = [i for i in c.forward_layers
+            if not isinstance(i, ItemGroup) and i.key == "activations.mask"]
+    saved = sum(i.bytes for i in c.forward_layers if i not in mask) * (layers - 1) // layers
+    gather = Moment(Phase.FORWARD, "the last block's all-gather", c.accumulated_bytes, [
+        *mask,
+        *c.working[Stage.LAYERS_FORWARD],
+        LineItem(key="activations.blocks_before_last", label="what the blocks before the last "
+                 "keep for backward", formula="(layers − 1) / layers × the layers' saved tensors",
+                 inputs={"layers": layers}, bytes=saved, source="see vram.activations"),
+        *c.previous], in_flight_items=fsdp2.forward_gather(units))
+    return [gather, *moments]
 
 
 def _last_layer_forward(c: StepContext) -> list[Moment]:
@@ -653,7 +724,7 @@ def _loss(c: StepContext) -> Moment:
 def _reducing(c: StepContext) -> list[Alive]:
     """With sharded gradients, the unit in backward holds its gradients whole until they are
     reduce-scattered."""
-    if not c.grads.unsharded_unit:
+    if not c.grads.unsharded_unit or c.grads.fsdp2 is not None:
         return []
     return [ItemDraft(
         key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
@@ -700,7 +771,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         grads.largest_in_attention if plan.backward_peak_in_attention
         else grads.largest_in_layer)
     late_grads = grads.head if c.in_backward else max(
-        c.accumulated_bytes, grads.total - grads.untied_embedding - grads.tied - building
+        c.accumulated_bytes, grads.total - grads.pending - building
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
@@ -716,7 +787,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         return late
     return _with_bank_write(late, plan, Moment(
         Phase.BACKWARD, "the first layer's backward",
-        max(c.accumulated_bytes, grads.total - grads.untied_embedding - grads.tied
+        max(c.accumulated_bytes, grads.total - grads.pending
             - grads.per_layer + c.bank.done_in_layer), [
             *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
             *_tied_pending(grads, vocab)]))
@@ -726,7 +797,7 @@ def _embedding_backward(c: StepContext) -> Moment:
     """The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     becomes an untied embedding's .grad or is added (in place) into a tied one's."""
     grads = c.grads
-    embedding_grads = grads.total - grads.untied_embedding - grads.tied
+    embedding_grads = grads.total - grads.pending
     vocab = c.model.vocab_size
     return Moment(Phase.BACKWARD, "the embedding's backward", 0 if c.in_backward else max(
         c.accumulated_bytes, embedding_grads), [
@@ -1004,7 +1075,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     weights = sum(item.bytes for item in weight_items)
     optimizer = _optimizer_part(model, groups, setup, profile, shards)
     opt_bytes = sum(item.bytes for item in optimizer.items)
-    grads = _gradient_part(model, setup, groups, shards)
+    grads = _gradient_part(model, setup, groups, shards, profile)
     zero = _deepspeed_zero(setup, groups, shards, grads)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
@@ -1047,7 +1118,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
 
     gradients = [m.gradients_total for m in moments]
     activations = [m.activation_bytes for m in moments]
-    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes
+    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes + m.in_flight_bytes
               for m, grad_bytes, act_bytes in zip(moments, gradients, activations, strict=True)]
     # The first of equal moments wins: the allocator reaches a peak at its first moment.
     peak_index = max(range(len(moments)), key=totals.__getitem__)
@@ -1059,8 +1130,10 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
                    for total, act_bytes in zip(totals, activations, strict=True))
 
     overhead = (_slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
-    weights = part.weights if not peak.weight_items else Bucket(
-        name=BucketName.WEIGHTS, items=(*part.weights.items, *peak.weight_items))
+    extra_weights = [*peak.weight_items,
+                     *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
+    weights = part.weights if not extra_weights else Bucket(
+        name=BucketName.WEIGHTS, items=(*part.weights.items, *extra_weights))
     buckets = (
         weights,
         Bucket(name=BucketName.GRADIENTS, items=_gradient_items(part, peak)),
@@ -1078,7 +1151,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         state_bytes=part.state_bytes, approximate=model.approximate,
         notes=_notes(part, peak),
         moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
-                                  gradient_bytes=grad_bytes, activation_bytes=act_bytes)
+                                  gradient_bytes=grad_bytes, activation_bytes=act_bytes,
+                                  in_flight_bytes=m.in_flight_bytes)
                       for m, total, grad_bytes, act_bytes
                       in zip(moments, totals, gradients, activations, strict=True)),
     )
@@ -1096,7 +1170,9 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
                 "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
         bytes=peak.gradient_bytes, source="PyTorch .grad takes the parameter's dtype",
     )
-    return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items))
+    in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
+    return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),
+            *in_flight)
 
 
 def _notes(part: StatePart, peak: Moment) -> tuple[str, ...]:

@@ -65,6 +65,9 @@ class PrecisionPolicy:
     #: The dtype bitsandbytes dequantizes a 4-bit weight into (its compute dtype: fp32 on an
     #: fp32 recipe, 16 bits otherwise).
     dequantized: int
+    #: FSDP2's mixed-precision policy all-gathers parameters in 16 bits and reduce-scatters
+    #: gradients in fp32 (`vram.fsdp2`).
+    gathers_16bit: bool = False
 
     @property
     def casts_weights(self) -> bool:
@@ -158,15 +161,40 @@ def _autocast_16bit(setup: TrainingSetup, torch_autocast: bool) -> bool:
     return torch_autocast and (setup.precision is Precision.BF16_TRUE or runs_half_model(setup))
 
 
+def fsdp2_mixed_policy(setup: TrainingSetup, *, fp32_adapters: bool,
+                       base_16bit: bool = False) -> PrecisionPolicy:
+    """FSDP2's `MixedPrecisionPolicy(param_dtype=16-bit, reduce_dtype=fp32)`: the sharded
+    parameters stay as loaded (fp32) and are the optimizer's master, so gradients and states are
+    fp32 and no extra master copy exists; every all-gather casts to 16 bits, so the layers
+    (adapters too) compute in 16 bits without autocast
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param.py@v2.13.0 init_dtype_attrs,
+    _fsdp_collectives.py foreach_reduce: `reduce_dtype` to the shard's `orig_dtype`)."""
+    sixteen = Dtype.FP16 if setup.precision is Precision.FP16_MIXED else Dtype.BF16
+    adapters = FP32_BYTES if fp32_adapters else BF16_BYTES
+    return PrecisionPolicy(
+        weights=FP32_BYTES, frozen_weights=BF16_BYTES if base_16bit else FP32_BYTES,
+        adapters=adapters,
+        adapter_inputs=BF16_BYTES, gradients=adapters if setup.trains_adapters else FP32_BYTES,
+        states=adapters if setup.trains_adapters else FP32_BYTES, master=0,
+        compute=BF16_BYTES, residual=BF16_BYTES, attention=BF16_BYTES, autocast=False,
+        input_copy_per_linear=False, half_model=True, sixteen_bit=sixteen,
+        dequantized=BF16_BYTES, gathers_16bit=True,
+    )
+
+
 def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool, upcasts_frozen: bool,
                      base_16bit: bool = False, deepspeed_engine: bool = False,
-                     torch_autocast: bool = False) -> PrecisionPolicy:
+                     torch_autocast: bool = False, fsdp2: bool = False) -> PrecisionPolicy:
     """The dtype policy of `setup` on a stack that does (`fp32_adapters`) or does not upcast
     LoRA adapters, does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen 16-bit
     parameters to fp32, and does (`base_16bit`) or does not load a LoRA base in 16 bits;
     `deepspeed_engine`: DeepSpeed's ZeRO engine shards it; `torch_autocast`: torch.autocast
-    runs over a 16-bit model (`vram.knob_rules`)."""
+    runs over a 16-bit model (`vram.knob_rules`); `fsdp2`: the run shards with FSDP2
+    (`fully_shard`) and the traced wrapping."""
     mixed = is_mixed(setup)
+    if fsdp2 and mixed and setup.method is not Method.QLORA:
+        return fsdp2_mixed_policy(setup, fp32_adapters=fp32_adapters,
+                                  base_16bit=lora_base_16bit(setup, base_16bit))
     half_model = runs_half_model(setup)
     weights = _trained_weight_bytes(setup)
     frozen = _frozen_weight_bytes(setup, upcasts_frozen, base_16bit)

@@ -95,6 +95,9 @@ class MomentBytes(BaseModel):
     allocated_bytes: NonNegativeInt
     gradient_bytes: NonNegativeInt
     activation_bytes: NonNegativeInt
+    #: What FSDP2 holds unsharded at this moment (gathered parameters, unsharded gradients,
+    #: reduce buffers; `vram.fsdp2`); in `allocated_bytes`, in neither of the two above.
+    in_flight_bytes: NonNegativeInt = 0
 
 
 class Estimate(BaseModel):

@@ -263,6 +263,16 @@ class TrainingSetup(BaseModel):
         help="with FSDP sharding: 1 = FullyShardedDataParallel, 2 = fully_shard (default: the "
              "stack's)",
     )] = None
+    #: FSDP2's `fully_shard(reshard_after_forward=...)` for the blocks: free each block's
+    #: all-gathered parameters after its forward (True) or keep them to its backward (False).
+    #: None: the stack's default (FSDP2's True).
+    fsdp_reshard_after_forward: Annotated[bool | None, Field(strict=True), Knob(
+        "FSDP2 reshard after forward", key="reshard", flag="--fsdp-reshard-after-forward",
+        labels=(("auto", "stack default"), ("true", "reshard (free after forward)"),
+                ("false", "keep gathered parameters to backward")),
+        help="with FSDP2: free each block's gathered parameters after its forward (default: "
+             "the stack's, FSDP2's True)",
+    )] = None
     #: The PyTorch version, as major.minor ("2.1"); None: a current one.
     torch_version: Annotated[str | None, Knob(
         "PyTorch version", key="torch", flag="--torch-version", column="torch_version",

@@ -19,6 +19,7 @@ from typing import Literal
 from vram.errors import VramError
 from vram.knob_rules import (
     bnb_keeps_matmul_input,
+    effective_fsdp_version,
     fsdp1_keeps_frozen_unsharded,
     runs_deepspeed_engine,
     torch_autocast,
@@ -594,6 +595,8 @@ class StackProfile:
     casts_output_to_fp32: bool
     #: The dtype of each kind of tensor in this run.
     precision: PrecisionPolicy
+    #: FSDP2 (`fully_shard`) shards the run (`runs_fsdp2`; see `vram.fsdp2`).
+    fsdp2: bool = False
 
 
 def runs_transformers_code(profile: StackProfile) -> bool:
@@ -629,6 +632,24 @@ def ckpt_reentrant(setup: TrainingSetup) -> bool:
     return row.default_ckpt_reentrant
 
 
+def runs_fsdp2(setup: TrainingSetup) -> bool:
+    """FSDP2 (`fully_shard`) shards the run: ZeRO-3-style sharding over 2+ GPUs, FSDP version 2
+    (the setup's, else the stack's)."""
+    return (setup.sharding is Sharding.ZERO3 and setup.n_gpus > 1
+            and effective_fsdp_version(setup, stack_row(setup.framework).default_fsdp_version)
+            == 2)
+
+
+def fsdp2_root_holds_embeddings(setup: TrainingSetup) -> bool:
+    """FSDP2 with the blocks and the model wrapped (Accelerate's FSDP2, the HF stacks): the
+    embedding and head are the root unit's, the recipe `vram.trace.sharded` traces and
+    `vram.fsdp2` models. torchtune and torchtitan shard them as units of their own
+    (`vram.fsdp2.SEPARATE_EMBEDDING_UNITS`), not modelled yet."""
+    from vram.fsdp2 import SEPARATE_EMBEDDING_UNITS
+
+    return runs_fsdp2(setup) and setup.framework not in SEPARATE_EMBEDDING_UNITS
+
+
 def ckpt_offload(setup: TrainingSetup) -> bool:
     """Checkpointed layer inputs offloaded to CPU: the setup's choice, else activation offload
     (`offload="activations"`), else the stack's default. Without checkpointing: no."""
@@ -649,7 +670,8 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
     precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts,
                                  base_16bit=row.loads_lora_base_16bit,
                                  deepspeed_engine=deepspeed,
-                                 torch_autocast=torch_autocast(setup, deepspeed))
+                                 torch_autocast=torch_autocast(setup, deepspeed),
+                                 fsdp2=fsdp2_root_holds_embeddings(setup))
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
@@ -680,6 +702,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
                               and precision.sixteen_bit is not Dtype.FP16),
         casts_output_to_fp32=row.casts_output_to_fp32,
         precision=precision,
+        fsdp2=fsdp2_root_holds_embeddings(setup),
     )
 
 

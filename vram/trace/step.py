@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from vram.setup import Loss, Optimizer, TrainingSetup
+from vram.stack import runs_fsdp2
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
 from vram.trace.dropout import cuda_dropout
@@ -76,8 +77,11 @@ def _roles(index: int, count: int) -> str:
     return "+".join(roles) or "mid"
 
 
-def _install_labels(built: Built, tracker: StorageTracker) -> None:
-    """Hooks that tell the tracker which block runs, in the forward and the backward pass."""
+def _install_labels(built: Built, tracker: StorageTracker, *,
+                    label_before_hooks: bool = False) -> None:
+    """Hooks that tell the tracker which block runs, in the forward and the backward pass.
+    With `label_before_hooks`, a block's label is set before its other forward pre-hooks run (FSDP2
+    all-gathers a block's parameters in one: that belongs to the block)."""
     for stack, blocks in built.layer_lists:
         for index, block in enumerate(blocks):
             label = _roles(index, len(blocks))
@@ -99,7 +103,7 @@ def _install_labels(built: Built, tracker: StorageTracker) -> None:
 
                     first.register_hook(on_grad)
 
-            block.register_forward_pre_hook(pre)
+            block.register_forward_pre_hook(pre, prepend=label_before_hooks)
             block.register_forward_hook(post)
     _label_embedding_backward(built, tracker)
 
@@ -184,32 +188,7 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
 
         tracker.classifier = classify
         _install_labels(built, tracker)
-        vocab = max(built.vocab, 2)
-        with tracker, cuda_attention(setup.attention.value), cuda_dropout():
-            batch, seq = setup.micro_batch, setup.seq_len
-            ids = torch.randint(0, vocab, (batch, seq))
-            classes = built.kind == "classifier"
-            labels = torch.randint(0, 2, (batch,)) if classes else ids.clone()
-            tracker.recording = True
-            for _ in range(2):
-                tracker.set_phase(FORWARD, "embed")
-                if built.autocast is not None:
-                    with torch.autocast("cpu", dtype=built.autocast):
-                        loss = _loss(built, setup, ids, labels)
-                else:
-                    loss = _loss(built, setup, ids, labels)
-                tracker.set_phase(BACKWARD, "head")
-                with tracker.watching_backward(loss):
-                    loss.backward()
-                del loss
-                tracker.set_phase(OPTIMIZER)
-                tracker.in_optimizer = True
-                if optimizer is not None:
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                tracker.in_optimizer = False
-                tracker.sample()
-            tracker.recording = False
+        run_steps(built, setup, tracker, optimizer)
         params_total = sum(_numel(p) for p in params)
         params_trainable = sum(p.numel() for p in train)
     return RawTrace(
@@ -217,6 +196,37 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
         paged_bytes=tracker.excluded_bytes, params_total=params_total,
         params_trainable=params_trainable, seconds=time.perf_counter() - start,
     )
+
+
+def run_steps(built: Built, setup: TrainingSetup, tracker: _HostScalarTracker,
+              optimizer: torch.optim.Optimizer | None) -> None:
+    """Two steps (forward, loss, backward, optimizer step, zero_grad), recorded by `tracker`."""
+    vocab = max(built.vocab, 2)
+    with tracker, cuda_attention(setup.attention.value), cuda_dropout():
+        batch, seq = setup.micro_batch, setup.seq_len
+        ids = torch.randint(0, vocab, (batch, seq))
+        classes = built.kind == "classifier"
+        labels = torch.randint(0, 2, (batch,)) if classes else ids.clone()
+        tracker.recording = True
+        for _ in range(2):
+            tracker.set_phase(FORWARD, "embed")
+            if built.autocast is not None:
+                with torch.autocast("cpu", dtype=built.autocast):
+                    loss = _loss(built, setup, ids, labels)
+            else:
+                loss = _loss(built, setup, ids, labels)
+            tracker.set_phase(BACKWARD, "head")
+            with tracker.watching_backward(loss):
+                loss.backward()
+            del loss
+            tracker.set_phase(OPTIMIZER)
+            tracker.in_optimizer = True
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+            tracker.in_optimizer = False
+            tracker.sample()
+        tracker.recording = False
 
 
 @contextlib.contextmanager
@@ -264,6 +274,15 @@ def _wrap_in_backward(optimizers: list[torch.optim.Optimizer],
         optim.step = step  # type: ignore[method-assign]
 
 
+def _depth_tracer(setup: TrainingSetup) -> Callable[[dict[str, Any], TrainingSetup, int],
+                                                    RawTrace]:
+    if traces_fsdp2(setup):
+        from vram.trace.sharded import trace_sharded_depth
+
+        return trace_sharded_depth
+    return trace_depth
+
+
 def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
     """At most MAX_POINTS points; each kept point is the highest of its window (peak kept)."""
     if len(timeline) <= MAX_POINTS:
@@ -279,10 +298,19 @@ def _top(peak: SegmentPeak) -> list[LiveTensor]:
     return [LiveTensor(what=w, bytes=b, bucket=k) for w, b, k in peak.top]
 
 
+def traces_fsdp2(setup: TrainingSetup) -> bool:
+    """Whether the trace runs the setup sharded: FSDP2 (`fully_shard`) over 2+ ranks, rank 0
+    of a fake process group (see `vram.trace.sharded`)."""
+    return runs_fsdp2(setup)
+
+
 def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
-    """What of the setup the trace does not model (it is one micro-batch on one GPU)."""
+    """What of the setup the trace does not model (one micro-batch on one GPU, or rank 0 of an
+    FSDP2 run)."""
     notes = []
-    if setup.sharding.value != "none" or setup.n_gpus > 1:
+    if traces_fsdp2(setup):
+        notes.append(f"rank 0 of FSDP2 over {setup.n_gpus} GPUs (a fake process group)")
+    elif setup.sharding.value != "none" or setup.n_gpus > 1:
         notes.append(f"sharding {setup.sharding.value} over {setup.n_gpus} GPUs is not traced: "
                      "figures are for one unsharded GPU")
     if setup.offload.value != "none":
@@ -308,11 +336,12 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     """
     full = depth(config)
     notes = _setup_notes(setup)
+    tracer = _depth_tracer(setup)
     period = layer_period(config)
     lo, hi = 2 * period, 3 * period
     if n_layers is not None or full <= hi:
         target = n_layers if n_layers is not None else full
-        raw = trace_depth(config, setup, target)
+        raw = tracer(config, setup, target)
         peak_key = max(raw.peaks, key=lambda k: raw.peaks[k].live)
         peak = raw.peaks[peak_key]
         return TraceResult(
@@ -330,8 +359,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     # residual, a LoRA model's first MLP sees no tensor that needs a gradient and keeps
     # nothing), and a one-block model puts its only block's backward in a segment it shares
     # with the "first" role.
-    one = trace_depth(config, setup, lo)
-    two = trace_depth(config, setup, hi)
+    one = tracer(config, setup, lo)
+    two = tracer(config, setup, hi)
     p1, p2 = one.peaks, two.peaks  # at 2+ blocks, first and last are distinct segments
 
     def line(v1: int, v2: int) -> int:

@@ -217,7 +217,8 @@ class StorageTracker(TorchDispatchMode):
         classes = self.classifier() if self.classifier is not None else {}
         buckets = {"weights": 0, "gradients": 0, "optimizer": 0, "activations": 0}
         for key, info in self.live.items():
-            buckets[classes.get(key, "activations")] += info.nbytes
+            bucket = classes.get(key, "activations")
+            buckets[bucket] = buckets.get(bucket, 0) + info.nbytes
         biggest = sorted(self.live.items(), key=lambda kv: -kv[1].nbytes)[:TOP_TENSORS]
         top = [
             (f"{info.origin} {info.dtype}{list(info.shape)}", info.nbytes,
