@@ -16,6 +16,8 @@ non-negative integers summing to the device peak. Results merge into `benchmarks
 
     python benchmarks/fuzz.py --surface api,text,fit,cli --inputs 10000
     python benchmarks/fuzz.py --surface url,upload --inputs 10000 --minutes 60
+    python benchmarks/fuzz.py --surface upload --seed 14 --results /tmp/fuzz-b.json   # beside it
+    python benchmarks/fuzz.py --render notes.txt --combine /tmp/fuzz-b.json            # summed
 """
 
 from __future__ import annotations
@@ -181,6 +183,27 @@ def render(results: dict[str, Any], notes: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs of one surface (different seeds, run side by side) as one row."""
+    if len(runs) == 1:
+        return runs[0]
+    total: dict[str, Any] = {
+        "inputs": sum(r["inputs"] for r in runs), "failures": sum(r["failures"] for r in runs),
+        "over_5_s": sum(r["over_5_s"] for r in runs),
+        "max_seconds": max(r["max_seconds"] for r in runs),
+        "max_cpu_seconds": max(r.get("max_cpu_seconds", 0.0) for r in runs),
+        "wall_seconds": max(r["wall_seconds"] for r in runs),
+        "seed": [r["seed"] for r in runs], "asked": sum(r["asked"] for r in runs),
+        "first_failures": [f for r in runs for f in r["first_failures"]][:10],
+    }
+    outcomes: collections.Counter[str] = collections.Counter()
+    for r in runs:
+        outcomes.update(r["outcomes"])
+    total["outcomes"] = dict(outcomes.most_common())
+    total["inputs_per_second"] = round(sum(r["inputs_per_second"] for r in runs), 2)
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--surface", default="api,text,fit,cli",
@@ -188,21 +211,30 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=10_000, help="per surface")
     parser.add_argument("--minutes", type=float, default=60.0, help="per surface, at most")
     parser.add_argument("--seed", type=int, default=13)
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="where this process keeps its counts (one file per process when "
+                             "several run the same surface with different seeds)")
     parser.add_argument("--render", metavar="NOTES_FILE",
-                        help="only rewrite fuzz.txt from fuzz.json, with these notes on top")
+                        help="only rewrite fuzz.txt from the results files, notes on top")
+    parser.add_argument("--combine", type=Path, nargs="*", default=[],
+                        help="with --render: more results files, summed per surface")
     args = parser.parse_args()
     if args.render:
         notes = Path(args.render).read_text()
-        REPORT.write_text(render(json.loads(RESULTS.read_text()), notes))
+        files = [json.loads(f.read_text()) for f in (args.results, *args.combine)]
+        merged = {name: combine([f[name] for f in files if name in f])
+                  for name in dict.fromkeys(n for f in files for n in f)}
+        RESULTS.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        REPORT.write_text(render(merged, notes))
         return
-    results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     for name in args.surface.split(","):
         deadline = time.monotonic() + 60 * args.minutes
         result = run_surface(name, args.inputs, args.seed, deadline)
-        results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+        results = json.loads(args.results.read_text()) if args.results.exists() else {}
         results[name] = result
-        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
-        REPORT.write_text(render(results))
+        args.results.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        if args.results == RESULTS:
+            REPORT.write_text(render(results))
         print(f"{name}: {result['inputs']} inputs, {result['failures']} failures, "
               f"{result['inputs_per_second']}/s", flush=True)
     sys.exit(1 if any(r["failures"] for r in results.values()) else 0)

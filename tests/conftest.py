@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.streamlit_speed import scan_components_once
+
+scan_components_once()
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 CASES = SHARED / "validation" / "cases.csv"

@@ -26,9 +26,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 import vram
+from tests.streamlit_speed import scan_components_once
 from vram.cli import main as cli_main
 from vram.paths import data_dir
 from vram.setup import TrainingSetup
+
+scan_components_once()  # AppTest otherwise rescans every installed package per run
 
 MAX_SECONDS = 5.0
 ROOT = Path(__file__).resolve().parents[2]
