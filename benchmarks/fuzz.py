@@ -8,6 +8,9 @@ Surfaces (generators and checks from `tests/fuzz/surfaces.py`, the same the CI s
   process  a generated argument list, `python -m vram` as a real process
   url      URL parameters for a random page, under Streamlit's AppTest
   upload   a hostile uploaded file in the calculator, under AppTest
+  file     a hostile file through both uploaders' own callbacks (config.json, and a training
+           config import: YAML bombs, tags, mutated real axolotl/torchtune/LLaMA-Factory/TRL
+           files), without rendering the page around them, then estimated
 
 Each input must pass: no uncaught exception or traceback, no more than 5 s of CPU (and no
 hang: a wall-clock alarm at 30 s catches code that blocks without burning CPU), buckets that are
@@ -142,6 +145,14 @@ def run_surface(name: str, n: int, seed: int, deadline: float) -> dict[str, Any]
         while tally.inputs < n and not tally.out_of_time():
             kind, content = surfaces.upload_bytes(rng)
             tally.run(lambda c=content, k=kind: surfaces.run_upload(c, what=k), kind)
+    elif name == "file":
+        rng = random.Random(seed)
+        while tally.inputs < n and not tally.out_of_time():
+            uploader = rng.choice(["model", "import"])
+            kind, content = (surfaces.upload_bytes(rng) if uploader == "model"
+                             else surfaces.import_bytes(rng))
+            tally.run(lambda u=uploader, c=content, k=kind: surfaces.run_file(u, c, (u, k)),
+                      (uploader, kind))
     else:
         raise SystemExit(f"unknown surface {name!r}")
     result = tally.result()
@@ -169,7 +180,7 @@ def render(results: dict[str, Any], notes: str = "") -> str:
              *(f"# {line}" for line in notes.splitlines()), "",
              f"{'surface':<8} {'inputs':>7} {'failures':>8} {'over 5 s':>8} {'max CPU s':>9} "
              f"{'max wall s':>10} {'inputs/s':>8}  outcomes"]
-    for name in ("api", "text", "fit", "cli", "process", "url", "upload"):
+    for name in ("api", "text", "fit", "cli", "process", "url", "upload", "file"):
         r = results.get(name)
         if r is None:
             continue
@@ -207,7 +218,7 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--surface", default="api,text,fit,cli",
-                        help="comma-separated: api,text,fit,cli,process,url,upload")
+                        help="comma-separated: api,text,fit,cli,process,url,upload,file")
     parser.add_argument("--inputs", type=int, default=10_000, help="per surface")
     parser.add_argument("--minutes", type=float, default=60.0, help="per surface, at most")
     parser.add_argument("--seed", type=int, default=13)

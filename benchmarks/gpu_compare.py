@@ -55,6 +55,8 @@ def setup_of(row: dict[str, Any]) -> TrainingSetup:
         ckpt_reentrant={"off": None, "reentrant": True, "nonreentrant": False}[row["ckpt"]],
         attention=row.get("attn", "sdpa"),
         framework=row["framework"],
+        # gpu_measure.py builds with from_config(dtype=fp32) under a mixed recipe: an fp32 base
+        lora_base_16bit=False if row["method"] == "lora" else None,
     )
 
 

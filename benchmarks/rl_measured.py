@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import vram
 import vram.rl as rl
-from vram.rl.estimate import forward_logits_bytes
+from vram.rl.policy_step import loss_forward_logits_bytes
 
 GIB = 2**30
 H100 = 80 * GIB
@@ -34,22 +34,43 @@ ROWS = [
 ]
 
 
+#: PPO (rl-measured.md #3, #4): Llama-3.1-8B-Instruct policy, Skywork-Reward-Llama-3.1-8B
+#: reward (the policy's architecture), TRL's PPOTrainer through ms-swift, HF generate,
+#: max_length 2048 with response_length 512 (prompt 1536 at most).
+PPO_ROWS = [
+    ("#3 ms-swift ppo/full.sh Llama-3.1-8B-Instruct full, ZeRO-3 x8, 1536+512, bs 1",
+     65.0, "approximate: header comment, metric unstated; TRL's PPO path is not traced",
+     rl.RLSetup(algo="ppo", policy=vram.TrainingSetup(method="full", grad_ckpt=True, n_gpus=8,
+                                                      sharding="zero3"),
+                prompt_len=1536, completion_len=512, batch=1, num_generations=1, beta=0.05,
+                rollout="hf-generate")),
+    ("#4 ms-swift ppo/lora.sh Llama-3.1-8B-Instruct LoRA r8, ZeRO-2 x4, 1536+512, bs 1",
+     50.0, "approximate: header comment, metric unstated; TRL's PPO path is not traced",
+     rl.RLSetup(algo="ppo", policy=vram.TrainingSetup(method="lora", lora_rank=8, grad_ckpt=True,
+                                                      n_gpus=4, sharding="zero2"),
+                prompt_len=1536, completion_len=512, batch=1, num_generations=1, beta=0.05,
+                rollout="hf-generate")),
+]
+
+
 def main() -> None:
     model = vram.load_model("qwen2.5-7b-instruct")
     print("case | measured GiB | estimate GiB | ratio | status")
-    for name, measured, status, setup in ROWS:
-        est = rl.estimate(model, setup, H100, with_advice=False).device_peak_bytes / GIB
-        print(f"{name} | {measured:.1f} | {est:.2f} | {est / measured:.2f} | {status}")
+    llama = vram.load_model("llama-3.1-8b")
+    for rows, on in ((ROWS, model), (PPO_ROWS, llama)):
+        for name, measured, status, setup in rows:
+            est = rl.estimate(on, setup, H100, with_advice=False).device_peak_bytes / GIB
+            print(f"{name} | {measured:.1f} | {est:.2f} | {est / measured:.2f} | {status}")
     # #7: TRL issue #3678, the log-prob forward alone (tiny Qwen2, vocab 151665, B=2, 256 kept).
     tiny = model.model_copy(update={"vocab_size": 151_665})
     setup = rl.RLSetup(algo="grpo", batch=2, num_generations=1, prompt_len=1,
                        completion_len=256,
                        policy=vram.TrainingSetup(method="lora", precision="fp32"))
-    logits = forward_logits_bytes(tiny, setup)
+    logits = loss_forward_logits_bytes(tiny, setup)
     measured = (902 - 44) * 10**6
     print(f"#7 TRL #3678 log-prob forward, B=2 x 256 x 151665 | {measured / GIB:.3f} | "
-          f"{logits / GIB:.3f} | {logits / measured:.2f} | component: forward log-prob "
-          "logits term only")
+          f"{logits / GIB:.3f} | {logits / measured:.2f} | component: the log-prob forward's "
+          "logits term only, read as _compute_loss calls it (with entropies; an assumption)")
 
 
 if __name__ == "__main__":

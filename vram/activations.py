@@ -25,8 +25,8 @@ from vram.attention import Kernel, attention_kernel, mask_bytes, needs_mask
 from vram.head import HeadActivations, head_activations
 from vram.memo import memoized, per_token_key
 from vram.numerics import FP32, Numerics, numerics, zero_half_model
-from vram.params import is_targeted, targeted_roles
-from vram.setup import Attention, Method, Offload, TrainingSetup
+from vram.params import is_targeted, leaves_bank_unquantized, targeted_roles
+from vram.setup import Attention, Method, Offload, Quant, TrainingSetup
 from vram.spec import MlpKind, ModelSpec, NormKind, Role, Stack
 from vram.stack import StackProfile, runs_transformers_code
 
@@ -363,13 +363,19 @@ def mlp_term(c: LayerContext) -> Term:
     act_kept = 1 if profile.fused_activations or profile.compiled else stack.act_saved
     down_in = 2 if n.input_copy_per_linear else e  # bnb's own bf16 copy on upcast models
     down_kept = down_in * inter if c.keeps_inputs else 0
+    if _dense_banks_in_quantized_model(c):
+        # the experts' banks stayed unquantized: plain frozen matmuls under autocast, whose
+        # outputs are 16-bit and which keep no input (the weight's cast is kept instead)
+        e = 2 if n.autocast else e
+        down_kept = 0
     if stack.mlp_kind is MlpKind.GATED:
         mlp = (act_kept + 2) * e * inter + down_kept
         formula = f"e·I·({act_kept} (activation) + 2 [+1 when down_proj keeps its input])"
     else:
         mlp = act_kept * e * inter + down_kept
         formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
-    ctx_kept = down_in * inter * experts if c.bnb_kept else 0
+    ctx_kept = down_in * inter * experts if c.bnb_kept and not \
+        _dense_banks_in_quantized_model(c) else 0
     if stack.hidden_dropout > 0 and stack.mlp_inner_dropout:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
     mlp *= experts
@@ -391,6 +397,13 @@ def mlp_term(c: LayerContext) -> Term:
             formula += " + weighted outputs (index_add_ keeps them)"
     return Term("mlp", f"MLP ({stack.mlp_kind.value})", formula, mlp,
                 ctx_kept_per_token=ctx_kept)
+
+
+def _dense_banks_in_quantized_model(c: LayerContext) -> bool:
+    """QLoRA on an MoE whose expert banks bitsandbytes left unquantized (3-D parameters, see
+    `vram.params.leaves_bank_unquantized`)."""
+    return c.setup.effective_quant is not Quant.NONE and any(
+        leaves_bank_unquantized(linear, c.profile) for linear in c.stack.linears)
 
 
 def mla_term(c: LayerContext) -> Term | None:
@@ -686,7 +699,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         checkpointed *= tokens
         stored = 0
         recompute = per_layer_max
-        if setup.offload is Offload.ACTIVATIONS:
+        if profile.offloads_checkpoints:
             offloaded = checkpointed
             checkpointed = 0
     else:

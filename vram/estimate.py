@@ -32,7 +32,14 @@ from vram.inference import inference_estimate
 from vram.memo import memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
-from vram.params import STORAGE_BYTES, ParamGroup, Storage, param_groups, trainable_params
+from vram.params import (
+    STORAGE_BYTES,
+    ParamGroup,
+    Storage,
+    leaves_bank_unquantized,
+    param_groups,
+    trainable_params,
+)
 from vram.result import (
     Bucket,
     BucketName,
@@ -152,7 +159,8 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
     the loss."""
     if setup.sharding is not Sharding.ZERO3 or setup.n_gpus == 1 or not model.n_layers:
         return 0
-    per_layer = sum(g.bytes for g in groups if g.key in ("linears", "norms")) // model.n_layers
+    per_layer = sum(g.bytes for g in groups
+                    if g.key in ("linears", "expert_banks", "norms")) // model.n_layers
     head = sum(g.bytes for g in groups if g.key == "head")
     return max(2 * per_layer, per_layer + head)
 
@@ -227,7 +235,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     if stage is Stage.LAYERS_FORWARD:
         head_keys = ()  # the head has not run: no cast of it exists yet (the trace)
         stage = Stage.FORWARD
-    dense = [g for g in groups if g.key in ("linears", *head_keys)
+    dense = [g for g in groups if g.key in ("linears", "expert_banks", *head_keys)
              and g.storage is Storage.FP32]
     layers = max(1, model.n_layers)
 
@@ -235,6 +243,8 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
         whole = 2 * group.n_params
         if group.key in head_keys or (stage is Stage.FORWARD and group.trainable):
             return whole
+        if stage is Stage.FIRST_ATTENTION and group.key == "expert_banks":
+            return 0  # the MLP's backward freed its experts' casts
         if stage is Stage.FIRST_ATTENTION and group.key == "linears":
             return 2 * _attention_params(model) // layers  # the MLP's backward freed its own
         if stage is Stage.FIRST_LAYER and group.key == "linears":
@@ -282,8 +292,9 @@ def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
 
 
 def _largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool = True) -> int:
-    biggest = max(
-        (ln.d_in * ln.d_out for stack in model.stacks for ln in stack.linears), default=0)
+    """The largest quantized matrix (bitsandbytes dequantizes one at a time)."""
+    biggest = max((ln.d_in * ln.d_out for stack in model.stacks for ln in stack.linears
+                   if not leaves_bank_unquantized(ln, profile)), default=0)
     if profile.quantizes_head and with_head:
         biggest = max(biggest, model.vocab_size * model.hidden_size)
     return biggest

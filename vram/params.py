@@ -148,11 +148,27 @@ def head_targeted(setup: TrainingSetup) -> bool:
     return setup.lora_targets != ALL_LINEAR and "lm_head" in setup.lora_targets
 
 
+def leaves_bank_unquantized(linear: Linear, profile: StackProfile) -> bool:
+    """An MoE expert bank held as one 3-D parameter (Transformers 5) is not an nn.Linear, so
+    bitsandbytes' replacement of Linears passes it by: it stays in the frozen dense dtype."""
+    return linear.copies > 1 and not profile.quantizes_expert_banks
+
+
 def _dense_storage(setup: TrainingSetup, profile: StackProfile) -> Storage:
     """How the run's non-quantized parameters are stored (see `vram.precision`): trained ones
     for full fine-tuning, a frozen base's for LoRA and QLoRA."""
     policy = profile.precision
     return DENSE_STORAGE[policy.frozen_weights if setup.trains_adapters else policy.weights]
+
+
+def _group(key: str, label: str, n: int, storage: Storage, trainable: bool, *,
+           n_bytes: int | None = None, matrices: tuple[Matrices, ...] = (),
+           tensors: tuple[tuple[int, int], ...] = ()) -> list[ParamGroup]:
+    """One group, or none when it holds no parameters."""
+    if n <= 0:
+        return []
+    size = n_bytes if n_bytes is not None else int(n * STORAGE_BYTES[storage])
+    return [ParamGroup(key, label, n, storage, trainable, size, matrices, tensors)]
 
 
 def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> list[ParamGroup]:
@@ -161,54 +177,76 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
     quant = setup.effective_quant
     q_storage = Storage(quant.value) if quant is not Quant.NONE else None
     dense = _dense_storage(setup, profile)
-    groups: list[ParamGroup] = []
-
-    def add(key: str, label: str, n: int, storage: Storage, trainable: bool, *,
-            n_bytes: int | None = None, matrices: tuple[Matrices, ...] = (),
-            tensors: tuple[tuple[int, int], ...] = ()) -> None:
-        if n <= 0:
-            return
-        size = n_bytes if n_bytes is not None else int(n * STORAGE_BYTES[storage])
-        groups.append(ParamGroup(key, label, n, storage, trainable, size, matrices, tensors))
-
     h, vocab = model.hidden_size, model.vocab_size
-    add("embedding", "token embedding (vocab × hidden)", model.embedding_params, dense, full,
-        matrices=(Matrices(vocab, h),))
-    add("embedding_extra", "position/type embeddings and embedding norm",
-        model.embedding_extra_params, dense, full)
+    groups = [
+        *_group("embedding", "token embedding (vocab × hidden)", model.embedding_params, dense,
+                full, matrices=(Matrices(vocab, h),)),
+        *_group("embedding_extra", "position/type embeddings and embedding norm",
+                model.embedding_extra_params, dense, full),
+        *_head_group(model, profile, q_storage, dense, full),
+        *_linear_groups(model, profile, q_storage, dense, full),
+        *_vector_group(model, dense, full),
+    ]
+    if setup.trains_adapters:
+        groups += _adapter_group(model, setup, profile)
+    return groups
 
+
+def _head_group(model: ModelSpec, profile: StackProfile, q_storage: Storage | None,
+                dense: Storage, full: bool) -> list[ParamGroup]:
+    """The output head: its own matrix (or the one a stack unties), quantized where the stack
+    quantizes it."""
+    h, vocab = model.hidden_size, model.vocab_size
     head_weight = model.head_params
     if profile.unties_head and model.tied_embeddings and model.head_kind.value == "lm":
         head_weight = vocab * h
-    if head_weight:
-        if q_storage is not None and profile.quantizes_head:
-            add("head", f"output head, {q_storage.value}", head_weight, q_storage, False,
-                n_bytes=quantized_bytes(head_weight, vocab, q_storage))
-        else:
-            add("head", "output head (vocab × hidden)", head_weight, dense, full,
-                matrices=(Matrices(vocab, h),))
+    if not head_weight:
+        return []
+    if q_storage is not None and profile.quantizes_head:
+        return _group("head", f"output head, {q_storage.value}", head_weight, q_storage, False,
+                      n_bytes=quantized_bytes(head_weight, vocab, q_storage))
+    return _group("head", "output head (vocab × hidden)", head_weight, dense, full,
+                  matrices=(Matrices(vocab, h),))
 
+
+def _linear_groups(model: ModelSpec, profile: StackProfile, q_storage: Storage | None,
+                   dense: Storage, full: bool) -> list[ParamGroup]:
+    """The layers' Linear weights (quantized under QLoRA), and the MoE expert banks that
+    bitsandbytes leaves dense (`leaves_bank_unquantized`)."""
     weight_params = 0
-    bias_params = 0
     q_bytes = 0
     weights: list[Matrices] = []
+    bank_params = 0
+    banks: list[Matrices] = []
     for stack in model.stacks:
         for linear in stack.linears:
+            shape = Matrices(linear.d_in, linear.d_out, stack.count * linear.copies)
+            if q_storage is not None and leaves_bank_unquantized(linear, profile):
+                bank_params += stack.count * linear.weight_params
+                banks.append(shape)
+                continue
             weight_params += stack.count * linear.weight_params
-            bias_params += stack.count * (linear.params - linear.weight_params)
-            weights.append(Matrices(linear.d_in, linear.d_out, stack.count * linear.copies))
+            weights.append(shape)
             if q_storage is not None:
                 one = quantized_bytes(linear.d_in * linear.d_out, linear.d_out, q_storage)
                 q_bytes += stack.count * linear.copies * one
+    banks_group = _group("expert_banks", "MoE expert banks (3-D parameters: not quantized)",
+                         bank_params, dense, False, matrices=tuple(banks))
     if q_storage is not None:
-        add("linears", f"layer Linear weights, {q_storage.value}", weight_params, q_storage,
-            False, n_bytes=q_bytes, matrices=tuple(weights))
-    else:
-        add("linears", "layer Linear weights", weight_params, dense, full,
-            matrices=tuple(weights))
+        return [*banks_group,
+                *_group("linears", f"layer Linear weights, {q_storage.value}", weight_params,
+                        q_storage, False, n_bytes=q_bytes, matrices=tuple(weights))]
+    return _group("linears", "layer Linear weights", weight_params, dense, full,
+                  matrices=tuple(weights))
+
+
+def _vector_group(model: ModelSpec, dense: Storage, full: bool) -> list[ParamGroup]:
+    """Norm weights (and LayerNorm biases), h-wide, and Linear biases, d_out-wide."""
+    h = model.hidden_size
+    bias_params = sum(stack.count * (linear.params - linear.weight_params)
+                      for stack in model.stacks for linear in stack.linears)
     norm_params = sum(stack.count * stack.other_params for stack in model.stacks)
     norm_params += model.extra_params + bias_params
-    # Norm weights (and LayerNorm biases) are h-wide vectors; Linear biases are d_out-wide.
     vectors: dict[int, int] = {}
     for stack in model.stacks:
         vectors[h] = vectors.get(h, 0) + stack.count * (stack.other_params // max(1, h))
@@ -217,35 +255,38 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
                 width = linear.d_out
                 vectors[width] = vectors.get(width, 0) + stack.count * linear.copies
     vectors[h] = vectors.get(h, 0) + model.extra_params // max(1, h)
-    add("norms", "norms and biases", norm_params, dense, full,
-        tensors=tuple(sorted(vectors.items())))
+    return _group("norms", "norms and biases", norm_params, dense, full,
+                  tensors=tuple(sorted(vectors.items())))
 
-    if setup.trains_adapters:
-        roles = targeted_roles(setup)
-        lora = 0
-        lora_matrices: list[Matrices] = []
-        lora_tensors: list[tuple[int, int]] = []
-        r = setup.lora_rank
-        for stack in model.stacks:
-            for linear in stack.linears:
-                if is_targeted(linear, roles):
-                    n_lora = adapter_params(linear, r, _fused_roles(linear, roles, profile))
-                    lora += stack.count * n_lora
-                    # A is r × d_in, B is (adapted width) × r.
-                    a_numel = r * linear.d_in
-                    b_numel = n_lora // linear.copies - a_numel
-                    count = stack.count * linear.copies
-                    lora_matrices += [Matrices(r, linear.d_in, count),
-                                      Matrices(b_numel // r, r, count)]
-                    lora_tensors += [(a_numel, count), (b_numel, count)]
-        if head_targeted(setup) and model.head_kind.value == "lm":
-            lora += r * (h + vocab)
-            lora_matrices += [Matrices(r, h), Matrices(vocab, r)]
-            lora_tensors += [(r * h, 1), (r * vocab, 1)]
-        add("lora", f"LoRA adapters (rank {setup.lora_rank})", lora,
-            DENSE_STORAGE[profile.precision.adapters], True,
-            matrices=tuple(lora_matrices), tensors=tuple(lora_tensors))
-    return groups
+
+def _adapter_group(model: ModelSpec, setup: TrainingSetup,
+                   profile: StackProfile) -> list[ParamGroup]:
+    """The LoRA adapters: A (r × d_in) and B ((adapted width) × r) on every targeted Linear,
+    and on the head when targeted."""
+    h, vocab = model.hidden_size, model.vocab_size
+    roles = targeted_roles(setup)
+    lora = 0
+    lora_matrices: list[Matrices] = []
+    lora_tensors: list[tuple[int, int]] = []
+    r = setup.lora_rank
+    for stack in model.stacks:
+        for linear in stack.linears:
+            if is_targeted(linear, roles):
+                n_lora = adapter_params(linear, r, _fused_roles(linear, roles, profile))
+                lora += stack.count * n_lora
+                a_numel = r * linear.d_in
+                b_numel = n_lora // linear.copies - a_numel
+                count = stack.count * linear.copies
+                lora_matrices += [Matrices(r, linear.d_in, count),
+                                  Matrices(b_numel // r, r, count)]
+                lora_tensors += [(a_numel, count), (b_numel, count)]
+    if head_targeted(setup) and model.head_kind.value == "lm":
+        lora += r * (h + vocab)
+        lora_matrices += [Matrices(r, h), Matrices(vocab, r)]
+        lora_tensors += [(r * h, 1), (r * vocab, 1)]
+    return _group("lora", f"LoRA adapters (rank {setup.lora_rank})", lora,
+                  DENSE_STORAGE[profile.precision.adapters], True,
+                  matrices=tuple(lora_matrices), tensors=tuple(lora_tensors))
 
 
 def _fused_roles(

@@ -101,14 +101,29 @@ def _trained_weight_bytes(setup: TrainingSetup) -> int:
     return FP32_BYTES
 
 
-def _frozen_weight_bytes(setup: TrainingSetup, upcasts_frozen: bool) -> int:
+def _frozen_weight_bytes(setup: TrainingSetup, upcasts_frozen: bool,
+                         base_16bit: bool) -> int:
     """A QLoRA base's frozen 16-bit parameters follow the stack (prepare_model_for_kbit_training
-    upcasts them to fp32); otherwise frozen parameters are stored like trained ones."""
+    upcasts them to fp32); a LoRA base under a mixed recipe stays in the 16 bits it was loaded
+    in on a stack that loads it so (`lora_base_16bit`); otherwise frozen parameters are stored
+    like trained ones."""
     if setup.precision is Precision.FP32:
         return FP32_BYTES
     if setup.method is Method.QLORA:
         return FP32_BYTES if upcasts_frozen else BF16_BYTES
+    if lora_base_16bit(setup, base_16bit):
+        return BF16_BYTES
     return _trained_weight_bytes(setup)
+
+
+def lora_base_16bit(setup: TrainingSetup, stack_loads_16bit: bool) -> bool:
+    """LoRA under autocast over a base loaded in 16 bits (the `lora_base_16bit` knob, else the
+    stack's default, e.g. Transformers 5's `from_pretrained(dtype="auto")`: the checkpoint's
+    bf16): the frozen Linears are 16-bit, so autocast casts nothing but the adapters and the
+    residual stream is 16-bit too."""
+    loads = setup.lora_base_16bit if setup.lora_base_16bit is not None else stack_loads_16bit
+    return (loads and setup.method is Method.LORA and is_mixed(setup)
+            and not runs_half_model(setup))
 
 
 def _adapter_input_bytes(setup: TrainingSetup, fp32_adapters: bool) -> int:
@@ -125,14 +140,14 @@ def _adapter_input_bytes(setup: TrainingSetup, fp32_adapters: bool) -> int:
 
 
 def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
-                     upcasts_frozen: bool) -> PrecisionPolicy:
+                     upcasts_frozen: bool, base_16bit: bool = False) -> PrecisionPolicy:
     """The dtype policy of `setup` on a stack that does (`fp32_adapters`) or does not upcast
-    LoRA adapters, and does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen
-    16-bit parameters to fp32."""
+    LoRA adapters, does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen 16-bit
+    parameters to fp32, and does (`base_16bit`) or does not load a LoRA base in 16 bits."""
     mixed = is_mixed(setup)
     half_model = runs_half_model(setup)
     weights = _trained_weight_bytes(setup)
-    frozen = _frozen_weight_bytes(setup, upcasts_frozen)
+    frozen = _frozen_weight_bytes(setup, upcasts_frozen, base_16bit)
     adapter_inputs = _adapter_input_bytes(setup, fp32_adapters)
     # Under a mixed recipe the adapters are 16-bit when ZeRO casts the model, or beside a
     # 16-bit base on a stack that builds them in the base's dtype (LitGPT, torchtune).
@@ -155,6 +170,10 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool,
     elif setup.precision is Precision.BF16_TRUE or half_model:
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, BF16_BYTES, False, BF16_BYTES, False)
+    elif lora_base_16bit(setup, base_16bit):
+        # the 16-bit embedding starts a 16-bit residual stream; autocast runs the adapters
+        compute, residual, autocast, attention, input_copy = (
+            BF16_BYTES, BF16_BYTES, True, BF16_BYTES, False)
     else:
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, FP32_BYTES, True, BF16_BYTES, False)

@@ -235,6 +235,26 @@ class TrainingSetup(BaseModel):
         help="torch.utils.checkpoint's use_reentrant, with checkpointing on (default: the "
              "stack's)",
     )] = None
+    #: A LoRA base under a mixed recipe loaded in 16 bits (`dtype=torch.bfloat16`, or
+    #: Transformers 5's `dtype="auto"`) rather than fp32. None: the stack's default.
+    lora_base_16bit: Annotated[bool | None, Field(strict=True), Knob(
+        "LoRA base in 16 bits", key="base16", flag="--lora-base-16bit",
+        labels=(("auto", "stack default"), ("true", "16-bit base (bf16 / fp16)"),
+                ("false", "fp32 base")),
+        help="with LoRA under bf16/fp16 mixed precision: the frozen base loaded in 16 bits "
+             "(default: the stack's; Transformers 5 loads the checkpoint's bf16)",
+        only_for=("lora",),
+    )] = None
+    #: Checkpointed layer inputs are copied to CPU memory and brought back one layer at a time
+    #: in backward (Unsloth's `use_gradient_checkpointing="unsloth"`). None: the stack's
+    #: default; `offload="activations"` implies it.
+    ckpt_offload: Annotated[bool | None, Field(strict=True), Knob(
+        "Offload checkpoints to CPU", key="ckptoff", flag="--ckpt-offload",
+        labels=(("auto", "stack default"), ("true", "checkpointed inputs on the CPU"),
+                ("false", "checkpointed inputs on the GPU")),
+        help="with checkpointing: each layer's saved input lives in CPU memory (default: the "
+             "stack's; Unsloth offloads)",
+    )] = None
     #: 1: the `FullyShardedDataParallel` wrapper; 2: `fully_shard`. None: the stack's default.
     fsdp_version: Annotated[Literal[1, 2] | None, Knob(
         "FSDP version", key="fsdp", flag="--fsdp-version", column="fsdp_version",

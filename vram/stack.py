@@ -19,7 +19,7 @@ from typing import Literal
 from vram.errors import VramError
 from vram.knob_rules import bnb_keeps_matmul_input, fsdp1_keeps_frozen_unsharded
 from vram.precision import PrecisionPolicy, precision_policy
-from vram.setup import Framework, Loss, Method, Sharding, TrainingSetup
+from vram.setup import Framework, Loss, Method, Offload, Sharding, TrainingSetup
 from vram.units import Dtype
 
 
@@ -82,6 +82,14 @@ class StackRow:
     default_zero_reduce_bucket_values: int | None
     #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
     chunked_loss_fuses_head: bool
+    #: A LoRA base under a mixed recipe is loaded in 16 bits (the checkpoint's dtype), not
+    #: upcast to fp32 like trained weights (`vram.precision.lora_base_16bit`).
+    loads_lora_base_16bit: bool
+    #: Checkpointed layer inputs are offloaded to CPU memory (the `ckpt_offload` default).
+    default_ckpt_offload: bool
+    #: QLoRA quantizes MoE expert banks (experts as nn.Linear); False: the model code holds a
+    #: bank as one 3-D parameter, which bitsandbytes' Linear replacement passes by.
+    quantizes_expert_banks: bool
     #: `file@version` for each field above (every field has one: a test says so).
     sources: MappingProxyType[str, str]
 
@@ -126,11 +134,21 @@ _HF_TRAINER = StackRow(
     fused_activations=False, default_compile=False, default_ckpt_reentrant=False,
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=True,
+    chunked_loss_fuses_head=True, loads_lora_base_16bit=True, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
     keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
     sources=_cite(
             chunked_loss_fuses_head=_HF_LIGER,
+            quantizes_expert_banks=("transformers/integrations/bitsandbytes.py@v5.24.0#L189 "
+                                    "replaces type(module) is nn.Linear only; models/mixtral/"
+                                    "modeling_mixtral.py@v5.24.0#L65-L66 banks are 3-D "
+                                    "nn.Parameter"),
+            default_ckpt_offload=("transformers/modeling_utils.py@v5.24.0 "
+                                  "gradient_checkpointing_enable (inputs kept on the GPU)"),
+            loads_lora_base_16bit=("transformers/modeling_utils.py@v5.24.0#L4186 "
+                                   "from_pretrained dtype defaults to 'auto' (the checkpoint's "
+                                   "bf16); PEFT/TRL recipes pass torch_dtype=bfloat16"),
             default_zero_reduce_bucket_values=(
                 "transformers/integrations/deepspeed.py@v4.46.0 (the stack shards with FSDP)"),
             default_bitsandbytes_version=_HF_BNB,
@@ -184,6 +202,8 @@ _DS_EXAMPLE_CONFIG = "DeepSpeedExamples training/bf16_master_weight/configs/base
 _LITGPT = "litgpt@v0.4.0"
 _LIGHTNING = "lightning@2.3.0"
 _TORCHTUNE = "torchtune@v0.3.0"
+_UNSLOTH = "unslothai/unsloth unsloth@November-2024"
+_UNSLOTH_ZOO = "unslothai/unsloth-zoo unsloth_zoo@ce232d6c"
 
 #: Every stack `vram` knows, one explicit row each.
 STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
@@ -194,9 +214,26 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
     # Answer.AI's fsdp_qlora: Transformers + PEFT/custom LoRA.
     Framework.FSDP_QLORA: _like(_HF_TRAINER, fused_optimizer=(
         False, f"AnswerDotAI/fsdp_qlora train.py@main {_FOREACH}")),
-    # Unsloth: Transformers + TRL underneath (its own kernels are not modelled yet).
-    Framework.UNSLOTH: _like(_HF_TRAINER, fused_optimizer=(
-        False, f"unslothai/unsloth README@2024.11 {_FOREACH}")),
+    # Unsloth: Transformers + TRL underneath, with its own checkpointing and loss.
+    Framework.UNSLOTH: _like(
+        _HF_TRAINER,
+        fused_optimizer=(False, f"unslothai/unsloth README@2024.11 {_FOREACH}"),
+        default_ckpt_offload=(True, f"{_UNSLOTH}/models/loader.py#L78 from_pretrained("
+                                    "use_gradient_checkpointing='unsloth') -> _utils.py#L534 "
+                                    "_offloaded_gradient_checkpointing; "
+                                    f"{_UNSLOTH_ZOO}/gradient_checkpointing.py#L269 "
+                                    "hidden_states.to('cpu')"),
+        default_ckpt_reentrant=(True, f"{_UNSLOTH_ZOO}/gradient_checkpointing.py#L259-L272 "
+                                      "Unsloth_Offloaded_Gradient_Checkpointer (an autograd."
+                                      "Function: forward under no_grad, like reentrant)"),
+        sharded_qlora_ckpt_reentrant=(True, f"{_UNSLOTH_ZOO}/gradient_checkpointing.py#L259 "
+                                            "(the same checkpointer)"),
+        default_loss=(Loss.FUSED_LINEAR, f"{_UNSLOTH}/models/llama.py#L983 "
+                                         "fused_linear_cross_entropy when HAS_CUT_CROSS_ENTROPY "
+                                         f"({_UNSLOTH_ZOO}/loss_utils.py#L46-L52: torch >= 2.4, "
+                                         "triton >= 3; cut_cross_entropy is a dependency, "
+                                         "unsloth-zoo pyproject.toml@ce232d6c#L33)"),
+    ),
     # A hand-written loop on Transformers + PEFT.
     Framework.OTHER: _like(_HF_TRAINER, fused_optimizer=(False, _FOREACH)),
     # axolotl: HF Trainer + PEFT underneath, with its own defaults.
@@ -229,14 +266,22 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fp32_adapters=False, upcasts_logits=False, default_loss=Loss.CHUNKED,
         fused_optimizer=False, expands_kv=True, norm_keeps_fp32_input=True,
         adapts_fused_slices=True, quantized_linear_keeps_input=True,
-        norm_keeps_fp32_normalized=True, fsdp_keeps_frozen_unsharded=True,
+        norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=True,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
     default_bitsandbytes_version="0.42.0",
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=True,
     default_zero_reduce_bucket_values=None, keeps_logits=True,
         keeps_previous_graph=True, quantizes_from_fp16=True, casts_output_to_fp32=True,
         sources=_cite(
+            quantizes_expert_banks=(f"litgpt/model.py@{_LITGPT}#L329 LLaMAMoE experts = "
+                                    "ModuleList of LLaMAMLP (nn.Linear: each becomes "
+                                    "Linear4bit)"),
+            default_ckpt_offload=(f"litgpt/finetune/lora.py@{_LITGPT} activation_checkpointing"
+                                  "_policy (inputs kept on the GPU)"),
+            loads_lora_base_16bit=(f"lightning/fabric/plugins/precision/amp.py@{_LIGHTNING} "
+                                   "MixedPrecision (bf16-mixed keeps the fp32 module)"),
             chunked_loss_fuses_head=(
                 f"litgpt/utils.py@{_LITGPT} chunked_cross_entropy (all chunks' logits kept)"),
             default_zero_reduce_bucket_values=(
@@ -257,7 +302,9 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
             norm_keeps_fp32_input=f"litgpt/model.py@{_LITGPT} RMSNorm x.float()",
             adapts_fused_slices=f"litgpt/lora.py@{_LITGPT} LoRAQKVLinear enable_lora",
             quantized_linear_keeps_input=_BNB_KEEPS,
-            norm_keeps_fp32_normalized=f"litgpt/model.py@{_LITGPT} RMSNorm x * weight.float()",
+            norm_keeps_fp32_normalized=(f"litgpt/model.py@{_LITGPT}#L433-L438 RMSNorm "
+                                        "x_normed.to(dtype) * self.weight (16-bit; the fp32 "
+                                        "product came with #1545, 2024-07-22, after v0.4.0)"),
             fsdp_keeps_frozen_unsharded=("torch/distributed/fsdp/_runtime_utils.py@v2.1.0 "
                                          "(pytorch#95805, fixed in v2.2.0 by #101982): "
                                          "LitGPT's published FSDP LoRA peaks"),
@@ -287,10 +334,16 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=True, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            quantizes_expert_banks=f"torchtune/models@{_TORCHTUNE} (no MoE model)",
+            default_ckpt_offload=(f"recipes/configs/llama3_1/8B_lora_single_device.yaml@"
+                                  f"{_TORCHTUNE} enable_activation_offloading: False"),
+            loads_lora_base_16bit=(f"recipes/lora_finetune_single_device.py@{_TORCHTUNE} "
+                                   "(dtype bf16 or fp32: no mixed recipe)"),
             chunked_loss_fuses_head=(
                 f"torchtune/modules/loss/ce_chunked_output_loss.py@{_TORCHTUNE} (chunks kept)"),
             default_zero_reduce_bucket_values=f"{_TORCHTUNE} (FSDP2, not DeepSpeed)",
@@ -347,10 +400,15 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=None, keeps_logits=False,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            loads_lora_base_16bit=f"torchtitan/train.py@{_TORCHTITAN} (no LoRA path)",
+            quantizes_expert_banks=f"torchtitan/train.py@{_TORCHTITAN} (no QLoRA path)",
+            default_ckpt_offload=(f"torchtitan/distributed/activation_checkpoint.py@"
+                                  f"{_TORCHTITAN} (inputs kept on the GPU)"),
             chunked_loss_fuses_head=(
                 f"torchtitan/components/loss.py@{_TORCHTITAN} (no chunked loss)"),
             default_zero_reduce_bucket_values=f"{_TORCHTITAN} (FSDP2, not DeepSpeed)",
@@ -407,10 +465,16 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         fused_activations=True, default_compile=False, default_ckpt_reentrant=True,
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
     default_bitsandbytes_version=None,
-    chunked_loss_fuses_head=False,
+    chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
+    quantizes_expert_banks=False,
     default_zero_reduce_bucket_values=50_000_000, keeps_logits=True,
         keeps_previous_graph=False, quantizes_from_fp16=False, casts_output_to_fp32=False,
         sources=_cite(
+            quantizes_expert_banks=f"{_DS_EXAMPLE} (no QLoRA path)",
+            default_ckpt_offload=(f"deepspeed/runtime/activation_checkpointing/config.py@"
+                                  f"{_DEEPSPEED} cpu_checkpointing: false"),
+            loads_lora_base_16bit=(f"deepspeed/runtime/engine.py@{_DEEPSPEED} (a mixed "
+                                   "recipe runs a 16-bit model anyway)"),
             chunked_loss_fuses_head=f"{_DS_EXAMPLE} (no chunked loss)",
             default_zero_reduce_bucket_values=(
                 f"{_DS_EXAMPLE_CONFIG} zero_optimization.reduce_bucket_size 5e7"),
@@ -485,6 +549,10 @@ class StackProfile:
     #: (bitsandbytes' inputs) stay alive for every layer; reentrant checkpointing's forward
     #: keeps no graph at all.
     checkpoint_keeps_ctx_attributes: bool
+    #: Checkpointed layer inputs live in CPU memory (`ckpt_offload`).
+    offloads_checkpoints: bool
+    #: QLoRA quantizes MoE expert banks (see `StackRow.quantizes_expert_banks`).
+    quantizes_expert_banks: bool
     keeps_logits: bool
     keeps_previous_graph: bool
     #: bitsandbytes dequantizes to fp16 and casts to the compute dtype: two full copies.
@@ -527,13 +595,24 @@ def ckpt_reentrant(setup: TrainingSetup) -> bool:
     return row.default_ckpt_reentrant
 
 
+def ckpt_offload(setup: TrainingSetup) -> bool:
+    """Checkpointed layer inputs offloaded to CPU: the setup's choice, else activation offload
+    (`offload="activations"`), else the stack's default. Without checkpointing: no."""
+    if not setup.grad_ckpt:
+        return False
+    if setup.ckpt_offload is not None:
+        return setup.ckpt_offload
+    return setup.offload is Offload.ACTIVATIONS or stack_row(setup.framework).default_ckpt_offload
+
+
 def profile_for(setup: TrainingSetup) -> StackProfile:
     """The stack's row applied to `setup`: the one place where behaviours depend on the
     method, the sharding or the precision."""
     row = stack_row(setup.framework)
     qlora = setup.method is Method.QLORA
     upcasts = row.kbit_upcast and qlora and (row.kbit_upcast_sharded or not _sharded_qlora(setup))
-    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts)
+    precision = precision_policy(setup, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts,
+                                 base_16bit=row.loads_lora_base_16bit)
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
@@ -555,6 +634,8 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         fused_activations=row.fused_activations,
         compiled=effective_compile(setup),
         checkpoint_keeps_ctx_attributes=not ckpt_reentrant(setup),
+        offloads_checkpoints=ckpt_offload(setup),
+        quantizes_expert_banks=row.quantizes_expert_banks,
         keeps_logits=row.keeps_logits,
         keeps_previous_graph=row.keeps_previous_graph,
         # Quantized from fp16, an fp16 compute dtype needs no second copy.
@@ -570,6 +651,7 @@ KNOB_DEFAULTS: tuple[tuple[str, str], ...] = (
     ("default_loss", "loss"),
     ("default_compile", "compile"),
     ("default_ckpt_reentrant", "ckpt_reentrant"),
+    ("default_ckpt_offload", "ckpt_offload"),
     ("sharded_qlora_ckpt_reentrant", "ckpt_reentrant (sharded QLoRA)"),
     ("default_fsdp_version", "fsdp_version"),
     ("default_bitsandbytes_version", "bitsandbytes_version"),

@@ -33,9 +33,6 @@ Row = dict[str, str]
 
 #: (predicate, reason): rows the closed form does not model yet (see GPU_H200.md, "Gaps").
 KNOWN_GAPS: list[tuple[Callable[[Row], bool], str]] = [
-    (lambda r: r["method"] == "qlora" and "mixtral" in r["model"],
-     "MoE QLoRA: the expert banks are 3D parameters, not nn.Linear, so bitsandbytes leaves "
-     "them unquantized (fp32 under bf16-mixed); the closed form quantizes them"),
     (lambda r: r["model"] == "gemma-2-2b" and r["attn"] == "sdpa" and r["ckpt"] == "off"
      and r["method"] != "full",
      "Gemma 2 ran SDPA on transformers 5.17 (attn_implementation recorded 'sdpa'); the "

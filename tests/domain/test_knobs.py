@@ -237,3 +237,49 @@ def test_paged_optimizer_keeps_small_tensors_on_the_device() -> None:
     assert lora.paged_bytes == 0
     full = _est(method="full", optimizer="paged-adamw", precision="bf16-true")
     assert full.paged_bytes > 0.99 * 2 * 4 * full.params.trainable
+
+
+def test_lora_base_loaded_in_16_bits_halves_the_frozen_weights() -> None:
+    """LoRA under bf16 autocast: Transformers 5 loads the checkpoint's bf16 (`dtype="auto"`), so
+    the hf-trainer default keeps the frozen base at 2 B/param and casts no weight; an fp32 base
+    (`lora_base_16bit=False`, e.g. `from_config` at the fp32 default) keeps 4 B/param and
+    autocast's 16-bit copies. LitGPT's bf16-mixed keeps the fp32 module. On the fake-tensor
+    trace (Llama 3.2 1B, seq 512) the 16-bit base peaks at 4.23 GiB, the estimate 4.22 GiB."""
+    base = {"method": "lora", "precision": "bf16-mixed", "seq_len": 512}
+    model = vram.load_model("llama-3.2-1b")
+
+    def linears(est: vram.Estimate) -> int:
+        return next(i.bytes for b in est.buckets for i in b.items if i.key == "weights.linears")
+
+    default = vram.estimate(model, TrainingSetup.model_validate(base))
+    fp32 = vram.estimate(model, TrainingSetup.model_validate({**base, "lora_base_16bit": False}))
+    assert 2 * linears(default) == linears(fp32)
+    assert round(default.allocated_peak_bytes / 2**30, 2) == 4.22
+    assert round(fp32.allocated_peak_bytes / 2**30, 2) == 8.82  # the trace: 8.82 GiB
+    litgpt = TrainingSetup.model_validate({**base, "framework": "litgpt"})
+    assert linears(vram.estimate(model, litgpt)) == linears(fp32)
+    # Pure bf16 and full fine-tuning do not read the knob.
+    full = {**base, "method": "full"}
+    assert vram.estimate(model, TrainingSetup.model_validate(full)).allocated_peak_bytes == \
+        vram.estimate(model, TrainingSetup.model_validate(
+            {**full, "lora_base_16bit": True})).allocated_peak_bytes
+
+
+def test_unsloth_offloads_checkpoints_and_fuses_its_loss() -> None:
+    """Unsloth's `use_gradient_checkpointing="unsloth"` copies each layer's input to the CPU
+    (unsloth_zoo gradient_checkpointing.py@ce232d6c#L269) and its loss is cut cross-entropy
+    (fused linear): the checkpointed inputs leave the GPU for host memory, and the logits are
+    never whole. `ckpt_offload=False` with the standard loss is the hf-trainer figure."""
+    base = {"method": "qlora", "grad_ckpt": True, "seq_len": 8192}
+    hf, unsloth = _est(**base), _est(**base, framework="unsloth")
+    checkpoints = next(i.bytes for b in hf.buckets for i in b.items
+                       if i.key == "activations.checkpoints")
+    assert checkpoints == 32 * 8192 * 4096 * 4  # layers × tokens × h × fp32 (kbit upcast)
+    assert unsloth.host_bytes == hf.host_bytes + checkpoints
+    assert unsloth.allocated_peak_bytes < hf.allocated_peak_bytes - checkpoints
+    plain = _est(**base, framework="unsloth", ckpt_offload=False, loss="standard",
+                 ckpt_reentrant=False)
+    assert plain.allocated_peak_bytes == hf.allocated_peak_bytes
+    # Any stack offloads them when asked, and activation offload implies it.
+    assert _est(**base, ckpt_offload=True).host_bytes == unsloth.host_bytes
+    assert _est(**base, offload="activations").host_bytes == unsloth.host_bytes

@@ -7,7 +7,12 @@ import pytest
 import vram
 import vram.rl as rl
 from vram.rl import kv_cache
-from vram.rl.estimate import forward_logits_bytes, logits_bytes
+from vram.rl.policy_step import (
+    chunked_loss_bytes,
+    loss_backward_logits_bytes,
+    loss_forward_logits_bytes,
+    no_grad_logits_bytes,
+)
 from vram.rl.setup import Reference
 
 GIB = 2**30
@@ -61,6 +66,13 @@ def test_pool_blocks_is_get_num_blocks(llama8b: vram.ModelSpec) -> None:
     ("trl-dpo", "precompute_ref_log_probs", "False"), ("trl-ppo", "kl_coef", "0.05"),
     ("openrlhf", "vllm_gpu_memory_utilization", "0.95"),
     ("openrlhf", "colocate_all_models", "False"),
+    ("vllm", "CUDA graphs", "outside the budget"),
+    ("vllm", "max_num_batched_tokens (LLM class)", "16384"),
+    ("trl-grpo", "colocate max_num_batched_tokens", "4096"),
+    ("verl", "ref_in_actor", "lora_rank > 0"), ("verl", "rollout.gpu_memory_utilization", "0.5"),
+    ("verl", "rollout.free_cache_engine", "True"), ("verl", "fsdp param_offload", "false"),
+    ("verl", "fsdp optimizer_offload", "false"), ("unsloth", "fast_inference", "False"),
+    ("unsloth", "gpu_memory_utilization", "0.5"), ("unsloth", "unsloth_vllm_standby", "False"),
 ])
 def test_stack_defaults_pinned(stack: str, setting: str, value: str) -> None:
     row = rl.rl_default(stack, setting)
@@ -69,7 +81,21 @@ def test_stack_defaults_pinned(stack: str, setting: str, value: str) -> None:
 
 
 def test_every_default_has_a_versioned_source() -> None:
-    assert all("@" in row.source or "blog" in row.source for row in rl.RL_STACKS)
+    assert all("@" in row.source for row in rl.RL_STACKS)
+    # verl's and Unsloth's rows were read at a line
+    assert all("#L" in row.source for row in rl.RL_STACKS if row.stack in ("verl", "unsloth"))
+
+
+def test_colocated_trl_engine_profiles_4096_tokens_and_the_batch(qwen7b: vram.ModelSpec) -> None:
+    from vram.rl import engine as eng
+
+    assert eng.profile_shape(True, 64, H100) == (4096, 64)
+    assert eng.profile_shape(False, 64, H100) == (16384, 1024)  # vLLM LLM class, 80 GiB
+    assert eng.profile_shape(False, 64, 40 * GIB) == (8192, 256)
+    setup = rl.RLSetup(policy=lora(), num_generations=8, batch=2)
+    gen = {i.key: i.bytes for _, i in rl.estimate(qwen7b, setup, H100,
+                                                   with_advice=False).generation.items}
+    assert gen["rollout.working"] == eng.engine_working_bytes(qwen7b, 4096, 16)
 
 
 # ---- models per algorithm ----
@@ -126,9 +152,11 @@ def test_vllm_budget_is_a_share_of_total(qwen7b: vram.ModelSpec) -> None:
     setup = rl.RLSetup(policy=lora(), gpu_memory_utilization=0.3)
     result = rl.estimate(qwen7b, setup, H100, with_advice=False)
     gen = {i.key: i.bytes for _, i in result.generation.items}
-    budget = gen["rollout.weights"] + gen["rollout.kv_pool"] + gen["rollout.working"] + \
-        gen["rollout.cuda_graphs"]
+    budget = gen["rollout.weights"] + gen["rollout.kv_pool"] + gen["rollout.working"]
     assert budget == int(0.3 * H100)
+    # vllm/v1/worker/gpu_worker.py@35d5cda1: graphs are captured after the KV cache, outside
+    # the budget ("`memory_profiling` does not consider CUDAGraph memory size")
+    assert gen["rollout.cuda_graphs"] == GIB
 
 
 def test_sleep_frees_the_engine_in_training(qwen7b: vram.ModelSpec) -> None:
@@ -158,12 +186,31 @@ def test_shared_weights_have_no_rollout_copy(qwen7b: vram.ModelSpec) -> None:
     assert result.generation.buckets["rollout_weights"] == 0
 
 
-def test_logits_term_grows_with_generations_and_completion(qwen7b: vram.ModelSpec) -> None:
-    a = logits_bytes(qwen7b, rl.RLSetup(num_generations=4, completion_len=512))
-    assert a == 4 * 4 * 512 * 152_064  # bf16 logits: 2 copies × 2 B
-    assert logits_bytes(qwen7b, rl.RLSetup(num_generations=8, completion_len=512)) == 2 * a
-    assert logits_bytes(qwen7b, rl.RLSetup(num_generations=8, completion_len=512,
-                                           chunked_loss=True)) == 6 * 512 * 152_064
+def test_grpo_logits_terms_follow_trls_code(qwen7b: vram.ModelSpec) -> None:
+    # TRL 1.9.0 as traced (vram/trace/rl_step.py): 4 sequences, 513 rows kept, 512 log-probs.
+    v = 152_064
+    four = rl.RLSetup(num_generations=4, completion_len=512)
+    # backward: CopySlices of the in-place temperature division, 2 × kept + 2 × rows, bf16
+    assert loss_backward_logits_bytes(qwen7b, four) == (2 * 4 * 513 + 2 * 4 * 512) * v * 2
+    # forward: logits + saved log-softmax + entropy's flattening copy + 3 chunks of 128 rows
+    assert loss_forward_logits_bytes(qwen7b, four) == (4 * 513 + 2 * 4 * 512 + 3 * 128) * v * 2
+    assert no_grad_logits_bytes(qwen7b, four) == (4 * 513 + 512) * v * 2
+    eight = rl.RLSetup(num_generations=8, completion_len=512)
+    assert loss_backward_logits_bytes(qwen7b, eight) == 2 * loss_backward_logits_bytes(
+        qwen7b, four)
+    chunked = rl.RLSetup(num_generations=8, completion_len=512, chunked_loss=True)
+    assert chunked_loss_bytes(qwen7b, chunked) == 6 * 512 * v
+    assert loss_backward_logits_bytes(qwen7b, chunked) == 6 * 512 * v
+
+
+def test_dpo_forward_holds_policy_and_reference_logits(qwen7b: vram.ModelSpec) -> None:
+    v = 152_064
+    dpo = rl.RLSetup(algo="dpo", policy=lora(), prompt_len=256, completion_len=256, batch=1,
+                     rollout="none", beta=0.1)  # 2 sequences of 512
+    both = 2 * 2 * 512 + 2 * 511 + 2 * 511 + 3 * 128
+    assert loss_forward_logits_bytes(qwen7b, dpo) == both * v * 2
+    precomputed = dpo.model_copy(update={"reference": "precomputed"})
+    assert loss_forward_logits_bytes(qwen7b, precomputed) == (both - 2 * 512) * v * 2
 
 
 # ---- bad combinations name the field ----
@@ -222,11 +269,13 @@ def test_ms_swift_dpo_lora_within_15_percent(qwen7b: vram.ModelSpec) -> None:
 
 
 def test_trl_logprob_forward_within_15_percent(qwen7b: vram.ModelSpec) -> None:
-    # rl-measured.md #7 (TRL #3678): peak 902 MB with 44 MB before, B=2, 256 kept, V=151665.
+    # rl-measured.md #7 (TRL #3678): peak 902 MB with 44 MB before, B=2, 256 kept, V=151665,
+    # in `_get_per_token_logps_and_entropies`; read as `_compute_loss` calls it (with
+    # entropies): fp32 logits + the entropy's flattening copy + 3 chunks of 128 rows.
     tiny = qwen7b.model_copy(update={"vocab_size": 151_665})
     fp32 = vram.TrainingSetup(method="lora", precision="fp32")  # the tiny test model is fp32
-    est = forward_logits_bytes(tiny, rl.RLSetup(policy=fp32, batch=2, num_generations=1,
-                                                prompt_len=1, completion_len=256))
+    est = loss_forward_logits_bytes(tiny, rl.RLSetup(policy=fp32, batch=2, num_generations=1,
+                                                     prompt_len=1, completion_len=256))
     assert abs(est / ((902 - 44) * 10**6) - 1) < 0.15
 
 

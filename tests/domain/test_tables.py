@@ -89,9 +89,11 @@ def test_stack_defaults_come_from_the_table() -> None:
 
 def test_checkpoint_reentrancy_defaults_from_source() -> None:
     """axolotl and LLaMA-Factory default to reentrant checkpointing, Transformers 5 and the
-    PyTorch-native stacks to non-reentrant; DeepSpeed's own checkpointing is reentrant."""
+    PyTorch-native stacks to non-reentrant; DeepSpeed's own checkpointing is reentrant, and so is
+    Unsloth's offloading checkpointer (an autograd.Function whose forward runs under no_grad)."""
     reentrant = {f for f in Framework if stack_row(f).default_ckpt_reentrant}
-    assert reentrant == {Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.DEEPSPEED}
+    assert reentrant == {Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.DEEPSPEED,
+                         Framework.UNSLOTH}
     ckpt = TrainingSetup(method="qlora", grad_ckpt=True, framework="axolotl")
     assert not profile_for(ckpt).checkpoint_keeps_ctx_attributes
 

@@ -453,3 +453,107 @@ def run_upload(content: bytes, what: object = "") -> None:
         app.run()
     _check_page(app, what)
     assert app.error or app.metric, what  # either an estimate or a message naming why
+
+
+#: Real training configs (axolotl, torchtune, LLaMA-Factory, TRL) that the import surface mutates.
+TRAINING_CONFIGS = sorted(p for p in (ROOT / "tests" / "data" / "configs").rglob("*")
+                          if p.suffix in {".yaml", ".yml", ".json"})
+
+
+def import_bytes(rng: random.Random) -> tuple[str, bytes]:
+    """(kind, content) of a hostile training-config import: bombs, tags, mutated real files."""
+    kind = rng.choice(["bomb", "deep", "tag", "anchor", "binary", "huge", "digits",
+                       "mutated", "mutated", "mutated", "mutated", "json", "empty", "real",
+                       "real"])
+    if kind == "bomb":
+        lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+        for level in "bcdefghi"[: rng.randint(2, 8)]:
+            lines.append(f"{level}: &{level} [" + ",".join([f"*{chr(ord(level) - 1)}"] * 9) + "]")
+        return kind, "\n".join(lines).encode()
+    if kind == "deep":
+        depth = rng.choice([100, 1000, 50_000])
+        return kind, (b"a: " + b"[" * depth + b"]" * depth)
+    if kind == "tag":
+        return kind, rng.choice([b"x: !!python/name:os.system\n",
+                                 b"x: !!python/object/new:subprocess.Popen [[ls]]\n",
+                                 b"base_model: !!binary aGVsbG8=\nx: 1\n"])
+    if kind == "anchor":
+        return kind, b"base: &b {learning_rate: 1}\nmerged:\n  <<: *b\n  micro_batch_size: 4\n"
+    if kind == "binary":
+        return kind, bytes(rng.randrange(256) for _ in range(rng.choice([10, 1000, 50_000])))
+    if kind == "huge":
+        return kind, b"base_model: x\npad: " + b"y" * rng.choice([100_000, 2_000_000]) + b"\n"
+    if kind == "digits":
+        return kind, ("micro_batch_size: " + "9" * rng.choice([19, 4400, 100_000])).encode()
+    if kind == "json":
+        return kind, json.dumps({"model_name_or_path": rng.choice(HOSTILE_TEXT[:20]),
+                                 "per_device_train_batch_size": rng.choice([1, -1, 10**9]),
+                                 "max_seq_length": rng.choice([512, 0, "x"])}).encode()
+    if kind == "empty":
+        return kind, b""
+    if kind == "real":  # the accepting path too: a real file, one line dropped at most
+        lines = rng.choice(TRAINING_CONFIGS).read_text().splitlines()
+        if lines and rng.random() < 0.5:
+            del lines[rng.randrange(len(lines))]
+        return kind, "\n".join(lines).encode()
+    lines = rng.choice(TRAINING_CONFIGS).read_text().splitlines()
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(len(lines)) if lines else 0
+        if lines and ":" in lines[i]:
+            key = lines[i].split(":", 1)[0]
+            value = rng.choice(["-1", "0", "1e400", "9" * 30, "[1, 2]", "{a: 1}", "null",
+                                "'[Fix](https://evil.example/x)'", "/dev/zero", "true", "\"\""])
+            lines[i] = f"{key}: {value}"
+        else:
+            lines.insert(i, rng.choice(HOSTILE_TEXT[:20]).replace("\n", " "))
+    return kind, "\n".join(lines).encode()
+
+
+class _Upload:
+    """What `st.file_uploader` hands a callback: `.size` and `.getvalue()`."""
+
+    def __init__(self, content: bytes) -> None:
+        self.size = len(content)
+        self._content = content
+
+    def getvalue(self) -> bytes:
+        return self._content
+
+
+def run_file(uploader: str, content: bytes, what: object = "") -> str:
+    """A file through an uploader's own callback (no page render), then estimated as the page would.
+
+    `model`: `ui.inputs._on_upload` (a config.json), then `vram.estimate` of the model it keeps.
+    `import`: `ui.import_config._on_import` (a training config), then the setup it loaded.
+    The callbacks read `st.session_state`; a plain dict stands in for it.
+    """
+    import ui.import_config
+    import ui.inputs
+
+    session: dict[str, Any] = {}
+    fake_st = type("FakeStreamlit", (), {"session_state": session})
+    with within(what=what):
+        if uploader == "model":
+            session["upload"] = _Upload(content)
+            real, ui.inputs.st = ui.inputs.st, fake_st  # type: ignore[assignment]
+            try:
+                ui.inputs._on_upload()
+            finally:
+                ui.inputs.st = real
+            if "_upload_error" in session:
+                message = str(session["_upload_error"])
+                assert message and "Traceback" not in message, message
+                return "refused"
+            return check_api(json.loads(session["config"]), {})
+        session.update({"import_file": _Upload(content), "import_format": "auto"})
+        real, ui.import_config.st = ui.import_config.st, fake_st  # type: ignore[assignment]
+        try:
+            ui.import_config._on_import()
+        finally:
+            ui.import_config.st = real
+        error = session.get(ui.import_config._ERROR)
+        if error:
+            assert "Traceback" not in str(error), error
+            return "refused"
+        assert session.get(ui.import_config._REPORT), what
+        return "imported"

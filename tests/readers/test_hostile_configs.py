@@ -143,3 +143,13 @@ def test_torchtune_override_values_are_data() -> None:
 def test_parse_mapping_accepts_plain_yaml_and_json() -> None:
     assert parse_mapping("a: 1\n") == {"a": 1}
     assert parse_mapping('{"a": 1}') == {"a": 1}
+
+
+def test_deep_flow_nesting_is_refused_before_the_scanner_goes_quadratic() -> None:
+    """Found by the long fuzz run: 50,000 nested `[` took minutes in PyYAML's scanner."""
+    import time
+
+    depth = 50_000
+    started = time.process_time()
+    refused("a: " + "[" * depth + "]" * depth, "file", "nested deeper than 32 levels")
+    assert time.process_time() - started < 1.0

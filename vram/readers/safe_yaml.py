@@ -31,6 +31,17 @@ class _CappedLoader(yaml.SafeLoader):
         self._depth = 0
         self._aliases = 0
 
+    def fetch_flow_collection_start(self, TokenClass: Any) -> None:
+        """Refuse `[[[[…` before the scanner sees it: the composer's depth cap comes too late.
+
+        PyYAML's scanner keeps one possible simple key per open flow level and re-checks all of
+        them on every token (`scanner.py` `stale_possible_simple_keys`), so 50,000 nested `[`
+        (100 KB) took minutes of CPU before the composer's depth check ever ran.
+        """
+        if self.flow_level >= MAX_DEPTH:
+            raise TrainingConfigError("file", f"nested deeper than {MAX_DEPTH} levels")
+        super().fetch_flow_collection_start(TokenClass)
+
     # `index` is typed as types-PyYAML types it (PyYAML passes a key node for mappings too).
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
         if self.check_event(yaml.AliasEvent):

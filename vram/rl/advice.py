@@ -56,8 +56,9 @@ def advise(model: ModelSpec, result: RLEstimate) -> RLEstimate:
                   "batch: even 1 does not fit")
     if result.kv is not None:
         kv = result.kv
-        overhead = (eng.engine_weight_bytes(model) + eng.engine_working_bytes(model)
-                    + eng.CUDA_GRAPH_BYTES)
+        # CUDA graphs are outside the budget: the share covers weights, forward and KV
+        working = sum(i.bytes for _, i in result.generation.items if i.key == "rollout.working")
+        overhead = eng.engine_weight_bytes(model) + working
         needed = (overhead + kv.needed_bytes) / memory
         suggested = min(round(needed + 0.005, 2), 0.95)
         current = setup.gpu_memory_utilization

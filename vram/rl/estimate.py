@@ -2,7 +2,9 @@
 
 Whatever trains (policy, critic) is the SFT estimate (`vram.estimate`) with the rollout's token
 counts; frozen models (reference, reward) hold their weights and one forward's working memory,
-without gradients; the policy's loss term is replaced by the RL loss's logits term.
+without gradients. The policy step has its own moments (`policy_step.py`): the SFT step's, with
+TRL's log-prob and loss code in place of the HF head, and the no-grad log-prob forwards (old
+and reference) before it. Held to the trace of TRL's code in benchmarks/rl_trace_grid.py.
 """
 
 from __future__ import annotations
@@ -12,22 +14,11 @@ from vram.estimate import estimate as sft_estimate
 from vram.result import BucketName, Estimate, LineItem
 from vram.rl import engine as eng
 from vram.rl import kv_cache
+from vram.rl.policy_step import no_grad_logits_bytes, policy_moments
 from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
-from vram.rl.setup import Algo, Reference, RLSetup, Rollout
-from vram.setup import Precision, TrainingSetup
+from vram.rl.setup import OFFLINE, Algo, Reference, RLSetup, Rollout
+from vram.setup import TrainingSetup
 from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
-
-#: Logits-sized tensors at the loss's peak, traced on TRL's code (vram/trace/rl_loss.py):
-#: fp32 logits (an fp32 policy): the scaled logits saved for backward, logsumexp's softmax,
-#: the gradient and the gather's scatter, 4 × 4 B per element; bf16 logits (TRL's bf16 branch,
-#: a log-softmax per row): the scaled logits and every row's saved log-softmax, 2 × 2 B, or
-#: 3 × 2 B of one row when the backward of a single sequence dominates.
-FP32_LOGIT_BYTES = 16
-BF16_LOGIT_BYTES = 4
-BF16_ROW_BYTES = 6
-#: A forward without backward (the reference's): two copies in the logits' dtype, plus one
-#: row's logsumexp temporary in fp32 (TRL loops over rows "to reduce peak mem consumption").
-FORWARD_LOGIT_COPIES = 2
 
 Items = list[tuple[RLBucket, LineItem]]
 
@@ -44,43 +35,6 @@ def policy_setup(setup: RLSetup) -> TrainingSetup:
     return TrainingSetup.model_validate(fields)
 
 
-def logit_rows(setup: RLSetup) -> int:
-    """Rows of logits the loss needs: completions only for online RL (TRL `logits_to_keep`),
-    the whole chosen + rejected sequences for preference losses."""
-    rows = setup.completion_len if setup.generates else setup.seq_len
-    per_chunk = 1 if setup.chunked_loss else setup.sequences_per_gpu
-    return per_chunk * rows
-
-
-def _fp32_logits(setup: RLSetup) -> bool:
-    """Logits are fp32 only for an fp32 policy; bf16 recipes return bf16 logits."""
-    return setup.policy.precision is Precision.FP32
-
-
-def _logit_elements(model: ModelSpec, setup: RLSetup) -> tuple[int, int]:
-    """(all rows', one sequence's) logit elements."""
-    rows = logit_rows(setup)
-    per_row = rows // (1 if setup.chunked_loss else setup.sequences_per_gpu)
-    return rows * model.vocab_size, per_row * model.vocab_size
-
-
-def logits_bytes(model: ModelSpec, setup: RLSetup) -> int:
-    """The loss's forward + backward peak over the logits (traced constants above)."""
-    total, row = _logit_elements(model, setup)
-    if _fp32_logits(setup):
-        return FP32_LOGIT_BYTES * total
-    return max(BF16_LOGIT_BYTES * total, BF16_ROW_BYTES * row)
-
-
-def forward_logits_bytes(model: ModelSpec, setup: RLSetup) -> int:
-    """A no-grad log-prob forward (the reference's): two copies of the logits in their dtype,
-    and for fp32 one row's logsumexp temporary."""
-    total, row = _logit_elements(model, setup)
-    if _fp32_logits(setup):
-        return (FORWARD_LOGIT_COPIES * total + row) * FP32_BYTES
-    return FORWARD_LOGIT_COPIES * total * BF16_BYTES
-
-
 def frozen_weight_bytes(model: ModelSpec, setup: RLSetup) -> int:
     """A frozen copy in 16-bit (sharded under ZeRO-3 like the policy)."""
     shards = setup.policy.n_gpus if setup.sharded_weights else 1
@@ -93,6 +47,26 @@ def forward_working_bytes(model: ModelSpec, setup: RLSetup) -> int:
     widest = max(stack.intermediate_size * max(1, stack.experts_per_token),
                  stack.n_heads * stack.head_dim)
     return 3 * BF16_BYTES * setup.sequences_per_gpu * setup.seq_len * widest
+
+
+_LOGITS_FORMULA = ("GRPO: forward N·(C+1)·V·e + saved log-softmax + entropy copy; backward "
+                   "2·N·(C+1)·V·e + 2·N·C·V·e (in-place temperature division); DPO: policy + "
+                   "reference logits over the whole sequence")
+
+
+def no_grad_forward_bytes(model: ModelSpec, setup: RLSetup) -> int:
+    """The largest no-grad forward before the policy step: the old log-probs (TRL computes
+    them whenever vLLM generates, `vllm_importance_sampling_correction`), the reference's
+    (beta > 0; DPO runs its reference inside the loss), the reward model's (no logits)."""
+    working = forward_working_bytes(model, setup)
+    peak = 0
+    online = setup.algo not in OFFLINE
+    has_reference = setup.effective_reference in (Reference.MODEL, Reference.ADAPTER_OFF)
+    if online and (setup.uses_engine or has_reference):
+        peak = working + no_grad_logits_bytes(model, setup)
+    if _has_reward_model(setup):
+        peak = max(peak, working)
+    return peak
 
 
 def _bucket(est: Estimate, name: BucketName) -> int:
@@ -122,25 +96,21 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
     pol_weights = _bucket(pol, BucketName.WEIGHTS)
     pol_grads = pol.gradient_bytes_total
     pol_opt = _bucket(pol, BucketName.OPTIMIZER)
-    pol_acts = _bucket(pol, BucketName.ACTIVATIONS) - _loss_item_bytes(pol)
-    rl_logits = logits_bytes(model, setup)
+    step = max(policy_moments(model, setup, policy_setup(setup), pol),
+               key=lambda m: m.total_bytes)
     models.append(ModelRole(role="policy", method=setup.policy.method.value,
                             bytes=pol_weights + pol_grads + pol_opt,
                             note="SFT estimate: weights + gradients + optimizer"))
 
     # Frozen models: reference and reward.
     frozen_weights = 0
-    frozen_forward = 0
+    frozen_forward = no_grad_forward_bytes(model, setup)
     if reference is Reference.MODEL:
         w = frozen_weight_bytes(model, setup)
         frozen_weights += w
-        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup)
-                             + forward_logits_bytes(model, setup))
         models.append(ModelRole(role="reference", method="frozen", bytes=w,
                                 note="a frozen 16-bit copy"))
     elif reference is Reference.ADAPTER_OFF:
-        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup)
-                             + forward_logits_bytes(model, setup))
         models.append(ModelRole(role="reference", method="adapter-off", bytes=0,
                                 note="the policy's base with adapters disabled: no weights"))
     elif reference is Reference.PRECOMPUTED:
@@ -149,7 +119,6 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
     if _has_reward_model(setup):
         w = frozen_weight_bytes(model, setup)
         frozen_weights += w
-        frozen_forward = max(frozen_forward, forward_working_bytes(model, setup))
         models.append(ModelRole(role="reward", method="frozen", bytes=w,
                                 note="a frozen 16-bit sequence classifier of the policy's size"))
 
@@ -181,7 +150,9 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
         shared = setup.rollout is Rollout.SHARED
         rollout_weights = 0 if shared else eng.engine_weight_bytes(model)
         counted_weights = eng.engine_weight_bytes(model)
-        engine_working = eng.engine_working_bytes(model)
+        profile_tokens, profile_seqs = eng.profile_shape(
+            setup.rollout is Rollout.COLOCATE, setup.sequences_per_gpu, gpu_memory_bytes)
+        engine_working = eng.engine_working_bytes(model, profile_tokens, profile_seqs)
         graphs = eng.CUDA_GRAPH_BYTES
         free_at_start = gpu_memory_bytes - (context_bytes if server else resident_at_start)
         requested = eng.requested_bytes(setup.engine, setup.gpu_memory_utilization,
@@ -192,7 +163,7 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
                 f"{requested / 2**30:.1f} GiB but only {free_at_start / 2**30:.1f} GiB is free "
                 "when it starts (vLLM >= 0.7 counts a share of TOTAL memory): it refuses to "
                 "start")
-        pool = eng.kv_pool_bytes(requested, counted_weights, engine_working, graphs)
+        pool = eng.kv_pool_bytes(requested, counted_weights, engine_working)
         prompts_per_engine = setup.batch * (
             ceil_div(setup.policy.n_gpus, setup.rollout_gpus) if server else 1)
         sequences = prompts_per_engine * setup.effective_generations
@@ -220,14 +191,17 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
                 rollout_weights, "vLLM loads the merged bf16 model")),
             (RLBucket.KV_CACHE, _item(
                 "rollout.kv_pool", "engine KV pool",
-                "budget − weights − profiled forward − CUDA graphs (all of it is reserved)",
-                pool, "vllm/v1/core/kv_cache_utils.py get_num_blocks")),
+                "budget − weights − profiled forward (all of it is reserved)",
+                pool, "vllm/v1/worker/gpu_worker.py@35d5cda1 determine_available_memory")),
             (RLBucket.ACTIVATIONS, _item(
                 "rollout.working", "engine's profiled forward",
-                f"3 · 2 B · {eng.PROFILE_TOKENS} tokens · widest + sampler logits",
-                engine_working)),
+                f"3 · 2 B · {profile_tokens} tokens · widest + sampler logits of "
+                f"{profile_seqs} sequences", engine_working,
+                "TRL colocate: max_num_batched_tokens=4096; else vLLM's LLM defaults")),
             (RLBucket.OVERHEAD, _item(
-                "rollout.cuda_graphs", "CUDA graphs", "typical figure (assumption)", graphs)),
+                "rollout.cuda_graphs", "CUDA graphs (outside the utilization budget)",
+                "1 GiB, an assumption (vLLM measures it at capture)", graphs,
+                "vllm/v1/worker/gpu_worker.py@35d5cda1 compile_or_warm_up_model")),
         ]
         if shared:
             models.append(ModelRole(role="rollout", method="shared weights", bytes=pool,
@@ -283,7 +257,7 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
 
     # ---- training phase ----
     frozen_moment = frozen_forward
-    step_moment = pol_grads + pol_acts + rl_logits + critic_acts
+    step_moment = step.total_bytes + critic_acts
     train: Items = [
         (RLBucket.WEIGHTS, _item("policy.weights", "policy weights", "SFT estimate",
                                  pol_weights)),
@@ -298,27 +272,30 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
     ]
     if step_moment >= frozen_moment:
         train += [
-            (RLBucket.GRADIENTS, _item("policy.gradients", "policy gradients", "SFT estimate",
-                                       pol_grads)),
-            (RLBucket.ACTIVATIONS, _item("policy.activations", "policy activations (no loss)",
-                                         "SFT estimate less its loss term", pol_acts)),
-            (RLBucket.ACTIVATIONS, _item("policy.logits", "RL loss logits",
-                                         "bf16: 4 B · rows · vocab; fp32: 16 B", rl_logits,
-                                         "vram/trace/rl_loss.py (TRL's loss traced)")),
+            (RLBucket.GRADIENTS, _item("policy.gradients", f"policy gradients ({step.label})",
+                                       "SFT estimate at this moment", step.gradient_bytes)),
+            (RLBucket.ACTIVATIONS, _item(
+                "policy.activations", f"policy activations ({step.label}), less the logits",
+                "SFT estimate at this moment less its head", step.activation_bytes
+                - step.logits_bytes)),
+            (RLBucket.ACTIVATIONS, _item("policy.logits", "RL log-prob and loss logits",
+                                         _LOGITS_FORMULA, step.logits_bytes,
+                                         "TRL 1.9.0 traced: vram/trace/rl_step.py")),
             (RLBucket.ACTIVATIONS, _item("critic.activations", "critic activations",
                                          "SFT estimate less its loss term", critic_acts)),
         ]
     else:
         train.append((RLBucket.ACTIVATIONS, _item(
-            "frozen.forward", "reference / reward forward (no grad)",
-            "one layer's working set + log-prob logits", frozen_forward)))
+            "frozen.forward", "old / reference / reward log-prob forward (no grad)",
+            "one layer's working set + logits + one row's log-softmax", frozen_forward,
+            "TRL 1.9.0 traced: vram/trace/rl_step.py")))
     if setup.uses_engine and not server:
         if setup.sleep == 0:
             train += [(b, i) for b, i in engine_items if i.key != "rollout.working"]
         else:
             train.append((RLBucket.OVERHEAD, _item(
                 "rollout.cuda_graphs", "CUDA graphs (sleep keeps them)",
-                "typical figure (assumption)", graphs)))
+                "1 GiB, an assumption (vLLM measures it at capture)", graphs)))
             if setup.sleep == 1:
                 host += rollout_weights
     train_group = "training"
@@ -333,4 +310,4 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
     return result
 
 
-__all__ = ["estimate", "forward_logits_bytes", "logits_bytes", "policy_setup"]
+__all__ = ["estimate", "no_grad_forward_bytes", "policy_setup"]

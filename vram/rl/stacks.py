@@ -1,7 +1,8 @@
 """The RL stacks' published defaults, in one table, each with the file and version it is read from.
 
-Tests pin every row (tests/domain/test_rl.py). Where a row could not be read at a line in this
-session, its `source` says so rather than guessing.
+Tests pin every row (tests/domain/test_rl.py; the TRL rows also against the installed TRL's
+own config classes in tests/trace/test_rl_step.py). Sources are `file@version`, with `#Lline`
+where the row was read at a line.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ TRL_VLLM = "huggingface/trl trl/generation/vllm_generation.py@v1.9.0"
 OPENRLHF = "OpenRLHF/OpenRLHF openrlhf/cli/train_ppo_ray.py@021d1b09"
 VLLM_WORKER = ("vllm-project/vllm vllm/v1/worker/gpu_worker.py@0012cf69 "
                "(determine_available_memory, sleep)")
+VLLM_WORKER_NEW = ("vllm-project/vllm vllm/v1/worker/gpu_worker.py@35d5cda1 "
+                   "(compile_or_warm_up_model)")
+VLLM_ARGS = "vllm-project/vllm vllm/engine/arg_utils.py@99d7eb5d (_set_default_args)"
+TRL_COLOCATE_LLM = "huggingface/trl trl/generation/vllm_generation.py@v1.9.0#L351-L363"
+VERL = "volcengine/verl {}@b178a3cd5#{}"  # v0.7.0-125
+UNSLOTH = "unslothai/unsloth {}@015bdef0#{}"  # v0.1.801-beta-29
 SGLANG = ("sgl-project/sglang python/sglang/srt/model_executor/"
           "model_runner_kv_cache_mixin.py@226149ac (profile_max_num_token)")
 
@@ -88,14 +95,47 @@ RL_STACKS: tuple[RLDefault, ...] = (
     RLDefault(stack="sglang", setting="mem_fraction_static", value="share of free at start",
               meaning="KV pool = free after load − free-before-load × (1 − fraction)",
               source=SGLANG),
-    RLDefault(stack="verl", setting="ActorRolloutRef (LoRA)", value="reference = base",
-              meaning="the fused worker's reference is the adapter-disabled actor; not read at "
-                      "a line in this session", source="volcengine/verl docs@b178a3cd5 "
-                                                       "(per validation/rl-measured.md)"),
-    RLDefault(stack="unsloth", setting="fast_inference", value="shared weights",
-              meaning="vLLM reads the LoRA policy's base weights (no second copy); "
-                      "UNSLOTH_VLLM_STANDBY frees the KV cache in training; not read at a line "
-                      "in this session", source="unsloth.ai/blog/grpo (Feb 2025)"),
+    RLDefault(stack="vllm", setting="CUDA graphs", value="outside the budget",
+              meaning="captured after the KV cache is allocated; 'memory_profiling does not "
+                      "consider CUDAGraph memory size': the engine holds budget + graphs",
+              source=VLLM_WORKER_NEW),
+    RLDefault(stack="vllm", setting="max_num_batched_tokens (LLM class)", value="16384",
+              meaning="the profiled forward's tokens on GPUs of 70 GiB+ (not A100); 8192 on "
+                      "smaller ones; max_num_seqs 1024 / 256", source=VLLM_ARGS),
+    RLDefault(stack="trl-grpo", setting="colocate max_num_batched_tokens", value="4096",
+              meaning="TRL's colocated LLM(...): the profiled forward's tokens; max_num_seqs = "
+                      "the per-device batch", source=TRL_COLOCATE_LLM),
+    RLDefault(stack="verl", setting="ref_in_actor", value="lora_rank > 0",
+              meaning="with LoRA the reference is the actor with its adapters disabled "
+                      "(compute_ref_log_prob -> compute_log_prob under disable_adapter); no "
+                      "reference worker", source=VERL.format(
+                          "verl/trainer/ppo/ray_trainer.py", "L298-L302") + "; " + VERL.format(
+                          "verl/workers/fsdp_workers.py", "L1000,L1041-L1045")),
+    RLDefault(stack="verl", setting="rollout.gpu_memory_utilization", value="0.5",
+              meaning="the colocated engine's share (vLLM: of total memory)",
+              source=VERL.format("verl/trainer/config/rollout/rollout.yaml", "L32")),
+    RLDefault(stack="verl", setting="rollout.free_cache_engine", value="True",
+              meaning="the engine's KV cache is freed after generation (sleep); CUDA graphs "
+                      "'can not be offloaded during update policy' (L40-L43)",
+              source=VERL.format("verl/trainer/config/rollout/rollout.yaml", "L47")),
+    RLDefault(stack="verl", setting="fsdp param_offload", value="false",
+              meaning="actor parameters stay on the GPU",
+              source=VERL.format("verl/trainer/config/engine/fsdp.yaml", "L12")),
+    RLDefault(stack="verl", setting="fsdp optimizer_offload", value="false",
+              meaning="actor optimizer states stay on the GPU",
+              source=VERL.format("verl/trainer/config/engine/fsdp.yaml", "L16")),
+    RLDefault(stack="unsloth", setting="fast_inference", value="False",
+              meaning="vLLM only when asked; with it, vLLM loads first and the HF model is "
+                      "built from vLLM's state dict (llm.shared_weights = True, L2810-L2822): "
+                      "one copy of the base weights",
+              source=UNSLOTH.format("unsloth/models/loader.py", "L429")),
+    RLDefault(stack="unsloth", setting="gpu_memory_utilization", value="0.5",
+              meaning="vLLM's share with fast_inference",
+              source=UNSLOTH.format("unsloth/models/loader.py", "L430")),
+    RLDefault(stack="unsloth", setting="unsloth_vllm_standby", value="False",
+              meaning="standby needs UNSLOTH_VLLM_STANDBY=1 in the environment (else an error, "
+                      "L2372-L2374); its memory behaviour lives in unsloth_zoo, not read here",
+              source=UNSLOTH.format("unsloth/models/llama.py", "L2343")),
 )
 
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from vram.knob_rules import bnb_keeps_matmul_input
+from vram.precision import lora_base_16bit
 from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
 from vram.stack import profile_for, stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
@@ -152,7 +153,13 @@ def kind_of(model_type: str) -> str:
 
 
 def weight_dtype(setup: TrainingSetup) -> torch.dtype:
-    return torch.bfloat16 if setup.precision is Precision.BF16_TRUE else torch.float32
+    """The dtype the model is loaded in: 16 bits for pure bf16 and for a LoRA base loaded in
+    16 bits under a mixed recipe (`vram.precision.lora_base_16bit`), else fp32."""
+    if setup.precision is Precision.BF16_TRUE:
+        return torch.bfloat16
+    if lora_base_16bit(setup, stack_row(setup.framework).loads_lora_base_16bit):
+        return torch.float16 if setup.precision is Precision.FP16_MIXED else torch.bfloat16
+    return torch.float32
 
 
 def autocast_dtype(setup: TrainingSetup) -> torch.dtype | None:
