@@ -36,7 +36,7 @@ def main() -> None:
         render.plot(results.breakdown_figure(state, unit, present=True), key="breakdown")
         st.caption(caption)
         st.markdown("**At the peak, and through the step**")
-        render.through_step_table(est, unit)
+        render.through_step_table(*results.through_step(state, unit), unit)
         render.plot(results.inference_figure(state, unit), key="inference")
     else:
         st.caption(caption)
@@ -46,7 +46,7 @@ def main() -> None:
             st.subheader("Where the memory goes")
             render.plot(results.breakdown_figure(state, unit), key="breakdown")
             st.markdown("**At the peak, and through the step**")
-            render.through_step_table(est, unit)
+            render.through_step_table(*results.through_step(state, unit), unit)
         with compare:
             st.subheader("Training against inference")
             render.plot(results.inference_figure(state, unit), key="inference")

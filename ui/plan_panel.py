@@ -1,9 +1,15 @@
 """The "Make it fit" panel: my GPU and tokens to train in the sidebar, the verdict, the largest
 batch and sequence, the lever path as a waterfall of memory, time and cost beside it.
 
-Its three URL keys (`mygpu`, `mycount`, `tokens`) are read and written here, so the shared
-parameter registry needs no change: on a session's first run `read_url` takes them out of the
-query string before the registry reads it, and `write_url` puts them back after the page.
+The panel opens with a toggle (`plan=1` in the URL). Closed, it computes nothing: a plan is
+dozens of estimates (40-150 ms of CPU for a new state), more than the rest of the page together,
+and it ran on every rerun of every session (issue 13: at most 40 ms of server CPU a rerun).
+A link that carries the panel's settings (`mygpu`, `mycount`, `tokens`) opens it too, so links
+made before the toggle still show the plan.
+
+Its four URL keys are read and written here, so the shared parameter registry needs no change:
+on a session's first run `read_url` takes them out of the query string before the registry
+reads it, and `write_url` puts them back after the page.
 """
 
 from __future__ import annotations
@@ -18,8 +24,12 @@ from ui import data, plan_chart, render, results, text
 from ui.charts import Unit, format_bytes
 
 ANY = "any"
+#: The toggle's key: the panel is drawn (and the plan computed) only while it is on.
+OPEN = "plan"
 #: key -> default; tokens are in millions.
-DEFAULTS: dict[str, Any] = {"mygpu": ANY, "mycount": 1, "tokens": 100.0}
+DEFAULTS: dict[str, Any] = {OPEN: False, "mygpu": ANY, "mycount": 1, "tokens": 100.0}
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 MAX_COUNT = 64
 MAX_TOKENS_M = 1e9
 _READY = "_plan_url_ready"
@@ -27,6 +37,11 @@ _ERRORS = "_plan_url_errors"
 
 
 def _parse(key: str, text: str, gpu_ids: tuple[str, ...]) -> Any:
+    if key == OPEN:
+        word = text.strip().lower()
+        if word not in (*_TRUE, *_FALSE):
+            raise ValueError("use 1 or 0")
+        return word in _TRUE
     if key == "mygpu":
         if text not in (ANY, *gpu_ids):
             raise ValueError(f"unknown GPU {text[:40]!r}")
@@ -53,6 +68,7 @@ def read_url() -> None:
         return
     gpu_ids = tuple(g.id for g in data.gpus())
     errors: list[str] = []
+    given = {key for key in DEFAULTS if key in st.query_params}
     for key, default in DEFAULTS.items():
         state[key] = default
         if key in st.query_params:
@@ -61,7 +77,10 @@ def read_url() -> None:
             try:
                 state[key] = _parse(key, text, gpu_ids)
             except ValueError as exc:
-                errors.append(f"URL parameter `{key}`: {exc}; using {default}.")
+                shown = int(default) if isinstance(default, bool) else default
+                errors.append(f"URL parameter `{key}`: {exc}; using {shown}.")
+    if OPEN not in given and given:  # a link with the panel's settings, from before the toggle
+        state[OPEN] = True
     state[_ERRORS] = errors
     state[_READY] = True
 
@@ -73,12 +92,20 @@ def write_url() -> None:
             if key in st.query_params:
                 del st.query_params[key]
         else:
-            text = f"{value:g}" if isinstance(value, float) else str(value)
+            text = ("1" if value else "0") if isinstance(value, bool) else (
+                f"{value:g}" if isinstance(value, float) else str(value))
             if st.query_params.get(key) != text:
                 st.query_params[key] = text
 
 
+def is_open() -> bool:
+    return bool(st.session_state.get(OPEN, False))
+
+
 def sidebar() -> None:
+    """The panel's inputs, while it is open (closed, their values live on in the state)."""
+    if not is_open():
+        return
     gpus = {g.id: g for g in data.gpus()}
     with st.sidebar:
         st.header("My hardware and run")
@@ -105,17 +132,27 @@ def _hours(value: float | None) -> str:
 
 
 def panel(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
-    """The panel itself; call after the calculator's own tables."""
+    """The toggle, and the panel itself while it is on; call after the calculator's tables."""
     state = st.session_state
     for message in state.pop(_ERRORS, []):
         text.error([message])
+    st.subheader("Make it fit")
+    st.toggle("On my GPU: the verdict, the largest batch and sequence, the path and the cost",
+              key=OPEN, help="Computed only while this is on (also in the link: plan=1). "
+                             "My GPU, how many and the tokens to train are in the sidebar.")
+    if not is_open():
+        return
+    _plan_view(model, setup, unit)
+
+
+def _plan_view(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> None:
+    state = st.session_state
     gpu_id = state.get("mygpu", ANY)
     hardware = None if gpu_id == ANY else vram.Hardware(gpu=gpu_id, count=int(state["mycount"]))
     tokens = float(state.get("tokens", DEFAULTS["tokens"])) * 1e6
     # Cached by its inputs (ui.results): a plan is dozens of estimates.
     result = results.plan(model, setup, hardware, tokens)
 
-    st.subheader("Make it fit")
     where = f"{result.hardware.total}× {plan_chart.gpu_name(result)}"
     verdict, batch, seq, cost = st.columns(4)
     verdict.metric(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 import streamlit as st
 
 from ui import charts, data
@@ -96,15 +97,28 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
     )
 
 
-def through_step_table(est: Estimate, unit: Unit) -> None:
-    """Each bucket at the peak beside the most it holds at any moment, and why they differ."""
+#: The through-step table's columns (sizes in the page's unit).
+THROUGH_STEP_SCHEMA = pa.schema([("bucket", pa.string()), ("at the peak", pa.float64()),
+                                 ("most at any moment", pa.float64())])
+
+
+def through_step_data(est: Estimate, unit: Unit) -> tuple[pa.Table, tuple[str, ...]]:
+    """Each bucket at the peak beside the most it holds at any moment, and why they differ:
+    an Arrow table (sent as it is; a pandas frame is converted on every run) and captions."""
     rows = through_step(est)
+    table = pa.Table.from_pylist([{
+        "bucket": charts.BUCKET_LABELS[r.name],
+        "at the peak": round(charts.to_unit(r.at_peak_bytes, unit), 2),
+        "most at any moment": round(charts.to_unit(r.most_bytes, unit), 2),
+    } for r in rows], schema=THROUGH_STEP_SCHEMA)
+    captions = tuple(f"**{charts.BUCKET_LABELS[r.name]}**: {r.why}" for r in rows if r.why)
+    return table, captions
+
+
+def through_step_table(table: pa.Table, captions: Sequence[str], unit: Unit) -> None:
+    """The table and captions of `through_step_data`."""
     st.dataframe(
-        pd.DataFrame([{
-            "bucket": charts.BUCKET_LABELS[r.name],
-            "at the peak": round(charts.to_unit(r.at_peak_bytes, unit), 2),
-            "most at any moment": round(charts.to_unit(r.most_bytes, unit), 2),
-        } for r in rows]),
+        table,
         hide_index=True,
         width="stretch",
         # Short headers sized to their text, so all three columns show in a third of a laptop
@@ -119,9 +133,8 @@ def through_step_table(est: Estimate, unit: Unit) -> None:
                 help="The most each bucket holds at any moment of the step."),
         },
     )
-    for r in rows:
-        if r.why:
-            st.caption(f"**{charts.BUCKET_LABELS[r.name]}**: {r.why}")
+    for caption in captions:
+        st.caption(caption)
 
 
 def notes(est: Estimate) -> None:
@@ -140,35 +153,47 @@ def notes(est: Estimate) -> None:
         st.caption(note)
 
 
+#: The columns of the two fit tables (sizes in the page's unit; an unknown price is null).
+FITS_SCHEMA = pa.schema([
+    ("GPU", pa.string()), ("count", pa.int64()), ("sharding", pa.string()),
+    ("$ per hour", pa.float64()), ("needs per GPU", pa.float64()),
+    ("usable per GPU", pa.float64()), ("headroom", pa.float64()),
+])
+MISSES_SCHEMA = pa.schema([
+    ("GPU", pa.string()), ("needs per GPU", pa.float64()), ("usable per GPU", pa.float64()),
+    ("short by", pa.float64()),
+])
+
+
 def fit_frames(report: FitReport, est: Estimate, too_small: Sequence[Gpu], unit: Unit,
-               ) -> tuple[pd.DataFrame, pd.DataFrame]:
+               ) -> tuple[pa.Table, pa.Table]:
     """GPUs that hold the run (cheapest first, with how many), and those too small for it as
     set up (`vram.gpus.too_small`: the same cards whose lines sit below the chart's peak).
 
     Sizes are numbers in `unit` (one decimal), so the columns sort and format as numbers; an
-    unknown price is left empty, never the text "None".
+    unknown price is left empty, never the text "None". Arrow tables, built from the rows
+    directly: `st.dataframe` sends them as they are (a pandas frame costs ~3 ms to convert).
     """
     def size(n_bytes: int) -> float:
         return round(charts.to_unit(n_bytes, unit), 1)
 
-    fits = pd.DataFrame(
+    fits = pa.Table.from_pylist(
         [
             {
                 "GPU": data.short_gpu_name(o.gpu.name),
                 "count": o.count,
                 "sharding": str(getattr(o.sharding, "value", o.sharding)),
-                "$ per hour": o.usd_per_hour if o.usd_per_hour is not None else float("nan"),
+                "$ per hour": o.usd_per_hour,
                 "needs per GPU": size(o.device_peak_bytes),
                 "usable per GPU": size(o.usable_bytes),
                 "headroom": size(o.headroom_bytes),
             }
             for o in report.fits
         ],
-        columns=["GPU", "count", "sharding", "$ per hour", "needs per GPU", "usable per GPU",
-                 "headroom"],
+        schema=FITS_SCHEMA,
     )
     setup = est.setup
-    misses = pd.DataFrame(
+    misses = pa.Table.from_pylist(
         [
             {
                 "GPU": data.short_gpu_name(g.name),
@@ -179,7 +204,7 @@ def fit_frames(report: FitReport, est: Estimate, too_small: Sequence[Gpu], unit:
             }
             for g in too_small
         ],
-        columns=["GPU", "needs per GPU", "usable per GPU", "short by"],
+        schema=MISSES_SCHEMA,
     )
     return fits, misses
 
@@ -200,7 +225,7 @@ def _size_columns(unit: Unit, *names: str) -> dict[str, Any]:
 
 def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
                unsupported: Sequence[Gpu] = (), bf16: bool = False) -> None:
-    """The two tables of `fit_frames` (pandas or Arrow), each the page's full width so that no
+    """The two tables of `fit_frames`, each the page's full width so that no
     column is cut (side by side, half of them scrolled out of sight on a laptop)."""
     st.subheader(f"GPUs that hold it ({len(fits)})")
     if len(fits) == 0:

@@ -157,19 +157,29 @@ def download_json(state: Mapping[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=MAX_STATES)
 def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
-    # Arrow tables: st.dataframe sends them as they are, a pandas frame it converts each run.
     res = _result(key, gpu_list)
     assert res.report is not None and res.estimate is not None
     supported = [g for g in data.gpus_from(gpu_list) if g not in res.report.unsupported]
     small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes, supported)
-    fits, misses = render.fit_frames(res.report, res.estimate, small, unit)
-    return (pa.Table.from_pandas(fits, preserve_index=False),
-            pa.Table.from_pandas(misses, preserve_index=False))
+    return render.fit_frames(res.report, res.estimate, small, unit)
 
 
 def fit_tables(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, pa.Table]:
     """The tables of GPUs that hold the run and of those too small (immutable, shared)."""
     return _fit_tables(state_key(state), _gpu_list_path(), unit)
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _through_step(key: StateKey, gpu_list: str | None, unit: Unit,
+                  ) -> tuple[pa.Table, tuple[str, ...]]:
+    est = _result(key, gpu_list).estimate
+    assert est is not None
+    return render.through_step_data(est, unit)
+
+
+def through_step(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, tuple[str, ...]]:
+    """The at-the-peak / through-the-step table and its captions (immutable, shared)."""
+    return _through_step(state_key(state), _gpu_list_path(), unit)
 
 
 @functools.lru_cache(maxsize=MAX_STATES)

@@ -16,3 +16,11 @@ PAGES = tuple(sorted(f"pages/{path.name}" for path in (ROOT / "pages").glob("*.p
 def app() -> AppTest:
     """The calculator, not yet run (set `query_params` first to test links)."""
     return AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+
+
+def open_advanced(app: AppTest) -> AppTest:
+    """Open the sidebar's Advanced expander (its controls are drawn only while it is open)."""
+    from ui.inputs import ADVANCED
+
+    app.session_state[ADVANCED] = True
+    return app

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
-from ui.import_config import state_from_loaded
+from ui.import_config import OPEN, state_from_loaded
 from ui.text import shown
 from vram.readers import load_training_config
 
@@ -15,6 +15,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
 
 def _import(app: AppTest, text: str, fmt: str = "auto") -> AppTest:
+    app.session_state[OPEN] = True  # its contents are drawn only while it is open
     app.run()
     app.text_area(key="import_text").set_value(text)
     app.selectbox(key="import_format").set_value(fmt)
@@ -63,3 +64,12 @@ def test_export_buttons_are_offered(app: AppTest) -> None:
     labels = [e.proto.label for e in app.get("download_button")]
     assert "This run as an axolotl config" in labels
     assert "This run as a TRL config" in labels
+
+
+def test_closed_import_panel_draws_nothing_inside(app: AppTest) -> None:
+    app.run()
+    assert "import_format" not in [s.key for s in app.selectbox]
+    assert not [t for t in app.text_area if t.key == "import_text"]
+    app.session_state[OPEN] = True
+    app.run()
+    assert app.selectbox(key="import_format").value == "auto"

@@ -8,7 +8,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import vram
-from tests.app.conftest import PAGES
+from tests.app.conftest import PAGES, open_advanced
 from ui import params
 from ui.charts import format_bytes
 from ui.text import shown
@@ -48,8 +48,8 @@ def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
     # why the peak holds no gradients yet is said once, in the through-step caption
     captions = [c.value for c in app.caption]
     assert sum("gradients" in c and "The peak is at" in c for c in captions) == 1, captions
-    # the breakdown, training against inference, and the "Make it fit" path (issue 10)
-    assert [c.key for c in app.get("plotly_chart")] == ["breakdown", "inference", "plan_path"]
+    # the breakdown and training against inference; "Make it fit" is closed until asked for
+    assert [c.key for c in app.get("plotly_chart")] == ["breakdown", "inference"]
     assert app.get("download_button")
 
 
@@ -75,7 +75,7 @@ def test_every_page_loads(app: AppTest, page: str) -> None:
 def test_controls_change_the_numbers_as_vram_says(
     app: AppTest, key: str, value: object, setup: dict[str, object]
 ) -> None:
-    app.run()
+    open_advanced(app).run()
     if "framework" in setup:  # the previous-step graph that `once` drops is LitGPT's
         app.selectbox(key="stack").set_value(setup["framework"]).run()
     before = _peak(app)
@@ -95,11 +95,26 @@ def test_controls_change_the_numbers_as_vram_says(
 
 
 def test_gpu_count_picks_a_sharding(app: AppTest) -> None:
-    app.run()
+    open_advanced(app).run()
     app.select_slider(key="gpus").set_value(8).run()
     _clean(app)
     assert not app.error
     assert app.selectbox(key="shard").value == "ddp"
+
+
+def test_advanced_controls_are_drawn_only_while_open(app: AppTest) -> None:
+    # Closed, its twenty controls are not drawn (issue 13: server CPU a rerun), and the values
+    # they hold still count, in the numbers and in the link.
+    app.query_params["ckpt"] = "1"
+    app.run()
+    _clean(app)
+    assert "ckpt" not in [t.key for t in app.toggle]
+    assert _peak(app) == _expected_peak(grad_ckpt=True)
+    app.slider(key="batch").set_value(2).run()
+    assert _peak(app) == _expected_peak(grad_ckpt=True, micro_batch=2)
+    assert app.query_params["ckpt"] in ("true", ["true"])
+    open_advanced(app).run()
+    assert app.toggle(key="ckpt").value is True
 
 
 def test_unit_switch(app: AppTest) -> None:
@@ -120,7 +135,7 @@ def test_url_round_trip(app: AppTest) -> None:
         "unit": "GiB",
     }
     app.query_params.update(query)
-    app.run()
+    open_advanced(app).run()
     _clean(app)
     assert not app.error
     assert app.slider(key="batch").value == 4

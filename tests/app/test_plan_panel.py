@@ -3,9 +3,11 @@ path as `vram.plan` computes them."""
 
 from __future__ import annotations
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 import vram
+from ui import results
 from ui.charts import format_bytes
 from ui.text import shown
 
@@ -50,6 +52,7 @@ def test_bad_panel_link_is_reported_not_raised(app: AppTest) -> None:
 
 def test_changing_my_gpu_moves_the_verdict(app: AppTest) -> None:
     app.run()
+    app.toggle(key="plan").set_value(True).run()
     app.selectbox(key="mygpu").select("h100-sxm").run()
     assert not app.exception
     value, _ = _metric(app, "On 1× H100")
@@ -69,3 +72,49 @@ def test_path_chart_rows_add_up() -> None:
     fig = path_figure(result)
     assert len(fig.data[0].y) == len(result.path) + 2
     assert fig.layout.annotations[0].text.startswith("RTX 4090: ")
+
+
+def test_closed_panel_computes_no_plan(app: AppTest, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A plan is dozens of estimates; closed (the default), the page must not pay for it
+    # (issue 13: at most 40 ms of server CPU a rerun).
+    calls: list[object] = []
+    real = vram.plan
+
+    def counted(*args: object, **kwargs: object) -> vram.Plan:
+        calls.append(args)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vram, "plan", counted)
+    results._plan.cache_clear()  # so opening the panel computes its plan here
+    app.run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert calls == []
+    assert not any(m.label.startswith("Largest micro-batch") for m in app.metric)
+    assert "mygpu" not in [s.key for s in app.selectbox]
+    assert "plan" not in app.query_params
+
+    app.toggle(key="plan").set_value(True).run()
+    assert len(calls) == 1
+    assert any(m.label.startswith("Largest micro-batch") for m in app.metric)
+    assert "plan_path" in [c.key for c in app.get("plotly_chart")]
+    assert "mygpu" in [s.key for s in app.selectbox]
+    assert app.query_params["plan"] in ("1", ["1"])  # a shared link reopens it
+
+
+def test_plan_key_in_the_link_opens_and_closes(app: AppTest) -> None:
+    app.query_params["plan"] = "1"
+    app.run()
+    assert app.toggle(key="plan").value is True
+    assert any(m.label.startswith("Largest micro-batch") for m in app.metric)
+    app.toggle(key="plan").set_value(False).run()
+    assert not any(m.label.startswith("Largest micro-batch") for m in app.metric)
+    assert "plan" not in app.query_params
+
+
+def test_bad_plan_key_is_reported(app: AppTest) -> None:
+    app.query_params["plan"] = "maybe"
+    app.run()
+    assert not app.exception
+    assert "URL parameter `plan`: use 1 or 0; using 0." in " ".join(shown(e.value)
+                                                                     for e in app.error)
+    assert app.toggle(key="plan").value is False

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import pandas as pd
 import pytest
 
 import vram
 from ui import charts, data, params, render, results
 from vram import gpus
+from vram.result import BUCKET_ORDER
 
 
 @pytest.fixture
@@ -57,21 +57,30 @@ def test_figures_are_the_charts_and_their_dict_is_computed_once(
     )
 
 
-def _records(frame: pd.DataFrame) -> list[dict[str, object]]:
-    # pandas keeps a missing price as NaN; Arrow (what st.dataframe receives) as null.
-    return [{k: None if v != v else v for k, v in row.items()} for row in frame.to_dict("records")]
-
-
 def test_tables_and_download_carry_the_report(state: dict[str, object]) -> None:
     res = results.result(state)
     assert res.report is not None and res.estimate is not None
     fits, misses = results.fit_tables(state, "GB")
     small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes,
                            [g for g in data.gpus() if g not in res.report.unsupported])
-    fits_df, misses_df = render.fit_frames(res.report, res.estimate, small, "GB")
-    assert fits.to_pylist() == _records(fits_df)
-    assert misses.to_pylist() == _records(misses_df)
+    fresh_fits, fresh_misses = render.fit_frames(res.report, res.estimate, small, "GB")
+    assert fits.equals(fresh_fits) and misses.equals(fresh_misses)
+    assert fits.column("GPU").to_pylist() == [data.short_gpu_name(o.gpu.name)
+                                              for o in res.report.fits]
+    assert fits.column("$ per hour").to_pylist() == [o.usd_per_hour for o in res.report.fits]
+    assert misses.column("GPU").to_pylist() == [data.short_gpu_name(g.name) for g in small]
     assert len(fits) == len(res.report.fits) and len(misses) == len(small)
     payload = json.loads(results.download_json(state))
     assert payload["device_peak_bytes"] == res.estimate.device_peak_bytes
     assert [o["gpu"] for o in payload["cheapest"]] == [o.gpu.id for o in res.report.fits]
+
+
+def test_through_step_table_is_cached_and_matches_the_estimate(state: dict[str, object]) -> None:
+    est = results.result(state).estimate
+    assert est is not None
+    table, captions = results.through_step(state, "GB")
+    assert results.through_step(dict(state), "GB")[0] is table  # shared, built once
+    fresh, fresh_captions = render.through_step_data(est, "GB")
+    assert table.equals(fresh) and captions == fresh_captions
+    assert table.column("at the peak").to_pylist() == [
+        round(charts.to_unit(est.bucket(name).bytes, "GB"), 2) for name in BUCKET_ORDER]

@@ -342,6 +342,8 @@ URL_VALUES: dict[str, list[str]] = {
     "stack": ["litgpt", "torchtune"], "vendor": ["NVIDIA", "AMD,Acme"],
     "segment": ["datacenter"], "fits": ["1"], "math": ["1"], "unit": ["GiB", "GB"],
     "size": ["7", "0.001", "1e400", "70"], "config": ["{}", "z!!", "x" * 10, "{\"a\":"],
+    "plan": ["1", "0", "2"], "mygpu": ["rtx-4090", "any", "nope"], "mycount": ["2", "0", "65"],
+    "tokens": ["1000", "0", "1e400"],
 }
 
 
