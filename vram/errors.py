@@ -7,12 +7,18 @@ class VramError(ValueError):
     """Base class for every error `vram` raises on bad input."""
 
 
+def shown_name(name: str, limit: int = 60) -> str:
+    """A key or path as one line of plain text: control characters escaped (a config key can
+    hold a newline), cut to `limit` characters. Error messages are one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)[:limit]
+
+
 class ConfigError(VramError):
     """A model config (config.json or a dict) cannot be read as an architecture."""
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
-        super().__init__(f"{field}: {message}")
+        super().__init__(f"{shown_name(field)}: {message}")
 
 
 class CatalogError(VramError):
@@ -26,7 +32,7 @@ class FileReadError(VramError):
         self.what = what
         self.path = path
         self.reason = reason
-        super().__init__(f"{what} {path}: {reason}")
+        super().__init__(f"{what} {shown_name(path, 300)}: {reason}")
 
 
 class TrainingConfigError(VramError):
@@ -34,4 +40,4 @@ class TrainingConfigError(VramError):
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
-        super().__init__(f"{key}: {message}")
+        super().__init__(f"{shown_name(key)}: {message}")
