@@ -109,15 +109,17 @@ class Moment:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(item.bytes for item in self.weight_items)
+        # most moments hold none: skip building a generator (estimate() is on the hot path)
+        return sum(item.bytes for item in self.weight_items) if self.weight_items else 0
 
     @property
     def in_flight_bytes(self) -> int:
-        return sum(item.bytes for item in self.in_flight_items)
+        return sum(item.bytes for item in self.in_flight_items) if self.in_flight_items else 0
 
     @property
     def gradients_total(self) -> int:
-        return self.gradient_bytes + sum(item.bytes for item in self.extra_gradient_items)
+        extra = self.extra_gradient_items
+        return self.gradient_bytes + (sum(item.bytes for item in extra) if extra else 0)
 
     @property
     def activation_bytes(self) -> int:
@@ -1061,6 +1063,8 @@ class StatePart:
     bucket_gradient_items: tuple[LineItem, ...]
     fixed_overhead: tuple[LineItem, ...]
     fixed_notes: tuple[str, ...]
+    #: DeepSpeed ZeRO-3's gathered parameters by moment label (`_deepspeed_live_items`).
+    live_weight_items: dict[str, list[LineItem]]
 
 
 #: Setup fields no part of `StatePart` reads (a sweep over them reuses one `StatePart`).
@@ -1091,7 +1095,8 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         optimizer_bucket=Bucket(name=BucketName.OPTIMIZER, items=tuple(optimizer.items)),
         bucket_gradient_items=_bucket_gradient_items(setup, grads, zero),
         fixed_overhead=_fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state),
-        fixed_notes=_fixed_notes(model, optimizer))
+        fixed_notes=_fixed_notes(model, optimizer),
+        live_weight_items=_deepspeed_live_items(model, setup, groups))
 
 
 def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
@@ -1110,16 +1115,17 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
-    live = memoized(model, ("deepspeed_live", setup_key(setup, TOKEN_FIELDS)),
-                    lambda: _deepspeed_live_items(model, setup, part.groups))
+    live = part.live_weight_items  # the state part is remembered per setup structure
     if live:
         for moment in moments:
             moment.weight_items = live.get(moment.label, [])
 
     gradients = [m.gradients_total for m in moments]
     activations = [m.activation_bytes for m in moments]
-    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes + m.in_flight_bytes
-              for m, grad_bytes, act_bytes in zip(moments, gradients, activations, strict=True)]
+    in_flight = [m.in_flight_bytes for m in moments]
+    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes + flight
+              for m, grad_bytes, act_bytes, flight
+              in zip(moments, gradients, activations, in_flight, strict=True)]
     # The first of equal moments wins: the allocator reaches a peak at its first moment.
     peak_index = max(range(len(moments)), key=totals.__getitem__)
     peak = moments[peak_index]
@@ -1152,9 +1158,9 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         notes=_notes(part, peak),
         moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
                                   gradient_bytes=grad_bytes, activation_bytes=act_bytes,
-                                  in_flight_bytes=m.in_flight_bytes)
-                      for m, total, grad_bytes, act_bytes
-                      in zip(moments, totals, gradients, activations, strict=True)),
+                                  in_flight_bytes=flight)
+                      for m, total, grad_bytes, act_bytes, flight
+                      in zip(moments, totals, gradients, activations, in_flight, strict=True)),
     )
 
 

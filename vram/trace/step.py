@@ -374,9 +374,13 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
             best_key, best_live = key, live
     assert best_key is not None
     a, b = p1[best_key], p2[best_key]
-    buckets = {k: line(a.buckets[k], b.buckets[k]) for k in a.buckets}
-    extended = [{k: line(p1[key].buckets[k], p2[key].buckets[k]) for k in p1[key].buckets}
-                for key in p1.keys() & p2.keys()]
+    # A bucket can be empty at one depth and not the other (FSDP2's "reducing" buffer at the
+    # same instant of a 2- and a 3-block run): an absent bucket held 0 bytes.
+    def extend(x: dict[str, int], y: dict[str, int]) -> dict[str, int]:
+        return {k: line(x.get(k, 0), y.get(k, 0)) for k in sorted(x.keys() | y.keys())}
+
+    buckets = extend(a.buckets, b.buckets)
+    extended = [extend(p1[key].buckets, p2[key].buckets) for key in p1.keys() & p2.keys()]
     return TraceResult(
         peak_at=" / ".join(best_key),
         buckets=buckets, allocated_peak_bytes=best_live, phase=b.phase,
