@@ -89,7 +89,8 @@ class Row:
         return all(abs(self.errors[k]) <= TOLERANCE[k] for k in TOLERANCE)
 
 
-def _rel(ours: int, theirs: int) -> float:
+def relative_error(ours: int, theirs: int) -> float:
+    """(ours − theirs) / theirs; 0 where both are under a MiB (noise, not a disagreement)."""
     if max(ours, theirs) < MIB:
         return 0.0
     return (ours - theirs) / max(theirs, 1)
@@ -141,9 +142,10 @@ def compare(family: str, fields: dict[str, object]) -> Row:
     moment = same_moment(ours, traced.peak_at)
     mine = {"weights": buckets["weights"], "gradients": ours.gradient_bytes_total,
             "optimizer": buckets["optimizer"]}
-    errors = {name: _rel(mine[name], traced.bucket_max.get(name, 0)) for name in mine}
-    errors["activations"] = _rel(moment.activation_bytes, traced.buckets.get("activations", 0))
-    errors["peak"] = _rel(ours.allocated_peak_bytes, traced.allocated_peak_bytes)
+    errors = {name: relative_error(mine[name], traced.bucket_max.get(name, 0)) for name in mine}
+    errors["activations"] = relative_error(moment.activation_bytes,
+                                           traced.buckets.get("activations", 0))
+    errors["peak"] = relative_error(ours.allocated_peak_bytes, traced.allocated_peak_bytes)
     return Row(family, fields, errors, ours.phase.value == traced.phase, seconds)
 
 

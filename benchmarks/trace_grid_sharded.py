@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trace_grid import MIB, moments_for
+from benchmarks.trace_grid import moments_for, relative_error
 from vram import Estimate, MomentBytes, TrainingSetup, estimate, load_model
 from vram.catalog import load_config
 
@@ -100,12 +100,6 @@ class Row:
         return all(abs(self.errors[k]) <= TOLERANCE[k] for k in TOLERANCE)
 
 
-def _rel(ours: int, theirs: int) -> float:
-    if max(ours, theirs) < MIB:
-        return 0.0
-    return (ours - theirs) / max(theirs, 1)
-
-
 def sharded_moments_for(peak_at: str) -> tuple[str, ...]:
     """The estimate's moments that stand for the trace segment `peak_at`. Under FSDP2 a
     block's segment starts with its all-gather (`vram.trace.sharded` labels a block before
@@ -139,11 +133,11 @@ def compare(family: str, fields: dict[str, Any], traced: dict[str, Any]) -> Row:
     mine = {"weights": sharded_weights, "gradients": step.gradient_bytes,
             "optimizer": sum(b for k, b in state.items() if k.startswith("optimizer."))}
     bucket_max, buckets = traced["bucket_max"], traced["buckets"]
-    errors = {name: _rel(mine[name], bucket_max.get(name, 0)) for name in mine}
-    errors["activations"] = _rel(moment.activation_bytes, buckets.get("activations", 0))
-    errors["in_flight"] = _rel(moment.in_flight_bytes,
+    errors = {name: relative_error(mine[name], bucket_max.get(name, 0)) for name in mine}
+    errors["activations"] = relative_error(moment.activation_bytes, buckets.get("activations", 0))
+    errors["in_flight"] = relative_error(moment.in_flight_bytes,
                                sum(buckets.get(k, 0) for k in IN_FLIGHT))
-    errors["peak"] = _rel(ours.allocated_peak_bytes, traced["allocated_peak_bytes"])
+    errors["peak"] = relative_error(ours.allocated_peak_bytes, traced["allocated_peak_bytes"])
     return Row(family, fields, errors, ours.phase.value == traced["phase"])
 
 
