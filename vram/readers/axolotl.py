@@ -62,19 +62,11 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None) -> ReadResult:
     method = _method(m)
     if method != "full":
         _lora(m)
-    if m.has("micro_batch_size"):
-        m.set("micro_batch", m.int_key("micro_batch_size"), "micro_batch_size")
-    else:
-        m.default("micro_batch", 1, f"micro_batch_size 1 ({TRAINING})")
-    if m.has("gradient_accumulation_steps"):
-        m.set("grad_accum", m.int_key("gradient_accumulation_steps"),
-              "gradient_accumulation_steps")
-    else:
-        m.default("grad_accum", 1, f"gradient_accumulation_steps 1 ({TRAINING})")
-    if m.has("sequence_len"):
-        m.set("seq_len", m.int_key("sequence_len", high=MAX_SEQ_LEN), "sequence_len")
-    else:
-        m.default("seq_len", 512, f"sequence_len 512 ({SCHEMA})")
+    m.int_or_default("micro_batch", "micro_batch_size", 1, f"micro_batch_size 1 ({TRAINING})")
+    m.int_or_default("grad_accum", "gradient_accumulation_steps", 1,
+                     f"gradient_accumulation_steps 1 ({TRAINING})")
+    m.int_or_default("seq_len", "sequence_len", 512,
+                     f"sequence_len 512 ({SCHEMA})", high=MAX_SEQ_LEN)
     packing = m.bool_key("sample_packing")
     if packing is not None:
         m.record("sample_packing", packing, "packing: every micro-batch is filled to "

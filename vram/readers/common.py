@@ -90,13 +90,7 @@ def check_one_of(m: Mapper, *keys: str) -> None:
 def map_training_args_batch(m: Mapper) -> None:
     """micro-batch and accumulation from `TrainingArguments`' keys (LLaMA-Factory and TRL take
     them as they are), each with the transformers default when the file leaves it out."""
-    if m.has("per_device_train_batch_size"):
-        m.set("micro_batch", m.int_key("per_device_train_batch_size"),
-              "per_device_train_batch_size")
-    else:
-        m.default("micro_batch", 8, f"per_device_train_batch_size 8 ({TRAINING_ARGS})")
-    if m.has("gradient_accumulation_steps"):
-        m.set("grad_accum", m.int_key("gradient_accumulation_steps"),
-              "gradient_accumulation_steps")
-    else:
-        m.default("grad_accum", 1, f"gradient_accumulation_steps 1 ({TRAINING_ARGS})")
+    m.int_or_default("micro_batch", "per_device_train_batch_size", 8,
+                     f"per_device_train_batch_size 8 ({TRAINING_ARGS})")
+    m.int_or_default("grad_accum", "gradient_accumulation_steps", 1,
+                     f"gradient_accumulation_steps 1 ({TRAINING_ARGS})")

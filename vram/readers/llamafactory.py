@@ -112,10 +112,7 @@ def _method(m: Mapper) -> str:
         else:
             raise TrainingConfigError("quantization_bit", f"{bits}: bitsandbytes takes 4 or 8")
         m.set("method", "qlora", "finetuning_type", kind, f"LoRA on a {bits}-bit base")
-    if m.has("lora_rank"):
-        m.set("lora_rank", m.int_key("lora_rank", high=MAX_LORA_RANK), "lora_rank")
-    else:
-        m.default("lora_rank", 8, f"lora_rank 8 ({FINETUNING})")
+    m.int_or_default("lora_rank", "lora_rank", 8, f"lora_rank 8 ({FINETUNING})", high=MAX_LORA_RANK)
     if m.has("lora_dropout"):
         m.set("lora_dropout", m.float_key("lora_dropout", high=0.99), "lora_dropout")
     else:
@@ -140,10 +137,8 @@ def _method(m: Mapper) -> str:
 
 def _batch(m: Mapper) -> None:
     map_training_args_batch(m)
-    if m.has("cutoff_len"):
-        m.set("seq_len", m.int_key("cutoff_len", high=MAX_SEQ_LEN), "cutoff_len")
-    else:
-        m.default("seq_len", 2048, f"cutoff_len 2048 ({DATA_ARGS})")
+    m.int_or_default("seq_len", "cutoff_len", 2048,
+                     f"cutoff_len 2048 ({DATA_ARGS})", high=MAX_SEQ_LEN)
     for key in ("packing", "neat_packing"):
         if m.has(key):
             m.record(key, m.bool_key(key), "packing: samples fill cutoff_len")

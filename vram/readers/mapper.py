@@ -204,6 +204,15 @@ class Mapper:
         self._seen.add(key)
         self._mapped.append(MappedKey(key=key, value=shown(raw), sets=what))
 
+    def int_or_default(self, field: str, key: str, default: int, source: str, *,
+                       high: int = 10_000_000) -> None:
+        """`key` as a whole number into `field`, or the tool's `default` (from `source`) when
+        the file leaves the key out."""
+        if self.has(key):
+            self.set(field, self.int_key(key, high=high), key)
+        else:
+            self.default(field, default, source)
+
     def default(self, field: str, value: Any, source: str) -> None:
         """The tool's own default for a field the file leaves out."""
         if field in self.fields:

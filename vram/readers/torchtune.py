@@ -242,11 +242,8 @@ def _batch(m: Mapper, data: dict[str, Any]) -> None:
         m.set("micro_batch", m.int_key("batch_size"), "batch_size")
     else:
         raise TrainingConfigError("batch_size", "the recipe needs batch_size")
-    if m.has("gradient_accumulation_steps"):
-        m.set("grad_accum", m.int_key("gradient_accumulation_steps"),
-              "gradient_accumulation_steps")
-    else:
-        m.default("grad_accum", 1, f"required by the recipes ({RECIPES}); taken as 1")
+    m.int_or_default("grad_accum", "gradient_accumulation_steps", 1,
+                     f"required by the recipes ({RECIPES}); taken as 1")
     tokenizer = data.get("tokenizer")
     seq = tokenizer.get("max_seq_len") if isinstance(tokenizer, dict) else None
     if seq is not None:

@@ -129,10 +129,7 @@ def _method(m: Mapper) -> str:
         m.set("method", "qlora", "use_peft", True, "LoRA on an 8-bit base")
     else:
         m.set("method", "lora", "use_peft", True)
-    if m.has("lora_r"):
-        m.set("lora_rank", m.int_key("lora_r", high=MAX_LORA_RANK), "lora_r")
-    else:
-        m.default("lora_rank", 16, f"lora_r 16 ({MODEL})")
+    m.int_or_default("lora_rank", "lora_r", 16, f"lora_r 16 ({MODEL})", high=MAX_LORA_RANK)
     if m.has("lora_dropout"):
         m.set("lora_dropout", m.float_key("lora_dropout", high=0.99), "lora_dropout")
     else:
