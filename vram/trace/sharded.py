@@ -123,6 +123,12 @@ class ShardedTracker(_HostScalarTracker):
         if new and self.region and key in self.live:
             self.region_keys[key] = self.region
 
+    def _forget(self, key: int) -> None:
+        """A storage's region label dies with it: the next storage at the same address (the
+        key is `id()`) is labelled by where it is made, not by what lived there before."""
+        super()._forget(key)
+        self.region_keys.pop(key, None)
+
     def resized(self, storage: torch.UntypedStorage) -> None:
         """FSDP2 allocates and frees unsharded parameters by resizing their storage."""
         from vram.params import allocated_bytes
