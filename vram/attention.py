@@ -67,9 +67,12 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
 
 
 def needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> bool:
-    """HF passes an explicit mask when a sliding window is shorter than the sequence."""
+    """HF passes an explicit mask when the sequence is as long as a sliding window or longer
+    (transformers/masking_utils.py@v5.24.0 _ignore_causal_mask_sdpa #L286: `kv_length >=
+    local_attention_size` keeps the mask; the sharded trace builds it at 4,096 tokens on
+    Mistral's 4,096 window)."""
     return runs_transformers_code(profile) and bool(
-        model.sliding_window and model.sliding_window < setup.seq_len)
+        model.sliding_window and model.sliding_window <= setup.seq_len)
 
 
 def mask_bytes_per_sequence(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,

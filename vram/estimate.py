@@ -643,7 +643,7 @@ def _moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
 _FSDP2_IN_FLIGHT = {
     "the last layer's forward": fsdp2.forward_block,
     "end of forward": fsdp2.forward_end,
-    "the output cast to fp32": fsdp2.forward_end,
+    "the output cast to fp32": fsdp2.after_forward,
     "the loss": fsdp2.loss_backward,
     "the top layer's backward": fsdp2.top_block_backward,
     "the first layer's backward": fsdp2.first_block_backward,

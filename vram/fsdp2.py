@@ -12,7 +12,9 @@ trace of rank 0, `vram.trace.sharded`):
   forward); a block's all-gather buffer is kept until the next block's copy-out (implicit
   prefetch: `wait_for_unshard` saves it in `all_gather_state`, #L417-L489), so while the next
   block is gathered three blocks' worth of 16-bit parameters are alive: the last buffer, the
-  new buffer and its copy-out;
+  new buffer and its copy-out; the last block's buffer stays through the head and the loss
+  (both run inside the root's forward in Transformers' models) and is freed by the root's
+  post-forward (_fsdp_state.py@v2.13.0 _post_forward #L333-L342);
 * `reshard_after_forward=True` frees a block's unsharded parameters after its forward (`False`
   keeps every block's to its backward);
 * backward: the block running is unsharded and the next one's all-gather is prefetched
@@ -144,15 +146,22 @@ def forward_block(u: Fsdp2Units) -> list[LineItem]:
 
 
 def _kept(u: Fsdp2Units) -> list[LineItem]:
-    """Without resharding, every block's parameters are kept to its backward, and the last
-    block's all-gather buffer too: `wait_for_unshard` frees the saved all-gather state only in
-    the forward of the next unit gathered, and in this step none is (#L429-L432)."""
-    return [] if u.reshards else [_blocks(u, u.n_layers + 1, "kept to backward, and the "
-                                          "last block's buffer")]
+    """Without resharding, every block's parameters are kept to its backward."""
+    return [] if u.reshards else [_blocks(u, u.n_layers, "kept to backward")]
 
 
 def forward_end(u: Fsdp2Units) -> list[LineItem]:
-    """After the blocks: the root; without resharding every block."""
+    """After the blocks, inside the root's forward (the head and the loss): the root, the last
+    block's all-gather buffer (no later block's copy-out freed it: #L429-L432), and without
+    resharding every block."""
+    kept = 0 if u.reshards else u.n_layers
+    return [_root(u), _blocks(u, 1 + kept, "the last block's buffer"
+                              + ("" if u.reshards else ", every block kept to backward"))]
+
+
+def after_forward(u: Fsdp2Units) -> list[LineItem]:
+    """After the root's forward returned (a stack casting the output): its post-forward freed
+    the last block's all-gather buffer (_fsdp_state.py@v2.13.0 _post_forward #L333-L342)."""
     return [_root(u), *_kept(u)]
 
 
@@ -165,9 +174,10 @@ def _head_grad(u: Fsdp2Units) -> list[LineItem]:
 
 
 def loss_backward(u: Fsdp2Units) -> list[LineItem]:
-    """The loss's backward: the root's pre-backward has prefetched the top block (its
-    all-gather buffer; the copy-out waits for the block's own pre-backward); without
-    resharding every block is still unsharded."""
+    """The loss's backward: the root's post-forward has freed the last block's all-gather
+    buffer (_fsdp_state.py@v2.13.0 #L333-L342); the root's pre-backward has prefetched the top
+    block (its all-gather buffer; the copy-out waits for the block's own pre-backward);
+    without resharding every block is still unsharded."""
     if not u.reshards:
         return [_root(u), *_kept(u), *_head_grad(u)]
     return [_root(u), _blocks(u, 1, "the top block's prefetch"), *_head_grad(u)]
