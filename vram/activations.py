@@ -575,6 +575,22 @@ class BackwardPeak:
     in_attention: bool
 
 
+def _mlp_backward_copies(c: LayerContext) -> int:
+    """[tokens, I] tensors a layer's MLP backward adds above what it saved. At a gated MLP's
+    product `act(gate) · up`, autograd holds the product's gradient while MulBackward writes
+    both of its inputs' gradients: three. When the down projection saved its input (the
+    product: its weight trains), that saved tensor was released with the projection's node just
+    before, so two more than after the forward; a frozen, unquantized down projection (LoRA)
+    saved nothing, so three (the sharded trace: gate, act, up, the product's gradient and the
+    two MulBackward outputs alive in a LoRA block's recomputed backward). bitsandbytes keeps
+    its input as a ctx attribute, not released then; fused kernels and MoE banks back-propagate
+    their own way: both keep two."""
+    stack, profile = c.stack, c.profile
+    plain_gated = (stack.mlp_kind is MlpKind.GATED and not stack.n_experts
+                   and not (profile.fused_activations or profile.compiled))
+    return 3 if plain_gated and not c.keeps_inputs else 2
+
+
 def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
                   norms_per_token: int) -> BackwardPeak:
     """A layer's backward peak above what it saved.
@@ -585,7 +601,7 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     layer's backward peak.
     """
     stack, e = c.stack, c.e
-    mlp_transient = 2 * e * stack.intermediate_size * c.experts
+    mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
     # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
     attention_transient = 2 * e * (c.q_out + a.kv_width + a.v_width)
     if a.kernel.explicit_scores:

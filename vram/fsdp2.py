@@ -177,10 +177,11 @@ def loss_backward(u: Fsdp2Units) -> list[LineItem]:
     """The loss's backward: the root's post-forward has freed the last block's all-gather
     buffer (_fsdp_state.py@v2.13.0 #L333-L342); the root's pre-backward has prefetched the top
     block (its all-gather buffer; the copy-out waits for the block's own pre-backward);
-    without resharding every block is still unsharded."""
+    without resharding every block is still unsharded. The head's gradient is not made yet:
+    the logits' gradient is at its largest before the head's backward runs."""
     if not u.reshards:
-        return [_root(u), *_kept(u), *_head_grad(u)]
-    return [_root(u), _blocks(u, 1, "the top block's prefetch"), *_head_grad(u)]
+        return [_root(u), *_kept(u)]
+    return [_root(u), _blocks(u, 1, "the top block's prefetch")]
 
 
 def _building(u: Fsdp2Units) -> LineItem:

@@ -32,9 +32,12 @@ def test_the_last_blocks_buffer_lives_to_the_roots_post_forward(reshards: bool) 
 
 
 def test_without_resharding_backward_holds_every_block_and_no_buffer() -> None:
+    """The head's gradient waits unsharded from the head's backward on, not at the loss's
+    (the logits' gradient is at its largest before the head's backward runs)."""
     u = _units(reshards=False)
-    assert _total(loss_backward(u)) == ROOT + LAYERS * BLOCK + HEAD
+    assert _total(loss_backward(u)) == ROOT + LAYERS * BLOCK
     assert _total(top_block_backward(u)) == ROOT + LAYERS * BLOCK + HEAD + GRADS
+    assert _total(loss_backward(_units(reshards=True))) == ROOT + BLOCK  # the top's prefetch
 
 
 def test_mistral_loss_backward_holds_one_block_less_than_the_forward_end() -> None:
@@ -52,3 +55,23 @@ def test_mistral_loss_backward_holds_one_block_less_than_the_forward_end() -> No
     buffer = 437_075_968 + 2 * 4096 // 32  # the frozen head has no gradient waiting
     assert moments["end of forward"].in_flight_bytes - moments["the loss"].in_flight_bytes \
         == buffer
+
+
+def _mlp_transient(method: str, **fields: object) -> int:
+    """One layer's backward peak above its saved tensors (Mistral 7B, 1 × 1,024 tokens, bf16)."""
+    from vram import activations as act
+    from vram.stack import profile_for
+
+    setup = TrainingSetup(method=method, precision="bf16-true", micro_batch=1, seq_len=1024,
+                          lora_targets="q_proj,v_proj", **fields)  # type: ignore[arg-type]
+    return act.plan(load_model("mistral-7b-v0.1"), setup, profile_for(setup)) \
+        .backward_transient_bytes
+
+
+def test_a_gated_mlp_whose_down_projection_saved_nothing_backs_up_three_wide_tensors() -> None:
+    """At `act(gate) · up`'s backward the product's gradient and both inputs' gradients are
+    alive (the sharded trace of a LoRA block: 3 × [1024, 14336] beside gate, act and up). A
+    trained down projection saved the product, released just before: two more than saved."""
+    wide = 2 * 14_336 * 1024  # one [tokens, I] bf16 tensor
+    assert _mlp_transient("lora") == 3 * wide
+    assert _mlp_transient("full") == 2 * wide

@@ -69,3 +69,26 @@ def test_index_backward_writes_into_its_zeros() -> None:
         tracker.sample()
     # x's gradient (zeros, written in place), the loss and its gradient
     assert tracker.peaks[("backward",)].live == BLOCK + 2 * SCALAR
+
+
+def test_a_region_label_dies_with_its_storage() -> None:
+    """The sharded tracker labels what FSDP2's all-gather and reduce-scatter allocate by the
+    storage's key (its `id()`); a dead storage's label must go with it, or the next storage
+    at the same address (the logits, once) is counted as a reduce-scatter buffer."""
+    import gc
+
+    from vram.trace.sharded import REDUCING, ShardedTracker
+
+    tracker = ShardedTracker()
+    tracker.region = REDUCING
+    buffer = torch.empty(N)
+    tracker.register(buffer)
+    key = tracker.storage_key(buffer)
+    assert tracker.region_keys == {key: REDUCING}
+    tracker.region = ""
+    del buffer
+    gc.collect()
+    assert tracker.region_keys == {}
+    logits = torch.empty(N)
+    tracker.register(logits)  # made outside any region: no label, whatever its address
+    assert tracker.storage_key(logits) not in tracker.region_keys
