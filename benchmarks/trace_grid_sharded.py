@@ -104,11 +104,14 @@ def sharded_moments_for(peak_at: str) -> tuple[str, ...]:
     """The estimate's moments that stand for the trace segment `peak_at`. Under FSDP2 a
     block's segment starts with its all-gather (`vram.trace.sharded` labels a block before
     FSDP2's pre-forward hook runs), so inside the last block's forward the candidates are its
-    all-gather, its forward and the end of the forward."""
+    all-gather, its forward and the end of the forward. The blocks between the first and the
+    last peak in backward at one end of their run: the block below the top or the second."""
     phase, *where = peak_at.split(" / ")
     role = where[-1] if where else ""
-    if phase == "forward" and role.startswith(("first", "last")) and ":" not in role:
+    if phase == "forward" and role.startswith(("first", "mid", "last")) and ":" not in role:
         return ("the last block's all-gather", "the last layer's forward", "end of forward")
+    if phase == "backward" and role == "mid":  # the blocks between (traced from three on)
+        return ("the block below the top's backward", "the second layer's backward")
     if phase == "forward" and role.endswith(":after"):
         return ("end of forward", "the output cast to fp32", "the loss")
     return moments_for(peak_at)

@@ -212,6 +212,26 @@ def first_block_backward(u: Fsdp2Units) -> list[LineItem]:
             _reduce_buffer(u)]
 
 
+def second_block_backward(u: Fsdp2Units) -> list[LineItem]:
+    """The second block's backward: it and the first block (prefetched by its pre-backward,
+    `_backward_prefetch` #L576-L585; kept from the forward without resharding), its gradients
+    being made, the third block's reduce-scatter buffer. One block more than the first
+    block's backward, which has nothing left to prefetch."""
+    return [_root(u), _blocks(u, 2, "this block and the first, prefetched"), *_head_grad(u),
+            _building(u), _reduce_buffer(u)]
+
+
+def below_top_block_backward(u: Fsdp2Units) -> list[LineItem]:
+    """The backward of the block below the top: it and the next one down prefetched (without
+    resharding every block but the top, resharded after its backward), its gradients being
+    made, and the top block's reduce-scatter buffer (#L647-L658), which the top block's own
+    backward does not have."""
+    count = 2 if u.reshards else u.n_layers - 1
+    return [_root(u), _blocks(u, count, "this block and the next one down"
+                              + ("" if u.reshards else ", every block below the top kept")),
+            *_head_grad(u), _building(u), _reduce_buffer(u)]
+
+
 def embedding_backward(u: Fsdp2Units) -> list[LineItem]:
     """The root's backward after every block: the first block's reduce-scatter buffer."""
     return [_root(u), *_head_grad(u), _reduce_buffer(u)]

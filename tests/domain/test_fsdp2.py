@@ -8,7 +8,16 @@ from __future__ import annotations
 import pytest
 
 from vram import TrainingSetup, estimate, load_model
-from vram.fsdp2 import Fsdp2Units, after_forward, forward_end, loss_backward, top_block_backward
+from vram.fsdp2 import (
+    Fsdp2Units,
+    after_forward,
+    below_top_block_backward,
+    first_block_backward,
+    forward_end,
+    loss_backward,
+    second_block_backward,
+    top_block_backward,
+)
 from vram.result import LineItem
 
 ROOT, BLOCK, GRADS, HEAD, LAYERS = 1_000, 100, 60, 10, 4
@@ -75,3 +84,31 @@ def test_a_gated_mlp_whose_down_projection_saved_nothing_backs_up_three_wide_ten
     wide = 2 * 14_336 * 1024  # one [tokens, I] bf16 tensor
     assert _mlp_transient("lora") == 3 * wide
     assert _mlp_transient("full") == 2 * wide
+
+
+@pytest.mark.parametrize("reshards", [True, False])
+def test_the_blocks_between_hold_the_next_one_down_and_a_reduce_buffer(reshards: bool) -> None:
+    """The second block's backward has the first block beside it (prefetched, or kept), which
+    the first's has not; the block below the top has the top's reduce-scatter buffer, which
+    the top's has not (and without resharding the top block is resharded by then)."""
+    u = _units(reshards=reshards)
+    reduce_buffer = 2 * GRADS
+    assert _total(second_block_backward(u)) == _total(first_block_backward(u)) + BLOCK
+    below_top = _total(top_block_backward(u)) + reduce_buffer - (0 if reshards else BLOCK)
+    assert _total(below_top_block_backward(u)) == below_top
+
+
+def test_mistral_second_layer_moment_is_the_first_with_one_more_block_and_layer() -> None:
+    """Mistral 7B over 2 ranks, bf16, resharding, no checkpointing: the second block's backward
+    holds the first block's parameters (436,224,000 bytes in bf16, and the final norm's share)
+    and its saved tensors more, and the second block's own sharded gradients less."""
+    setup = TrainingSetup(framework="hf-trainer", sharding="zero3", fsdp_version=2, n_gpus=2,
+                          fsdp_reshard_after_forward=True, precision="bf16-true",
+                          method="full", grad_ckpt=False, micro_batch=1, seq_len=1024)
+    result = estimate(load_model("mistral-7b-v0.1"), setup)
+    moments = {m.label: m for m in result.moments}
+    first, second = moments["the first layer's backward"], moments["the second layer's backward"]
+    assert second.in_flight_bytes - first.in_flight_bytes == 436_224_000 + 2 * 4096 // 32
+    assert first.gradient_bytes - second.gradient_bytes == 436_224_000 // 2 + 2 * 4096 // 32 // 2
+    # the first layer's saved tensors at 1,024 tokens (norms, linear inputs, attention, MLP)
+    assert second.activation_bytes - first.activation_bytes == 205_651_968

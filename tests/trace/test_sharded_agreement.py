@@ -16,20 +16,30 @@ pytest.importorskip("transformers")
 from benchmarks.trace_grid_sharded import TOLERANCE, compare, trace
 
 SAMPLE: list[object] = [
-    # LoRA, every block kept gathered to its backward, pure bf16 (fp32 adapters)
-    ("qwen2-gqa", {"n_gpus": 8, "fsdp_reshard_after_forward": False, "precision": "bf16-true",
-                   "method": "lora", "grad_ckpt": True, "micro_batch": 2, "seq_len": 4096}),
-    # full fine-tune in pure bf16, a tied embedding (the root unit holds it for both ends)
-    ("llama3", {"n_gpus": 4, "fsdp_reshard_after_forward": False, "precision": "bf16-true",
-                "method": "full", "grad_ckpt": True, "micro_batch": 2, "seq_len": 1024}),
+    # LoRA under the bf16 policy (fp32 shards, fp32 reduce), a tied embedding (the root unit
+    # holds it for both ends)
+    ("qwen2-gqa", {"n_gpus": 8, "fsdp_reshard_after_forward": True, "precision": "bf16-mixed",
+                   "method": "lora", "grad_ckpt": False, "micro_batch": 1, "seq_len": 4096}),
+    # full fine-tune resharding after forward, an untied head: the peak is in the backward of
+    # a middle block, with the next block down prefetched beside it (the first has none)
+    ("mistral-gqa", {"n_gpus": 4, "fsdp_reshard_after_forward": True,
+                     "precision": "bf16-true", "method": "full", "grad_ckpt": False,
+                     "micro_batch": 1, "seq_len": 1024}),
 ]
 
 
+#: Where each setup peaks (the moment whose activations are compared).
+PEAK_AT = ["backward / head", "backward / model.layers / mid"]
+
+
 @pytest.mark.trace
-@pytest.mark.parametrize(("family", "fields"), SAMPLE)
-def test_closed_form_agrees_with_the_sharded_trace(family: str,
-                                                   fields: dict[str, object]) -> None:
-    row = compare(family, fields, trace(family, fields))
+@pytest.mark.parametrize(("family", "fields", "peak_at"),
+                         [(*setup, at) for setup, at in zip(SAMPLE, PEAK_AT, strict=True)])
+def test_closed_form_agrees_with_the_sharded_trace(family: str, fields: dict[str, object],
+                                                   peak_at: str) -> None:
+    traced = trace(family, fields)
+    assert traced["peak_at"] == peak_at
+    row = compare(family, fields, traced)
     failures = {k: f"{100 * v:+.1f}%" for k, v in row.errors.items()
                 if abs(v) > TOLERANCE[k]}
     assert not failures, failures

@@ -37,8 +37,9 @@ class TraceResult(BaseModel):
     `phase` is when that peak happens. Bytes are rounded per storage to the CUDA caching
     allocator's 512-byte blocks, as `torch.cuda.max_memory_allocated()` counts them.
     With `extrapolated`, the figures come from traces of `n_layers_traced` layers (two and
-    three periods of the layer kinds), extended linearly to `n_layers`; the `timeline` and
-    `top_tensors` are then those of the deeper trace (`timeline_n_layers`).
+    three periods of the layer kinds; three and four under FSDP2), extended linearly to
+    `n_layers`; the `timeline` and `top_tensors` are then those of the deeper trace
+    (`timeline_n_layers`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

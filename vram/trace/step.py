@@ -15,7 +15,9 @@ backward, after them) the peak live bytes and each bucket are exactly linear in 
 from two periods keeps the first block, which can differ (a LoRA model with a parallel residual
 keeps nothing in its first MLP), out of the slope. Blocks between the first and the last cannot
 hold a larger peak (live bytes inside block k are linear in k), so they need no segment of
-their own.
+their own. FSDP2 breaks that in backward (each block but the first has the next one down
+all-gathered beside it): its traces start from 3p and 4p blocks, where the blocks between
+are a segment ("mid") of both traces (`SHARDED_START_PERIODS`).
 """
 
 from __future__ import annotations
@@ -318,6 +320,14 @@ def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
     return tuple(notes)
 
 
+#: FSDP2 traces start from three blocks: in backward each block but the first has the next
+#: one all-gathered beside it (the first has none to prefetch), so the second block's backward
+#: can hold more than the first's. From three blocks on, the blocks between the first and the
+#: last ("mid", a segment of their own) are linear in their index and the extension keeps
+#: them; at two blocks the second is the last, and its prefetch of the first block differs.
+SHARDED_START_PERIODS = 3
+
+
 def _bucket_max(snapshots: list[dict[str, int]]) -> dict[str, int]:
     """The most each bucket held at any segment's peak (all gradients exist at the step)."""
     names = {name for snap in snapshots for name in snap}
@@ -329,7 +339,7 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     """The exact allocated memory of one training step of `config` under `setup`.
 
     With `n_layers=None`, models of two and three periods of blocks (2 and 3 blocks for most
-    models) are traced and every segment's peak and
+    models; three and four for FSDP2) are traced and every segment's peak and
     buckets are extended linearly to the config's depth (exact for identical blocks, and fast:
     a 70B model in seconds). With `n_layers=k`, a model of exactly `k` blocks is traced and
     nothing is extrapolated (`k` = the config's depth gives the full trace).
@@ -338,7 +348,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     notes = _setup_notes(setup)
     tracer = _depth_tracer(setup)
     period = layer_period(config)
-    lo, hi = 2 * period, 3 * period
+    periods = SHARDED_START_PERIODS if traces_fsdp2(setup) else 2
+    lo, hi = periods * period, (periods + 1) * period
     if n_layers is not None or full <= hi:
         target = n_layers if n_layers is not None else full
         raw = tracer(config, setup, target)
