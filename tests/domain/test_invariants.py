@@ -160,12 +160,32 @@ def test_more_sharding_never_needs_more_per_gpu(model: str, fields: dict, gpus: 
         # prepare_model_for_kbit_training for sharded (ZeRO-3/FSDP) QLoRA, so activations
         # change dtype too (see test_sharded_hf_qlora_is_not_upcast).
         fields = {**fields, "framework": "torchtune"}
+    # The ZeRO stages of the paper, one precision model for every level: FSDP1. FSDP2 keeps
+    # fp32 shards under a mixed policy and its root unit whole beside its shard, so at 2 GPUs
+    # its ZeRO-3 can hold more than ZeRO-2 (see the FSDP2 test below).
     peaks = [
-        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding}))
+        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding,
+                                        "fsdp_version": 1}))
         .device_peak_bytes
         for sharding in ("ddp", "zero1", "zero2", "zero3")
     ]
     assert peaks[3] <= peaks[2] <= peaks[1] <= peaks[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups, units=st.sampled_from([None, True, False]))
+def test_fsdp2_more_gpus_never_need_more_per_gpu(model: str, fields: dict,
+                                                 units: bool | None) -> None:
+    """FSDP2 (`fully_shard`), the root unit's or units of their own for the embedding and
+    head: sharding over more GPUs never needs more memory on each."""
+    spec = _model(model)
+    peaks = [
+        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": "zero3",
+                                        "fsdp_version": 2, "fsdp_embedding_units": units}))
+        .device_peak_bytes
+        for gpus in (2, 4, 8)
+    ]
+    assert peaks[2] <= peaks[1] <= peaks[0]
 
 
 def test_litgpt_fsdp_lora_keeps_frozen_weights_unsharded() -> None:
