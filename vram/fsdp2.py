@@ -23,9 +23,8 @@ trace of rank 0, `vram.trace.sharded`):
   root's gradients (the head's) wait unsharded until the root's post-backward, at the end.
 * with the embedding and head as units: the embedding is gathered for its forward (resharded
   after it) and again, prefetched by the first block, for its backward; the head is gathered
-  after the blocks, its all-gather buffer saved through the loss (the root's post-forward
-  frees it); its gradient is reduced right after its backward, and its reduce-scatter buffer
-  waits for the top block's post-backward. Measured by the trace on untied models
+  after the blocks and again when the logits' gradient is made; its gradient is reduced right
+  after its backward, and its reduce-scatter buffer waits for the top block's post-backward. Measured by the trace on untied models
   (`benchmarks/trace_grid_sharded_units.txt`).
 """
 
@@ -229,13 +228,14 @@ def _head_grad(u: Fsdp2Units) -> list[LineItem]:
 def loss_backward(u: Fsdp2Units) -> list[LineItem]:
     """The loss's backward: the root's pre-backward has prefetched the top block (its
     all-gather buffer; the copy-out waits for the block's own pre-backward); without
-    resharding every block is still unsharded. With a head unit: its backward, the top
-    head unit's all-gather buffer is still saved (only the root's post-forward frees it) and,
-    without resharding, its parameters and every earlier unit's are kept; the head's own
-    backward, later, is smaller than the loss's."""
+    resharding every block is still unsharded. With a head unit: one head matrix in flight
+    when the logits' gradient is made (the trace: the head's all-gather buffer, its
+    pre-backward hook firing on that gradient); without resharding its parameters and every
+    earlier unit's kept, and the end of forward's second head matrix. The head's own
+    backward, later, is below the loss's in every traced setup."""
     if u.separate:
         if u.reshards:
-            return _head_unit(u, 1, "its all-gather buffer, saved")
+            return _head_unit(u, 1, "its all-gather buffer")
         return [*_kept(u), *_head_unit(u, 2, "parameters kept and buffer")]
     if not u.reshards:
         return [*_root(u), *_kept(u), *_head_grad(u)]
