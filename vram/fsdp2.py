@@ -24,8 +24,8 @@ trace of rank 0, `vram.trace.sharded`):
 * with the embedding and head as units: the embedding is gathered for its forward (resharded
   after it) and again, prefetched by the first block, for its backward; the head is gathered
   after the blocks and again when the logits' gradient is made; its gradient is reduced right
-  after its backward, and its reduce-scatter buffer waits for the top block's post-backward. Measured by the trace on untied models
-  (`benchmarks/trace_grid_sharded_units.txt`).
+  after its backward, and its reduce-scatter buffer waits for the top block's post-backward.
+  Measured by the trace on untied models (`benchmarks/trace_grid_sharded_units.txt`).
 """
 
 from __future__ import annotations
