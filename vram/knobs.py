@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from vram.errors import VramError
 from vram.knob_rules import effective_fsdp_version, runs_deepspeed_engine, torch_autocast
 from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
-from vram.stack import ckpt_reentrant, stack_row
+from vram.stack import ckpt_reentrant, fsdp_embedding_units, runs_fsdp2, stack_row
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
 #: What a None value is called on every surface ("the stack's default").
@@ -327,13 +327,17 @@ def _resolved(setup: TrainingSetup) -> dict[str, object]:
     """Fields whose None means "the stack's default", resolved to what the run does."""
     sharded = setup.sharding.value in ("zero2", "zero3")
     stack_fsdp = stack_row(setup.framework).default_fsdp_version
+    deepspeed = runs_deepspeed_engine(setup, stack_fsdp)
+    zero = setup.sharding.value in ("zero1", "zero2", "zero3")
     return {
+        "sharding_engine": ("deepspeed" if deepspeed else "fsdp") if zero else None,
         "quant": setup.effective_quant,
         "loss": setup.effective_loss,
         "compile": setup.effective_compile,
         "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
         "fsdp_version": effective_fsdp_version(setup, stack_fsdp) if sharded else None,
-        "torch_autocast": torch_autocast(setup, runs_deepspeed_engine(setup, stack_fsdp)),
+        "fsdp_embedding_units": fsdp_embedding_units(setup) if runs_fsdp2(setup) else None,
+        "torch_autocast": torch_autocast(setup, deepspeed),
     }
 
 
