@@ -5,9 +5,9 @@ their own (`fsdp_embedding_units`: torchtune's `custom_sharded_layers`, torchtit
 The grid (`benchmarks/trace_grid_sharded.py --layout units`, output in
 `benchmarks/trace_grid_sharded_units.txt`) traces 24 setups on untied models; this sample runs
 the comparison in CI: model state within 1 % and the allocated peak within 5 %. The trace's
-split of the peak into activations and what FSDP2 has in flight is not held: for the same
-setup it differs from one run to the next (the total does not), see
-`benchmarks/TRACE_GRID_SHARDED_NOTES.md`.
+split of the peak into activations and what FSDP2 has in flight is not held here: this
+layout's closed form does not match it on every setup yet (it once also differed from run to
+run, a stale label in the tracker, fixed), see `benchmarks/TRACE_GRID_SHARDED_NOTES.md`.
 """
 
 from __future__ import annotations
