@@ -30,8 +30,8 @@ class ItemDraft:
             raise ValueError(f"{self.key}: bytes must be >= 0, got {self.bytes}")
 
     def line_item(self) -> LineItem:
-        return LineItem(key=self.key, label=self.label, formula=self.formula,
-                        inputs=dict(self.inputs), bytes=self.bytes, source=self.source)
+        return LineItem.assemble(self.key, self.label, self.formula, dict(self.inputs),
+                                 self.bytes, self.source)
 
 
 @dataclass(frozen=True, slots=True)

@@ -930,14 +930,14 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
         sum(term.bytes_per_token * tokens * layer.count for layer in layers
             for term in layer.terms),
         lambda: [
-            LineItem(
-                key=f"activations.{layer.stack}.{term.key}",
-                label=f"{term.label} × {layer.count} {layer.stack} layers",
-                formula=f"tokens × layers × ({term.formula})",
-                inputs={"tokens": tokens, "layers": layer.count,
-                        "per_token_bytes": term.bytes_per_token},
-                bytes=term.bytes_per_token * tokens * layer.count,
-                source="autograd saved tensors; see vram.activations",
+            LineItem.assemble(
+                f"activations.{layer.stack}.{term.key}",
+                f"{term.label} × {layer.count} {layer.stack} layers",
+                f"tokens × layers × ({term.formula})",
+                {"tokens": tokens, "layers": layer.count,
+                 "per_token_bytes": term.bytes_per_token},
+                term.bytes_per_token * tokens * layer.count,
+                "autograd saved tensors; see vram.activations",
             )
             for layer in layers for term in layer.terms
         ])]
@@ -976,9 +976,9 @@ def _deepspeed_zero(setup: TrainingSetup, groups: list[ParamGroup], shards: Shar
 
 
 def _slack_item(slack: int) -> LineItem:
-    return LineItem(key="overhead.allocator", label="caching-allocator slack (fragmentation)",
-                    formula="reserved − allocated", inputs={}, bytes=slack,
-                    source="PyTorch CUDA caching allocator; see vram.overhead")
+    return LineItem.assemble("overhead.allocator", "caching-allocator slack (fragmentation)",
+                             "reserved − allocated", {}, slack,
+                             "PyTorch CUDA caching allocator; see vram.overhead")
 
 
 def _fixed_overhead_items(setup: TrainingSetup, paged: int,
@@ -1138,16 +1138,16 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     overhead = (_slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
     extra_weights = [*peak.weight_items,
                      *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
-    weights = part.weights if not extra_weights else Bucket(
-        name=BucketName.WEIGHTS, items=(*part.weights.items, *extra_weights))
+    weights = part.weights if not extra_weights else Bucket.assemble(
+        BucketName.WEIGHTS, (*part.weights.items, *extra_weights))
     buckets = (
         weights,
-        Bucket(name=BucketName.GRADIENTS, items=_gradient_items(part, peak)),
+        Bucket.assemble(BucketName.GRADIENTS, _gradient_items(part, peak)),
         part.optimizer_bucket,
-        Bucket(name=BucketName.ACTIVATIONS, items=line_items(peak.activation_items)),
-        Bucket(name=BucketName.OVERHEAD, items=overhead),
+        Bucket.assemble(BucketName.ACTIVATIONS, line_items(peak.activation_items)),
+        Bucket.assemble(BucketName.OVERHEAD, overhead),
     )
-    return Estimate(
+    return Estimate.assemble(
         model_name=model.name, setup=setup, params=part.params,
         buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved,
@@ -1156,9 +1156,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=part.state_bytes, approximate=model.approximate,
         notes=_notes(part, peak),
-        moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
-                                  gradient_bytes=grad_bytes, activation_bytes=act_bytes,
-                                  in_flight_bytes=flight)
+        moments=tuple(MomentBytes.assemble(m.phase, m.label, total, grad_bytes, act_bytes,
+                                           flight)
                       for m, total, grad_bytes, act_bytes, flight
                       in zip(moments, totals, gradients, activations, in_flight, strict=True)),
     )
@@ -1168,13 +1167,13 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     """The gradients alive at the peak: the parameters' (as many as exist then), the buckets,
     and what exists only in that moment."""
     grads, shards = part.grads, part.shards
-    params = LineItem(
-        key="gradients.params", label="gradients of trainable parameters",
-        formula="trainable params × grad dtype bytes"
+    params = LineItem.assemble(
+        "gradients.params", "gradients of trainable parameters",
+        "trainable params × grad dtype bytes"
         + (f" ÷ {shards.gradients}" if shards.gradients > 1 else ""),
-        inputs={"trainable_params": part.params.trainable, "shards": shards.gradients,
-                "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
-        bytes=peak.gradient_bytes, source="PyTorch .grad takes the parameter's dtype",
+        {"trainable_params": part.params.trainable, "shards": shards.gradients,
+         "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
+        peak.gradient_bytes, "PyTorch .grad takes the parameter's dtype",
     )
     in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
     return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),

@@ -13,7 +13,7 @@ A bucket holds what is alive *at the peak moment* of the step; `phase` says when
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,30 @@ from vram.setup import TrainingSetup
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool
+
+_Model = TypeVar("_Model", bound=BaseModel)
+#: What pydantic's own `model_construct` fills an instance with (it bypasses frozen).
+_set_slot = object.__setattr__
+
+
+def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
+    """An instance of `kind` from every field's value, without validation: what
+    `model_construct` builds (`pydantic/main.py@v2.14.4` `BaseModel.model_construct`), without
+    its per-field Python loop, which is slower than validating. Only for values `vram` computed
+    itself, of the fields' exact types (the `assemble` methods below; a test compares them
+    with validated instances); input from people is always validated."""
+    instance = kind.__new__(kind)
+    _set_slot(instance, "__dict__", fields)
+    _set_slot(instance, "__pydantic_fields_set__", set(fields))
+    _set_slot(instance, "__pydantic_extra__", None)
+    _set_slot(instance, "__pydantic_private__", None)
+    return instance
+
+
+def _refuse_negative(what: str, value: int) -> None:
+    """The one check validation makes on computed bytes (`NonNegativeInt`), kept."""
+    if value < 0:
+        raise ValueError(f"{what}: bytes must be >= 0, got {value}")
 
 
 class BucketName(StrEnum):
@@ -53,12 +77,27 @@ class LineItem(BaseModel):
     source: str = ""
     note: str = ""
 
+    @classmethod
+    def assemble(cls, key: str, label: str, formula: str, inputs: dict[str, InputValue],
+                 bytes: int, source: str = "", note: str = "") -> LineItem:
+        """A `LineItem` of values the estimate computed (an estimate builds a dozen per call:
+        validating them was a third of its time); `bytes` must be a non-negative int."""
+        _refuse_negative(key, bytes)
+        return _assembled(cls, {"key": key, "label": label, "formula": formula,
+                                "inputs": inputs, "bytes": bytes, "source": source,
+                                "note": note})
+
 
 class Bucket(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: BucketName
     items: tuple[LineItem, ...] = ()
+
+    @classmethod
+    def assemble(cls, name: BucketName, items: tuple[LineItem, ...]) -> Bucket:
+        """A `Bucket` of items built by `vram` (validated or `LineItem.assemble`d)."""
+        return _assembled(cls, {"name": name, "items": items})
 
     @property
     def bytes(self) -> int:
@@ -80,6 +119,10 @@ class InferenceEstimate(BaseModel):
 
     items: tuple[LineItem, ...]
 
+    @classmethod
+    def assemble(cls, items: tuple[LineItem, ...]) -> InferenceEstimate:
+        return _assembled(cls, {"items": items})
+
     @property
     def total_bytes(self) -> int:
         return sum(item.bytes for item in self.items)
@@ -98,6 +141,18 @@ class MomentBytes(BaseModel):
     #: What FSDP2 holds unsharded at this moment (gathered parameters, unsharded gradients,
     #: reduce buffers; `vram.fsdp2`); in `allocated_bytes`, in neither of the two above.
     in_flight_bytes: NonNegativeInt = 0
+
+    @classmethod
+    def assemble(cls, phase: Phase, label: str, allocated_bytes: int, gradient_bytes: int,
+                 activation_bytes: int, in_flight_bytes: int) -> MomentBytes:
+        """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
+        if min(gradient_bytes, activation_bytes, in_flight_bytes) < 0:
+            raise ValueError(f"{label}: bytes must be >= 0")
+        return _assembled(cls, {"phase": phase, "label": label,
+                                "allocated_bytes": allocated_bytes,
+                                "gradient_bytes": gradient_bytes,
+                                "activation_bytes": activation_bytes,
+                                "in_flight_bytes": in_flight_bytes})
 
 
 class Estimate(BaseModel):
@@ -123,6 +178,23 @@ class Estimate(BaseModel):
     notes: tuple[str, ...] = ()
     #: Every candidate peak the estimate compared, in step order (the peak is the largest).
     moments: tuple[MomentBytes, ...] = ()
+
+    @classmethod
+    def assemble(cls, *, model_name: str, setup: TrainingSetup, params: ParamCounts,
+                 buckets: tuple[Bucket, ...], phase: Phase, allocated_peak_bytes: int,
+                 reserved_peak_bytes: int, device_peak_bytes: int, host_bytes: int,
+                 paged_bytes: int, state_bytes: int, inference: InferenceEstimate,
+                 approximate: bool, notes: tuple[str, ...],
+                 moments: tuple[MomentBytes, ...]) -> Estimate:
+        """An `Estimate` of parts `vram` built (a validated setup, `assemble`d or validated
+        parts): validating it again re-ran the setup's own checks on every call."""
+        return _assembled(cls, {
+            "model_name": model_name, "setup": setup, "params": params, "buckets": buckets,
+            "phase": phase, "allocated_peak_bytes": allocated_peak_bytes,
+            "reserved_peak_bytes": reserved_peak_bytes, "device_peak_bytes": device_peak_bytes,
+            "host_bytes": host_bytes, "paged_bytes": paged_bytes, "state_bytes": state_bytes,
+            "inference": inference, "approximate": approximate, "notes": notes,
+            "moments": moments})
 
     def bucket(self, name: BucketName | str) -> Bucket:
         wanted = BucketName(name)
