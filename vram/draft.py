@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from vram.result import InputValue, LineItem
 
 
-@dataclass(frozen=True, slots=True)
+# Built on every estimate: not `frozen` (a frozen dataclass sets each field through
+# `object.__setattr__`, four times slower to build); nothing assigns to it once built.
+@dataclass(slots=True)
 class ItemDraft:
-    """The fields of a `LineItem`, validated by `line_item()`."""
+    """The fields of a `LineItem`, which `line_item()` assembles (its bytes checked here)."""
 
     key: str
     label: str
@@ -34,7 +36,9 @@ class ItemDraft:
                                  self.bytes, self.source)
 
 
-@dataclass(frozen=True, slots=True)
+# Built on every estimate: not `frozen` (a frozen dataclass sets each field through
+# `object.__setattr__`, four times slower to build); nothing assigns to it once built.
+@dataclass(slots=True)
 class ItemGroup:
     """Items counted by their total: `items()` builds them only for the peak moment (a layer
     stack's saved tensors are a dozen items, alive in most moments)."""

@@ -13,6 +13,7 @@ A bucket holds what is alive *at the peak moment* of the step; `phase` says when
 from __future__ import annotations
 
 from enum import StrEnum
+from functools import cache
 from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,10 +36,17 @@ def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
     with validated instances); input from people is always validated."""
     instance = kind.__new__(kind)
     _set_slot(instance, "__dict__", fields)
-    _set_slot(instance, "__pydantic_fields_set__", set(fields))
+    # every field is given; one set per class can be shared: these models are frozen, and
+    # pydantic copies the set before `model_copy(update=...)` adds to it
+    _set_slot(instance, "__pydantic_fields_set__", _all_fields(kind))
     _set_slot(instance, "__pydantic_extra__", None)
     _set_slot(instance, "__pydantic_private__", None)
     return instance
+
+
+@cache
+def _all_fields(kind: type[BaseModel]) -> set[str]:
+    return set(kind.model_fields)
 
 
 def _refuse_negative(what: str, value: int) -> None:
