@@ -17,8 +17,10 @@ is alive at that moment, and `phase` names it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 
 from vram import activations as act
 from vram import fsdp2
@@ -37,7 +39,7 @@ from vram.deepspeed_zero import (
 )
 from vram.draft import Alive, ItemDraft, ItemGroup, line_items
 from vram.inference import inference_estimate
-from vram.memo import memoized, setup_key
+from vram.memo import TOKEN_FIELDS, memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import (
@@ -91,6 +93,9 @@ def _grad_bytes(group: ParamGroup) -> int:
     return group.n_params * FP32
 
 
+_bytes_of: Callable[[Alive], int] = attrgetter("bytes")
+
+
 @dataclass(slots=True)
 class Moment:
     """What is alive at one point of the step, beyond weights and optimizer state."""
@@ -107,23 +112,22 @@ class Moment:
     #: (`weights.*`) and unsharded gradients and reduce buffers (`gradients.*`).
     in_flight_items: list[LineItem] = field(default_factory=list)
 
+    # (sums over `map(_bytes_of, ...)`: no generator frame; estimate() is on the hot path)
     @property
     def weight_bytes(self) -> int:
-        # most moments hold none: skip building a generator (estimate() is on the hot path)
-        return sum(item.bytes for item in self.weight_items) if self.weight_items else 0
+        return sum(map(_bytes_of, self.weight_items))
 
     @property
     def in_flight_bytes(self) -> int:
-        return sum(item.bytes for item in self.in_flight_items) if self.in_flight_items else 0
+        return sum(map(_bytes_of, self.in_flight_items))
 
     @property
     def gradients_total(self) -> int:
-        extra = self.extra_gradient_items
-        return self.gradient_bytes + (sum(item.bytes for item in extra) if extra else 0)
+        return self.gradient_bytes + sum(map(_bytes_of, self.extra_gradient_items))
 
     @property
     def activation_bytes(self) -> int:
-        return sum(item.bytes for item in self.activation_items)
+        return sum(map(_bytes_of, self.activation_items))
 
 
 # ------------------------------------------------------------------------------------------
@@ -286,6 +290,10 @@ class Stage(Enum):
     FIRST_LAYER = "first layer"  # the first layer's backward: the others' copies are freed
     #: the first layer's attention backward: its MLP's copies are freed too (the trace)
     FIRST_ATTENTION = "first layer's attention"
+
+    # Members are singletons: hash them by identity, in C (Enum's hashes the name in Python,
+    # and every moment looks its stage up).
+    __hash__ = object.__hash__
 
 
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -1069,8 +1077,6 @@ class StatePart:
     live_weight_items: dict[str, list[LineItem]]
 
 
-#: Setup fields no part of `StatePart` reads (a sweep over them reuses one `StatePart`).
-TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
 
 
 def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
@@ -1102,7 +1108,8 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
 
 
 def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
-    """`_state_part`, remembered per model for setups equal but for batch and sequence."""
+    """`_state_part`, remembered per model for setups equal but for batch and sequence
+    (`TOKEN_FIELDS`: no part of `StatePart` reads them)."""
     return memoized(model, ("state", setup_key(setup, TOKEN_FIELDS)),
                     lambda: _state_part(model, setup))
 
@@ -1122,20 +1129,22 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         for moment in moments:
             moment.weight_items = live.get(moment.label, [])
 
-    gradients = [m.gradients_total for m in moments]
-    activations = [m.activation_bytes for m in moments]
-    in_flight = [m.in_flight_bytes for m in moments]
-    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes + flight
-              for m, grad_bytes, act_bytes, flight
-              in zip(moments, gradients, activations, in_flight, strict=True)]
-    # The first of equal moments wins: the allocator reaches a peak at its first moment.
-    peak_index = max(range(len(moments)), key=totals.__getitem__)
-    peak = moments[peak_index]
-    allocated = totals[peak_index]
-    # The caching allocator keeps what it reserved in backward through the optimizer step, so
-    # the reserved peak is the largest (allocated + slack) over the moments.
-    reserved = max(total + allocator_slack_bytes(total, act_bytes)
-                   for total, act_bytes in zip(totals, activations, strict=True))
+    static = part.static_bytes
+    figures: list[MomentBytes] = []
+    peak, allocated, reserved = moments[0], -1, 0
+    for moment in moments:
+        gradient_bytes = moment.gradients_total
+        activation_bytes = moment.activation_bytes
+        in_flight_bytes = moment.in_flight_bytes
+        total = static + gradient_bytes + activation_bytes + moment.weight_bytes + in_flight_bytes
+        # The first of equal moments wins: the allocator reaches a peak at its first moment.
+        if total > allocated:
+            peak, allocated = moment, total
+        # The caching allocator keeps what it reserved in backward through the optimizer step,
+        # so the reserved peak is the largest (allocated + slack) over the moments.
+        reserved = max(reserved, total + allocator_slack_bytes(total, activation_bytes))
+        figures.append(MomentBytes.assemble(moment.phase, moment.label, total, gradient_bytes,
+                                            activation_bytes, in_flight_bytes))
 
     overhead = (_slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
     extra_weights = [*peak.weight_items,
@@ -1158,10 +1167,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=part.state_bytes, approximate=model.approximate,
         notes=_notes(part, peak),
-        moments=tuple(MomentBytes.assemble(m.phase, m.label, total, grad_bytes, act_bytes,
-                                           flight)
-                      for m, total, grad_bytes, act_bytes, flight
-                      in zip(moments, totals, gradients, activations, in_flight, strict=True)),
+        moments=tuple(figures),
     )
 
 

@@ -24,8 +24,12 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool
 
 _Model = TypeVar("_Model", bound=BaseModel)
-#: What pydantic's own `model_construct` fills an instance with (it bypasses frozen).
-_set_slot = object.__setattr__
+# The slots pydantic's own `model_construct` fills (it bypasses frozen), written through their
+# descriptors (C calls, no attribute lookup by name).
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
@@ -35,12 +39,12 @@ def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
     itself, of the fields' exact types (the `assemble` methods below; a test compares them
     with validated instances); input from people is always validated."""
     instance = kind.__new__(kind)
-    _set_slot(instance, "__dict__", fields)
+    _set_dict(instance, fields)
     # every field is given; one set per class can be shared: these models are frozen, and
     # pydantic copies the set before `model_copy(update=...)` adds to it
-    _set_slot(instance, "__pydantic_fields_set__", _all_fields(kind))
-    _set_slot(instance, "__pydantic_extra__", None)
-    _set_slot(instance, "__pydantic_private__", None)
+    _set_fields_set(instance, _all_fields(kind))
+    _set_extra(instance, None)
+    _set_private(instance, None)
     return instance
 
 
