@@ -95,9 +95,17 @@ class LineItem(BaseModel):
         """A `LineItem` of values the estimate computed (an estimate builds a dozen per call:
         validating them was a third of its time); `bytes` must be a non-negative int."""
         _refuse_negative(key, bytes)
-        return _assembled(cls, {"key": key, "label": label, "formula": formula,
-                                "inputs": inputs, "bytes": bytes, "source": source,
-                                "note": note})
+        # `_assembled`, written out: an estimate's most built object
+        item = cls.__new__(cls)
+        _set_dict(item, {"key": key, "label": label, "formula": formula, "inputs": inputs,
+                         "bytes": bytes, "source": source, "note": note})
+        _set_fields_set(item, _LINE_ITEM_FIELDS)
+        _set_extra(item, None)
+        _set_private(item, None)
+        return item
+
+
+_LINE_ITEM_FIELDS = _all_fields(LineItem)
 
 
 class Bucket(BaseModel):
@@ -160,11 +168,19 @@ class MomentBytes(BaseModel):
         """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
         if min(gradient_bytes, activation_bytes, in_flight_bytes) < 0:
             raise ValueError(f"{label}: bytes must be >= 0")
-        return _assembled(cls, {"phase": phase, "label": label,
-                                "allocated_bytes": allocated_bytes,
-                                "gradient_bytes": gradient_bytes,
-                                "activation_bytes": activation_bytes,
-                                "in_flight_bytes": in_flight_bytes})
+        # `_assembled`, written out: six or more per estimate
+        moment = cls.__new__(cls)
+        _set_dict(moment, {"phase": phase, "label": label, "allocated_bytes": allocated_bytes,
+                           "gradient_bytes": gradient_bytes,
+                           "activation_bytes": activation_bytes,
+                           "in_flight_bytes": in_flight_bytes})
+        _set_fields_set(moment, _MOMENT_FIELDS)
+        _set_extra(moment, None)
+        _set_private(moment, None)
+        return moment
+
+
+_MOMENT_FIELDS = _all_fields(MomentBytes)
 
 
 class Estimate(BaseModel):
