@@ -301,7 +301,7 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     """Temporary copies of weights that are not parameters: autocast's 16-bit casts and the
     weight bitsandbytes dequantizes for each matmul. They are activation-side memory."""
     items: list[LineItem] = []
-    casts = _autocast_copies(model, setup, groups, stage)
+    casts = _autocast_copies(model, setup, profile, groups, stage)
     if casts:
         when = "cached for the forward" if stage in (Stage.FORWARD, Stage.LAYERS_FORWARD) \
             else "kept for backward"
@@ -331,8 +331,8 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     return items
 
 
-def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
-                     stage: Stage) -> int:
+def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                     groups: list[ParamGroup], stage: Stage) -> int:
     """16-bit casts of fp32 Linear weights under autocast.
 
     Autocast caches the casts of trainable leaf weights until the autocast region ends (the
@@ -341,7 +341,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     with it only the recomputed layer's (none while the loss runs its backward: the trace).
     Frozen weights are not cached.
     """
-    if not profile_for(setup).precision.casts_weights:
+    if not profile.precision.casts_weights:
         return 0
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
