@@ -605,10 +605,12 @@ class StepContext:
     previous: list[Alive]
     #: An MoE layer's bank gradient write, a candidate for a layer's backward peak.
     bank: BankWrite | None
-
-    @property
-    def head_inputs(self) -> dict[str, int]:
-        return {"tokens": self.plan.tokens, "vocab": self.model.vocab_size}
+    #: The inputs of the head's items (one dict: `ItemDraft.line_item` copies it).
+    head_inputs: dict[str, int]
+    #: A tied embedding's gradient waiting in autograd's buffer through the backward.
+    tied_pending: list[Alive]
+    #: The unit in backward holding its gradients whole (sharded gradients).
+    reducing: list[Alive]
 
 
 _HEAD_SOURCE = "see vram.head.head_activations"
@@ -633,6 +635,9 @@ def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPl
         layers=mask + saved, mask=mask,
         forward_layers=_mask_items(setup, plan, forward=True) + saved, previous=previous,
         bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
+        head_inputs={"tokens": plan.tokens, "vocab": model.vocab_size},
+        tied_pending=_tied_pending(grads, model.vocab_size),
+        reducing=_reducing(grads, setup),
     )
 
 
@@ -733,15 +738,15 @@ def _loss(c: StepContext) -> Moment:
                   source=_HEAD_SOURCE)])
 
 
-def _reducing(c: StepContext) -> list[Alive]:
+def _reducing(grads: GradientPart, setup: TrainingSetup) -> list[Alive]:
     """With sharded gradients, the unit in backward holds its gradients whole until they are
     reduce-scattered."""
-    if not c.grads.unsharded_unit or c.grads.fsdp2 is not None:
+    if not grads.unsharded_unit or grads.fsdp2 is not None:
         return []
     return [ItemDraft(
         key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
         formula="one layer's gradients before reduce-scatter",
-        inputs={"gpus": c.setup.n_gpus}, bytes=c.grads.unsharded_unit,
+        inputs={"gpus": setup.n_gpus}, bytes=grads.unsharded_unit,
         source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
     )]
 
@@ -760,10 +765,9 @@ def _top_layer_backward(c: StepContext) -> Moment:
     head_left = ItemDraft(key="activations.head_left", label="logits kept into backward",
                           formula="what the loss leaves for the layers' backward",
                           inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=_HEAD_SOURCE)
-    vocab = c.model.vocab_size
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
         *c.layers, *c.working[Stage.TOP_LAYER], head_left,
-        _backward_item(setup, plan), *_tied_pending(grads, vocab)], _reducing(c))
+        _backward_item(setup, plan), *c.tied_pending], c.reducing)
     if c.bank is None:
         return top
     return _with_bank_write(top, plan, Moment(
@@ -771,14 +775,13 @@ def _top_layer_backward(c: StepContext) -> Moment:
         max(c.accumulated_bytes, grads.head + c.bank.done_in_layer), [
             *c.layers, *c.working[Stage.TOP_LAYER], head_left,
             c.bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
-            *_tied_pending(grads, vocab)]))
+            *c.tied_pending]))
 
 
 def _first_layer_backward(c: StepContext) -> Moment:
     """Late backward: every gradient exists but the embedding's and the one being written
     (the layer's largest, whole until it becomes .grad); one layer's activations remain."""
     grads, plan, setup = c.grads, c.plan, c.setup
-    vocab = c.model.vocab_size
     building = 0 if grads.unsharded_unit or c.in_backward else (
         grads.largest_in_attention if plan.backward_peak_in_attention
         else grads.largest_in_layer)
@@ -794,7 +797,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
                   formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
                   bytes=first_layer + plan.backward_transient_bytes + building,
-                  source="per-layer backward"), *_tied_pending(grads, vocab)], _reducing(c))
+                  source="per-layer backward"), *c.tied_pending], c.reducing)
     if c.bank is None:
         return late
     return _with_bank_write(late, plan, Moment(
@@ -802,7 +805,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         max(c.accumulated_bytes, grads.total - grads.pending
             - grads.per_layer + c.bank.done_in_layer), [
             *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
-            *_tied_pending(grads, vocab)]))
+            *c.tied_pending]))
 
 
 def _embedding_backward(c: StepContext) -> Moment:
@@ -816,7 +819,7 @@ def _embedding_backward(c: StepContext) -> Moment:
         ItemDraft(key="activations.embedding_grad", label="embedding gradient being built",
                   formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
                   bytes=grads.embedding, source="aten embedding_dense_backward"),
-        *_tied_pending(grads, vocab)])
+        *c.tied_pending])
 
 
 def _optimizer_step(c: StepContext) -> Moment:
