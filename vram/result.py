@@ -183,6 +183,25 @@ class MomentBytes(BaseModel):
 _MOMENT_FIELDS = _all_fields(MomentBytes)
 
 
+class PeakBytes(BaseModel):
+    """The peaks of one training step, per GPU, as `estimate` reports them, without the
+    breakdown (`vram.estimate_peaks`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    phase: Phase
+    allocated_peak_bytes: NonNegativeInt
+    reserved_peak_bytes: NonNegativeInt
+    device_peak_bytes: NonNegativeInt
+
+    @classmethod
+    def assemble(cls, *, phase: Phase, allocated_peak_bytes: int, reserved_peak_bytes: int,
+                 device_peak_bytes: int) -> PeakBytes:
+        return _assembled(cls, {"phase": phase, "allocated_peak_bytes": allocated_peak_bytes,
+                                "reserved_peak_bytes": reserved_peak_bytes,
+                                "device_peak_bytes": device_peak_bytes})
+
+
 class Estimate(BaseModel):
     """Per-GPU memory of one training step, by bucket, with the peaks tools would report."""
 
