@@ -15,8 +15,10 @@ from typing import Any
 import yaml
 
 from vram.catalog import catalog_entry
+from vram.knob_rules import effective_fsdp_version
 from vram.setup import ALL_LINEAR, Loss, Method, Offload, Precision, Sharding, TrainingSetup
 from vram.stack import ckpt_reentrant as stack_ckpt_reentrant
+from vram.stack import stack_row
 
 #: setup optimizer -> Transformers `optim` / axolotl `optimizer` name.
 OPTIMIZER_NAMES: dict[str, str] = {
@@ -79,12 +81,17 @@ def _deepspeed(setup: TrainingSetup) -> dict[str, Any]:
 
 def _parallel(setup: TrainingSetup, fields: dict[str, Any], out: dict[str, Any],
               notes: list[str], *, version_key: str | None) -> None:
-    """FSDP for zero3/zero2 without optimizer-only offload, DeepSpeed otherwise."""
+    """FSDP where the estimate ran FSDP (zero2/zero3 without optimizer-only offload),
+    DeepSpeed otherwise."""
     if setup.sharding in (Sharding.NONE, Sharding.DDP):
         return
     fsdp_ok = setup.sharding in (Sharding.ZERO2, Sharding.ZERO3) and (
         setup.offload is not Offload.OPTIMIZER)
     version_value = _knob(setup, fields, "fsdp_version")
+    if version_value is None and fields.get("sharding_engine") != "deepspeed":
+        # the engine the estimate assumed: the knob, else the stack's (FSDP1 for the HF stacks)
+        version_value = effective_fsdp_version(
+            setup, stack_row(setup.framework).default_fsdp_version)
     if fsdp_ok and version_value is not None:
         version = int(version_value)
         strategy = "FULL_SHARD" if setup.sharding is Sharding.ZERO3 else "SHARD_GRAD_OP"

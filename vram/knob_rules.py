@@ -8,18 +8,37 @@ from __future__ import annotations
 
 from typing import Literal
 
-from vram.setup import Precision, Sharding, TrainingSetup
+from vram.setup import Offload, Precision, Sharding, TrainingSetup
 
 #: FSDP1 before PyTorch 2.2 kept frozen parameters unsharded through backward
 #: (pytorch/pytorch#95805, fixed by #101982 in 2.2).
 LAST_TORCH_WITH_FSDP1_FROZEN_BUG = (2, 1)
 
 
+#: FSDP chosen on a stack whose own sharding is DeepSpeed: PyTorch's current API,
+#: `fully_shard` (torch/distributed/fsdp/__init__.py@v2.13.0 exports it beside the wrapper).
+FSDP_VERSION_OUTSIDE_FSDP_STACKS: Literal[1, 2] = 2
+
+
+def only_deepspeed_does(setup: TrainingSetup) -> bool:
+    """ZeRO-1, and the optimizer's state offloaded without the parameters: FSDP has neither
+    (its sharding strategies start at SHARD_GRAD_OP, and `CPUOffload(offload_params=True)`
+    moves parameters and gradients with the step: torch/distributed/fsdp/api.py@v2.13.0)."""
+    return setup.sharding is Sharding.ZERO1 or setup.offload is Offload.OPTIMIZER
+
+
 def effective_fsdp_version(setup: TrainingSetup,
                            stack_default: Literal[1, 2] | None) -> Literal[1, 2] | None:
-    """The FSDP implementation: the `fsdp_version` knob, else the stack's (None: the stack
-    shards with DeepSpeed ZeRO, not FSDP)."""
-    return setup.fsdp_version if setup.fsdp_version is not None else stack_default
+    """The FSDP implementation: None when DeepSpeed's ZeRO engine shards (the
+    `sharding_engine` knob, else the stack's), else the `fsdp_version` knob, else the stack's."""
+    if setup.sharding_engine == "deepspeed" or (
+            setup.sharding_engine is None and setup.fsdp_version is None
+            and only_deepspeed_does(setup)):
+        return None
+    version = setup.fsdp_version if setup.fsdp_version is not None else stack_default
+    if version is None and setup.sharding_engine == "fsdp":
+        return FSDP_VERSION_OUTSIDE_FSDP_STACKS
+    return version
 
 
 #: ZeRO stages DeepSpeed's engine runs (FSDP has no stage 1).

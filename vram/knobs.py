@@ -327,13 +327,16 @@ def _resolved(setup: TrainingSetup) -> dict[str, object]:
     """Fields whose None means "the stack's default", resolved to what the run does."""
     sharded = setup.sharding.value in ("zero2", "zero3")
     stack_fsdp = stack_row(setup.framework).default_fsdp_version
+    deepspeed = runs_deepspeed_engine(setup, stack_fsdp)
+    zero = setup.sharding.value in ("zero1", "zero2", "zero3")
     return {
+        "sharding_engine": ("deepspeed" if deepspeed else "fsdp") if zero else None,
         "quant": setup.effective_quant,
         "loss": setup.effective_loss,
         "compile": setup.effective_compile,
         "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
         "fsdp_version": effective_fsdp_version(setup, stack_fsdp) if sharded else None,
-        "torch_autocast": torch_autocast(setup, runs_deepspeed_engine(setup, stack_fsdp)),
+        "torch_autocast": torch_autocast(setup, deepspeed),
     }
 
 

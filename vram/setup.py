@@ -142,6 +142,12 @@ SHARDING_ALIASES: dict[str, Sharding] = {
     "fsdp-no-shard": Sharding.DDP,
 }
 
+#: The engine a sharding name states: FSDP's names are FSDP's; the case file's schema
+#: (validation/README.md) spells DeepSpeed's stages zero1-3 apart from FSDP's fsdp-*, while
+#: the CLI and the app read zero1-3 as "the stack's engine".
+FSDP_SHARDING_NAMES = frozenset({"fsdp-full", "fsdp", "fsdp-grad-op", "fsdp-no-shard"})
+CASE_FILE_DEEPSPEED_NAMES = frozenset({"zero1", "zero2", "zero3"})
+
 #: LoRA target names (PEFT / Hugging Face naming) that `vram` understands.
 LORA_TARGET_NAMES: frozenset[str] = frozenset(
     {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
@@ -254,6 +260,16 @@ class TrainingSetup(BaseModel):
                 ("false", "checkpointed inputs on the GPU")),
         help="with checkpointing: each layer's saved input lives in CPU memory (default: the "
              "stack's; Unsloth offloads)",
+    )] = None
+    #: Who runs ZeRO-style sharding: DeepSpeed's ZeRO engine or PyTorch FSDP. None: the
+    #: stack's (Accelerate's FSDP for the HF stacks, DeepSpeed for `deepspeed`). Hugging Face
+    #: runs take either, from the same `sharding`; the case file spells DeepSpeed's `zero1-3`
+    #: and FSDP's `fsdp-*` apart (`vram.validate`).
+    sharding_engine: Annotated[Literal["deepspeed", "fsdp"] | None, Knob(
+        "Sharding engine", key="engine", flag="--sharding-engine",
+        labels=(("auto", "stack default"), ("deepspeed", "DeepSpeed ZeRO"),
+                ("fsdp", "PyTorch FSDP")),
+        help="with zero1-3: DeepSpeed's ZeRO engine or PyTorch FSDP (default: the stack's)",
     )] = None
     #: 1: the `FullyShardedDataParallel` wrapper; 2: `fully_shard`. None: the stack's default.
     fsdp_version: Annotated[Literal[1, 2] | None, Knob(
@@ -474,6 +490,16 @@ class TrainingSetup(BaseModel):
             return None
         raise ValueError(f"{value[:40]!r} is not a bitsandbytes version such as 0.41.1")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _fsdp_name_means_fsdp(cls, data: object) -> object:
+        # `--sharding fsdp-full` says FSDP as plainly as `--sharding-engine fsdp`.
+        if isinstance(data, dict) and data.get("sharding_engine") is None:
+            sharding = data.get("sharding")
+            if isinstance(sharding, str) and sharding.strip().lower() in FSDP_SHARDING_NAMES:
+                return {**data, "sharding_engine": "fsdp"}
+        return data
+
     @field_validator("sharding", mode="before")
     @classmethod
     def _sharding_alias(cls, value: object) -> object:
@@ -534,6 +560,14 @@ class TrainingSetup(BaseModel):
             raise ValueError("offload: optimizer offload needs ZeRO/FSDP sharding (zero1-3)")
         if self.offload is Offload.PARAMS_OPTIMIZER and self.sharding is not Sharding.ZERO3:
             raise ValueError("offload: params+optimizer offload needs zero3 (FSDP full shard)")
+        if self.sharding_engine == "deepspeed" and self.fsdp_version is not None:
+            raise ValueError("fsdp_version: set only with FSDP; sharding_engine is deepspeed")
+        if self.sharding_engine == "fsdp" and self.sharding is Sharding.ZERO1:
+            raise ValueError("sharding: FSDP has no ZeRO-1 (use zero2 or zero3, or the "
+                             "deepspeed engine)")
+        if self.sharding_engine == "fsdp" and self.offload is Offload.OPTIMIZER:
+            raise ValueError("offload: FSDP offloads the optimizer only with the parameters "
+                             "(params+optimizer); optimizer-only offload is DeepSpeed's")
         return self
 
     @property

@@ -25,7 +25,7 @@ from vram.errors import CatalogError, FileReadError, VramError
 from vram.estimate import estimate
 from vram.files import read_csv_rows
 from vram.knobs import SetupKnob, setup_from_texts
-from vram.setup import TrainingSetup
+from vram.setup import CASE_FILE_DEEPSPEED_NAMES, TrainingSetup
 
 SCORED_CONFIDENCE = frozenset({"high", "medium"})
 
@@ -51,15 +51,22 @@ def _column_name(knob: SetupKnob) -> str:
     return knob.column or knob.name
 
 
-def _column(knob: SetupKnob) -> str | None:
-    return knob.column
+def _column(knob: SetupKnob) -> str:
+    """A knob's case-file column; a knob the schema has no column for may come under its
+    field name (`sharding_engine`, which the `sharding` cell also sets)."""
+    return knob.column or knob.name
 
 
 def setup_from_row(row: dict[str, str]) -> TrainingSetup:
     """A TrainingSetup from one case-file row: each knob's column, empty = the default.
 
-    A bad cell raises `KnobError` naming its column.
+    A bad cell raises `KnobError` naming its column. The schema names the sharding engine with
+    the stage (DeepSpeed's `zero1-3`, FSDP's `fsdp-*`): without a `sharding_engine` column the
+    `sharding` cell sets that knob too, as a person would on the command line.
     """
+    sharding = (row.get("sharding") or "").strip().lower()
+    if not (row.get("sharding_engine") or "").strip() and sharding in CASE_FILE_DEEPSPEED_NAMES:
+        row = {**row, "sharding_engine": "deepspeed"}
     return setup_from_texts(row, _column_name, _column)
 
 

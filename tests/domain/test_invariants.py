@@ -160,12 +160,47 @@ def test_more_sharding_never_needs_more_per_gpu(model: str, fields: dict, gpus: 
         # prepare_model_for_kbit_training for sharded (ZeRO-3/FSDP) QLoRA, so activations
         # change dtype too (see test_sharded_hf_qlora_is_not_upcast).
         fields = {**fields, "framework": "torchtune"}
+    # FSDP's levels (SHARD_GRAD_OP, FULL_SHARD): it has no ZeRO-1, which runs DeepSpeed's
+    # engine and its fixed reduce bucket (see the model-state test below).
     peaks = [
-        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding}))
+        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding,
+                                        "sharding_engine": engine}))
         .device_peak_bytes
+        for sharding, engine in (("ddp", None), ("zero2", "fsdp"), ("zero3", "fsdp"))
+    ]
+    assert peaks[2] <= peaks[1] <= peaks[0]
+
+
+#: Buffers and working copies, not model state: DeepSpeed's reduce bucket is
+#: reduce_bucket_size values whatever the model (stage_1_and_2.py@v0.18.4#L2239), so ZeRO-1
+#: can need more than DDP for a small trainable count; ZeRO-3 keeps live parameters gathered.
+_NOT_MODEL_STATE = ("gathered", "persistent", "zero_buckets", "ddp_buckets", "unsharded")
+
+
+def _model_state_bytes(result: vram.Estimate) -> int:
+    return sum(item.bytes for name in ("weights", "gradients", "optimizer")
+               for item in result.bucket(name).items
+               if not any(part in item.key for part in _NOT_MODEL_STATE))
+
+
+@settings(max_examples=100, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups, gpus=st.sampled_from([2, 4, 8, 64]))
+def test_zero_stages_shrink_model_state(model: str, fields: dict, gpus: int) -> None:
+    """DeepSpeed's ZeRO stages, Rajbhandari et al. 2020 Figure 1: in mixed precision (the
+    paper's setting) the parameters, gradients and optimizer state a GPU keeps never grow from
+    DDP to ZeRO-1, -2 and -3. (In fp32 the engine still clones an fp32 master partition,
+    stage_1_and_2.py@v0.18.4#L449, which DDP does not keep: with a small optimizer state, on
+    2 GPUs, ZeRO-1 then holds more than DDP.)"""
+    spec = _model(model)
+    mixed = "fp16-mixed" if fields["precision"] == "fp16-mixed" else "bf16-mixed"
+    fields = {**fields, "precision": mixed}
+    states = [
+        _model_state_bytes(estimate(spec, TrainingSetup(**{
+            **fields, "n_gpus": gpus, "sharding": sharding,
+            "sharding_engine": None if sharding == "ddp" else "deepspeed"})))
         for sharding in ("ddp", "zero1", "zero2", "zero3")
     ]
-    assert peaks[3] <= peaks[2] <= peaks[1] <= peaks[0]
+    assert states[3] <= states[2] <= states[1] <= states[0]
 
 
 def test_litgpt_fsdp_lora_keeps_frozen_weights_unsharded() -> None:

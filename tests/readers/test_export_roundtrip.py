@@ -67,7 +67,7 @@ def canonical(setup: TrainingSetup) -> dict[str, Any]:
             out.pop(field)
     # The file names its tool (axolotl once the setup knows it), and the stack's own default
     # for knobs the drawn setup leaves unset: compared by the dedicated test below.
-    for field in ("framework", "ckpt_reentrant", "fsdp_version"):
+    for field in ("framework", "ckpt_reentrant", "fsdp_version", "sharding_engine"):
         out.pop(field, None)
     return out
 

@@ -53,6 +53,12 @@ def _device(section: object) -> str:
     return "none"
 
 
+def _engine(m: Mapper, stage: int, key: str, value: Any) -> None:
+    """ZeRO stages 1-3 run in DeepSpeed's engine, not the stack's default FSDP."""
+    if stage:
+        m.set("sharding_engine", "deepspeed", key, value, "DeepSpeed's ZeRO engine")
+
+
 def map_deepspeed(m: Mapper, key: str, base_dir: Path | None) -> bool:
     """Map a `deepspeed:` value; True when the run uses DeepSpeed."""
     value = m.get(key)
@@ -76,6 +82,7 @@ def map_deepspeed(m: Mapper, key: str, base_dir: Path | None) -> bool:
         stage = int(match.group(1))
         m.set("sharding", _STAGE_SHARDING[stage], key, value,
               "ZeRO stage from the file name; the file itself was not read")
+        _engine(m, stage, key, value)
         if "offload" in name.lower():
             offload = "params+optimizer" if stage == 3 else "optimizer"
             m.set("offload", offload, key, value, "from the file name ('offload')")
@@ -89,6 +96,7 @@ def map_deepspeed(m: Mapper, key: str, base_dir: Path | None) -> bool:
                                   f"must be 0, 1, 2 or 3, got {shown(stage)}")
     m.set("sharding", _STAGE_SHARDING[stage], f"{key} zero_optimization.stage", stage,
           f"DeepSpeed config ({where})")
+    _engine(m, stage, key, value)
     optimizer_off = _device(zero.get("offload_optimizer")) in ("cpu", "nvme")
     params_off = _device(zero.get("offload_param")) in ("cpu", "nvme")
     if params_off:
