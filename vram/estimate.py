@@ -941,19 +941,17 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
     layers = plan.layers
     # One group: the per-term items (and their f-strings) are built for the peak only.
     return [ItemGroup(
-        sum(term.bytes_per_token * tokens * layer.count for layer in layers
-            for term in layer.terms),
+        plan.stored_layers_bytes,  # tokens × Σ layers × Σ terms, as the items below
         lambda: [
             LineItem.assemble(
-                f"activations.{layer.stack}.{term.key}",
-                f"{term.label} × {layer.count} {layer.stack} layers",
-                f"tokens × layers × ({term.formula})",
+                key, label, formula,
                 {"tokens": tokens, "layers": layer.count,
                  "per_token_bytes": term.bytes_per_token},
                 term.bytes_per_token * tokens * layer.count,
                 "autograd saved tensors; see vram.activations",
             )
-            for layer in layers for term in layer.terms
+            for layer in layers
+            for term, (key, label, formula) in zip(layer.terms, layer.item_texts, strict=True)
         ])]
 
 

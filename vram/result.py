@@ -94,7 +94,8 @@ class LineItem(BaseModel):
                  bytes: int, source: str = "", note: str = "") -> LineItem:
         """A `LineItem` of values the estimate computed (an estimate builds a dozen per call:
         validating them was a third of its time); `bytes` must be a non-negative int."""
-        _refuse_negative(key, bytes)
+        if bytes < 0:
+            _refuse_negative(key, bytes)
         # `_assembled`, written out: an estimate's most built object
         item = cls.__new__(cls)
         _set_dict(item, {"key": key, "label": label, "formula": formula, "inputs": inputs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from vram import TrainingSetup, estimate, load_model
+from vram import Estimate, TrainingSetup, estimate, load_model
 from vram.params import param_groups
 from vram.stack import profile_for
 
@@ -177,7 +177,7 @@ def test_more_sharding_never_needs_more_per_gpu(model: str, fields: dict, gpus: 
 _NOT_MODEL_STATE = ("gathered", "persistent", "zero_buckets", "ddp_buckets", "unsharded")
 
 
-def _model_state_bytes(result: vram.Estimate) -> int:
+def _model_state_bytes(result: Estimate) -> int:
     return sum(item.bytes for name in ("weights", "gradients", "optimizer")
                for item in result.bucket(name).items
                if not any(part in item.key for part in _NOT_MODEL_STATE))
