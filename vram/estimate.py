@@ -130,6 +130,14 @@ class Moment:
     def activation_bytes(self) -> int:
         return sum(map(_bytes_of, self.activation_items))
 
+    def figures(self) -> tuple[int, int, int, int]:
+        """(gradients_total, activation_bytes, in_flight_bytes, weight_bytes): the four
+        properties above in one call (`_step_peak` reads all four of every moment)."""
+        return (self.gradient_bytes + sum(map(_bytes_of, self.extra_gradient_items)),
+                sum(map(_bytes_of, self.activation_items)),
+                sum(map(_bytes_of, self.in_flight_items)),
+                sum(map(_bytes_of, self.weight_items)))
+
 
 # ------------------------------------------------------------------------------------------
 # Weights
@@ -1151,10 +1159,8 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
     static = part.static_bytes
     peak, allocated, reserved = moments[0], -1, 0
     for moment in moments:
-        gradient_bytes = moment.gradients_total
-        activation_bytes = moment.activation_bytes
-        in_flight_bytes = moment.in_flight_bytes
-        total = static + gradient_bytes + activation_bytes + moment.weight_bytes + in_flight_bytes
+        gradient_bytes, activation_bytes, in_flight_bytes, weight_bytes = moment.figures()
+        total = static + gradient_bytes + activation_bytes + weight_bytes + in_flight_bytes
         # The first of equal moments wins: the allocator reaches a peak at its first moment.
         if total > allocated:
             peak, allocated = moment, total

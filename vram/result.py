@@ -167,7 +167,7 @@ class MomentBytes(BaseModel):
     def assemble(cls, phase: Phase, label: str, allocated_bytes: int, gradient_bytes: int,
                  activation_bytes: int, in_flight_bytes: int) -> MomentBytes:
         """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
-        if min(gradient_bytes, activation_bytes, in_flight_bytes) < 0:
+        if gradient_bytes < 0 or activation_bytes < 0 or in_flight_bytes < 0:
             raise ValueError(f"{label}: bytes must be >= 0")
         # `_assembled`, written out: six or more per estimate
         moment = cls.__new__(cls)
