@@ -60,14 +60,28 @@ FIXED: dict[str, Any] = {"framework": "hf-trainer", "sharding": "zero3", "fsdp_v
                          "lora_base_16bit": False,  # the grid was traced with an fp32 base
                          "optimizer": "adamw", "attention": "sdpa",
                          "lora_targets": "q_proj,v_proj", "lora_rank": 16}
+#: `--layout units`: the embedding and the head as FSDP2 units of their own
+#: (`fsdp_embedding_units`, torchtune's and torchtitan's wrapping), on untied models (a tied
+#: head stays in the root with the embedding).
+UNITS_FAMILIES = {
+    "mistral-gqa": "mistral-7b-v0.1",
+    "llama31-8b": "llama-3.1-8b",  # torchtune's and torchtitan's model: a 128k vocabulary
+}
+UNITS_FIELDS: dict[str, Any] = {"fsdp_embedding_units": True}
 TRACE_KEYS = ("buckets", "bucket_max", "allocated_peak_bytes", "peak_at", "phase")
 
 
-def grid() -> list[tuple[str, dict[str, Any]]]:
-    """Every family × every combination of the axes."""
+def grid(layout: str = "root") -> list[tuple[str, dict[str, Any]]]:
+    """Every family × every combination of the axes (`layout="units"`: the untied families
+    with the embedding and head as units of their own)."""
     keys = list(AXES)
-    return [(family, dict(zip(keys, values, strict=True)))
-            for family in FAMILIES for values in itertools.product(*(AXES[k] for k in keys))]
+    families, extra = (UNITS_FAMILIES, UNITS_FIELDS) if layout == "units" else (FAMILIES, {})
+    return [(family, {**dict(zip(keys, values, strict=True)), **extra})
+            for family in families for values in itertools.product(*(AXES[k] for k in keys))]
+
+
+def config_name(family: str) -> str:
+    return FAMILIES.get(family) or UNITS_FAMILIES[family]
 
 
 def setup_of(fields: dict[str, Any]) -> TrainingSetup:
@@ -83,7 +97,7 @@ def trace(family: str, fields: dict[str, Any]) -> dict[str, Any]:
     from vram.trace import trace_step
 
     start = time.process_time()
-    traced = trace_step(load_config(FAMILIES[family]), setup_of(fields)).to_json()
+    traced = trace_step(load_config(config_name(family)), setup_of(fields)).to_json()
     out = {k: traced[k] for k in TRACE_KEYS}
     out["cpu_s"] = round(time.process_time() - start, 1)
     return out
@@ -124,7 +138,7 @@ def same_moment(ours: Estimate, peak_at: str) -> MomentBytes:
 
 def compare(family: str, fields: dict[str, Any], traced: dict[str, Any]) -> Row:
     """The closed form of `family` under `fields`, against its traced figures."""
-    ours = estimate(load_model(FAMILIES[family]), setup_of(fields))
+    ours = estimate(load_model(config_name(family)), setup_of(fields))
     moment = same_moment(ours, traced["peak_at"])
     step = next(m for m in ours.moments if m.label == "the optimizer step")
     state = {item.key: item.bytes for bucket in ours.buckets for item in bucket.items}
@@ -152,8 +166,8 @@ def _load(paths: list[Path]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def chosen(sample: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
-    combos = grid()
+def chosen(sample: int, seed: int, layout: str = "root") -> list[tuple[str, dict[str, Any]]]:
+    combos = grid(layout)
     random.Random(seed).shuffle(combos)
     return combos[:sample]
 
@@ -167,6 +181,9 @@ def main() -> None:
                         "appended to with every new trace)")
     parser.add_argument("--also", type=Path, nargs="*", default=[],
                         help="more --traces files to read")
+    parser.add_argument("--layout", choices=("root", "units"), default="root",
+                        help="root: the embedding and head in the root unit (Accelerate); "
+                             "units: units of their own (torchtune, torchtitan)")
     parser.add_argument("--compare-only", action="store_true",
                         help="compare the setups already in --traces, trace nothing")
     parser.add_argument("--worker", default="0/1",
@@ -183,7 +200,7 @@ def main() -> None:
               + "  phase  ok")
     lines = [header]
     rows: list[Row] = []
-    todo = chosen(args.sample, args.seed)[index::count]
+    todo = chosen(args.sample, args.seed, args.layout)[index::count]
     for family, fields in reversed(todo) if args.reverse else todo:
         key = key_of(family, fields)
         if key not in cache and args.reverse:  # another process may have traced it since

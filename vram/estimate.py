@@ -527,10 +527,15 @@ def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackP
     post-backward, at the end; the head's gradient waits unsharded until then (an in-flight
     item) and a tied embedding's in autograd's buffer; the embedding's is built unsharded."""
     units = fsdp2.units(model, setup, profile, groups)
-    root = sum(_grad_bytes(g) for g in groups if g.trainable and g.key in fsdp2.ROOT_KEYS)
+    # A head unit of its own reduces its gradient before the blocks' backward.
+    own_head = units.separate
+    root = sum(_grad_bytes(g) for g in groups if g.trainable and g.key in fsdp2.ROOT_KEYS
+               and not (own_head and g.key == "head"))
+    head = sum(_grad_bytes(g) for g in groups if g.trainable and g.key == "head") \
+        if own_head else 0
     embedding = next((g for g in groups if g.key == "embedding" and g.trainable), None)
     built = embedding.n_params * fsdp2.gather_bytes(embedding, profile) if embedding else 0
-    return GradientPart(total, 0, 0, built, per_layer, 0, 0, 0, unit,
+    return GradientPart(total, head // setup.n_gpus, 0, built, per_layer, 0, 0, 0, unit,
                         tied=fsdp2.tied_pending_bytes(model, groups, profile),
                         pending=root // setup.n_gpus, fsdp2=units)
 

@@ -1,7 +1,9 @@
 """What FSDP2 (`fully_shard`) holds unsharded on each GPU, moment by moment.
 
-FSDP2 as torchtitan and torchtune apply it: one unit per decoder block and a root unit (the
-embedding, final norm and head). A unit's parameters are all-gathered before its forward and
+FSDP2 as Accelerate applies it: one unit per decoder block and a root unit (the embedding,
+final norm and head); with `fsdp_embedding_units` (torchtune's `custom_sharded_layers`,
+torchtitan's `apply_fsdp`) the embedding and an untied head are units of their own and the
+root keeps the final norm only. A unit's parameters are all-gathered before its forward and
 its backward, into a flat all-gather buffer, then copied out into unsharded parameters; after
 its backward its gradients (made in the all-gather dtype) are cast to the reduce dtype into a
 reduce-scatter buffer and scattered to the shards. What that leaves alive (read in
@@ -19,6 +21,11 @@ trace of rank 0, `vram.trace.sharded`):
   (`pre_backward` -> `_backward_prefetch`, #L576-L585); the previous block's reduce-scatter
   buffer stays until this block's post-backward (`reduce_scatter_states`, #L647-L658); the
   root's gradients (the head's) wait unsharded until the root's post-backward, at the end.
+* with the embedding and head as units: the embedding is gathered for its forward (resharded
+  after it) and again, prefetched by the first block, for its backward; the head is gathered
+  after the blocks and again when the logits' gradient is made; its gradient is reduced right
+  after its backward, and its reduce-scatter buffer waits for the top block's post-backward.
+  Measured by the trace on untied models (`benchmarks/trace_grid_sharded_units.txt`).
 """
 
 from __future__ import annotations
@@ -28,21 +35,12 @@ from dataclasses import dataclass
 from vram.architecture import ModelSpec
 from vram.params import STORAGE_BYTES, ParamGroup
 from vram.result import LineItem
-from vram.setup import Framework, TrainingSetup
-from vram.stack import StackProfile
+from vram.setup import TrainingSetup
+from vram.stack import StackProfile, fsdp_embedding_units
 from vram.units import BF16_BYTES, FP32_BYTES
 
 #: Parameter groups in the root unit (`fully_shard(model)` after every block).
 ROOT_KEYS = ("embedding", "embedding_extra", "head")
-#: Stacks that shard the embedding and the head as units of their own, so the root holds
-#: nothing across the step (not traced yet: they keep the ZeRO-3 rule of `vram.estimate`, two
-#: gathered blocks, and DeepSpeed's 16-bit model with an fp32 master): torchtitan
-#: (torchtitan/models/llama3/infra/parallelize.py@6404b93 apply_fsdp: tok_embeddings, each
-#: block, [norm, output], then the model) and torchtune
-#: (recipes/configs/llama3_1/70B_full.yaml@30b8519e8 custom_sharded_layers: tok_embeddings,
-#: output). Accelerate's FSDP2 (the HF stacks) wraps the blocks and the model: the embedding
-#: and head are the root's (accelerate/utils/fsdp_utils.py@v1.13.0 fsdp2_prepare_model).
-SEPARATE_EMBEDDING_UNITS = frozenset({Framework.TORCHTITAN, Framework.TORCHTUNE})
 #: Parameter groups spread over the blocks.
 LAYER_KEYS = ("linears", "norms", "lora")
 SOURCE = "torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py@v2.13.0"
@@ -75,12 +73,31 @@ class Fsdp2Units:
     head_grad: int  # an untied trained head's unsharded gradient, alive through backward
     n_layers: int
     reshards: bool  # reshard_after_forward
+    #: The embedding and the untied head are units of their own (`fsdp_embedding_units`): the
+    #: root unit holds nothing of size; these are their all-gathered sizes.
+    embedding_unit: int = 0
+    head_unit: int = 0
+    #: The head unit's reduce-scatter buffer (reduce dtype), kept to the top block's
+    #: post-backward.
+    head_unit_reduce: int = 0
+
+    @property
+    def separate(self) -> bool:
+        return bool(self.head_unit)
 
 
 def reshards_after_forward(setup: TrainingSetup) -> bool:
     """`fully_shard(reshard_after_forward=...)` for the blocks: the setup's, else FSDP2's
     default True (_fully_shard.py@v2.13.0 fully_shard #L246-L260)."""
     return True if setup.fsdp_reshard_after_forward is None else setup.fsdp_reshard_after_forward
+
+
+def embedding_units(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]) -> bool:
+    """The embedding and the head are units of their own: the setup's or the stack's
+    `fsdp_embedding_units`, with an untied head (a tied one shares the embedding's matrix and
+    stays in the root with it: torchtune's tied models list no custom_sharded_layers)."""
+    return (fsdp_embedding_units(setup) and not model.tied_embeddings
+            and any(g.key == "head" for g in groups))
 
 
 def units(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -90,6 +107,20 @@ def units(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
     block = [g for g in groups if g.key in LAYER_KEYS]
     root = [g for g in groups if g.key in ROOT_KEYS]
     head = [g for g in root if g.key == "head" and g.trainable]
+    if embedding_units(model, setup, groups):
+        heads = [g for g in root if g.key == "head"]
+        return Fsdp2Units(
+            block_params=sum(g.n_params * gather_bytes(g, profile) for g in block) // layers,
+            block_grads=sum(g.n_params * gather_bytes(g, profile) for g in block
+                            if g.trainable) // layers,
+            block_reduce=sum(g.n_params * reduce_bytes(g, profile) for g in block
+                             if g.trainable) // layers,
+            root_params=0, head_grad=0, n_layers=layers, reshards=reshards_after_forward(setup),
+            embedding_unit=sum(g.n_params * gather_bytes(g, profile) for g in root
+                               if g.key != "head"),
+            head_unit=sum(g.n_params * gather_bytes(g, profile) for g in heads),
+            head_unit_reduce=sum(g.n_params * reduce_bytes(g, profile) for g in head),
+        )
     return Fsdp2Units(
         block_params=sum(g.n_params * gather_bytes(g, profile) for g in block) // layers,
         block_grads=sum(g.n_params * gather_bytes(g, profile) for g in block
@@ -117,10 +148,12 @@ def _item(key: str, label: str, formula: str, bytes_: int, source: str) -> LineI
                     source=f"{SOURCE} {source}")
 
 
-def _root(u: Fsdp2Units) -> LineItem:
-    return _item("weights.fsdp2_root", "root unit unsharded (embedding, norm, head)",
-                 "root params × all-gather bytes", u.root_params,
-                 "lazy_init: the root does not reshard after forward")
+def _root(u: Fsdp2Units) -> list[LineItem]:
+    if u.separate:  # the root keeps only the final norm
+        return []
+    return [_item("weights.fsdp2_root", "root unit unsharded (embedding, norm, head)",
+                  "root params × all-gather bytes", u.root_params,
+                  "lazy_init: the root does not reshard after forward")]
 
 
 def _blocks(u: Fsdp2Units, count: int, why: str) -> LineItem:
@@ -129,31 +162,59 @@ def _blocks(u: Fsdp2Units, count: int, why: str) -> LineItem:
                  "unshard / wait_for_unshard")
 
 
+def _embedding_unit(u: Fsdp2Units, why: str) -> list[LineItem]:
+    return [_item("weights.fsdp2_embedding", f"embedding unit all-gathered ({why})",
+                  "vocab × hidden × all-gather bytes", u.embedding_unit,
+                  "unshard / wait_for_unshard")]
+
+
+def _head_unit(u: Fsdp2Units, count: int, why: str) -> list[LineItem]:
+    return [_item("weights.fsdp2_head", f"head unit all-gathered ({why})",
+                  f"{count} × vocab × hidden × all-gather bytes", count * u.head_unit,
+                  "unshard / wait_for_unshard")]
+
+
+def _kept_before(u: Fsdp2Units) -> list[LineItem]:
+    """Without resharding, the units before the last block keep their parameters into
+    backward: the earlier blocks, and the embedding unit."""
+    if u.reshards:
+        return []
+    return [*(_embedding_unit(u, "kept to backward") if u.separate else [])]
+
+
 def forward_gather(u: Fsdp2Units) -> list[LineItem]:
     """While the last block is all-gathered: the previous block's buffer (kept for overlap),
     the new buffer and its copy-out; without resharding every earlier block too."""
     kept = 0 if u.reshards else u.n_layers - 1
-    return [_root(u), _blocks(u, 3 + kept, "last buffer, new buffer, copy-out"
-                              + ("" if u.reshards else ", earlier blocks kept"))]
+    return [*_root(u), *_kept_before(u),
+            _blocks(u, 3 + kept, "last buffer, new buffer, copy-out"
+                    + ("" if u.reshards else ", earlier blocks kept"))]
 
 
 def forward_block(u: Fsdp2Units) -> list[LineItem]:
     """Inside a block's forward: its buffer and its parameters."""
     kept = 0 if u.reshards else u.n_layers - 1
-    return [_root(u), _blocks(u, 2 + kept, "buffer and parameters")]
+    return [*_root(u), *_kept_before(u), _blocks(u, 2 + kept, "buffer and parameters")]
 
 
 def _kept(u: Fsdp2Units) -> list[LineItem]:
     """Without resharding, every block's parameters are kept to its backward, and the last
     block's all-gather buffer too: `wait_for_unshard` frees the saved all-gather state only in
-    the forward of the next unit gathered, and in this step none is (#L429-L432)."""
-    return [] if u.reshards else [_blocks(u, u.n_layers + 1, "kept to backward, and the "
-                                          "last block's buffer")]
+    the forward of the next unit gathered, and in this step none is (#L429-L432). With the
+    head a unit of its own, the head's copy-out frees that buffer and the embedding unit is
+    kept too."""
+    if u.reshards:
+        return []
+    if u.separate:
+        return [*_kept_before(u), _blocks(u, u.n_layers, "kept to backward")]
+    return [_blocks(u, u.n_layers + 1, "kept to backward, and the last block's buffer")]
 
 
 def forward_end(u: Fsdp2Units) -> list[LineItem]:
-    """After the blocks: the root; without resharding every block."""
-    return [_root(u), *_kept(u)]
+    """After the blocks: the root; without resharding every block. With a head unit: its
+    parameters and its all-gather buffer (saved until the root's post-forward)."""
+    head = _head_unit(u, 2, "parameters and buffer") if u.separate else []
+    return [*_root(u), *_kept(u), *head]
 
 
 def _head_grad(u: Fsdp2Units) -> list[LineItem]:
@@ -167,10 +228,18 @@ def _head_grad(u: Fsdp2Units) -> list[LineItem]:
 def loss_backward(u: Fsdp2Units) -> list[LineItem]:
     """The loss's backward: the root's pre-backward has prefetched the top block (its
     all-gather buffer; the copy-out waits for the block's own pre-backward); without
-    resharding every block is still unsharded."""
+    resharding every block is still unsharded. With a head unit: one head matrix in flight
+    when the logits' gradient is made (the trace: the head's all-gather buffer, its
+    pre-backward hook firing on that gradient); without resharding its parameters and every
+    earlier unit's kept, and the end of forward's second head matrix. The head's own
+    backward, later, is below the loss's in every traced setup."""
+    if u.separate:
+        if u.reshards:
+            return _head_unit(u, 1, "its all-gather buffer")
+        return [*_kept(u), *_head_unit(u, 2, "parameters kept and buffer")]
     if not u.reshards:
-        return [_root(u), *_kept(u), *_head_grad(u)]
-    return [_root(u), _blocks(u, 1, "the top block's prefetch"), *_head_grad(u)]
+        return [*_root(u), *_kept(u), *_head_grad(u)]
+    return [*_root(u), _blocks(u, 1, "the top block's prefetch"), *_head_grad(u)]
 
 
 def _building(u: Fsdp2Units) -> LineItem:
@@ -185,22 +254,38 @@ def _reduce_buffer(u: Fsdp2Units) -> LineItem:
                  "reduce_scatter_states keeps it to the next post_backward")
 
 
+def _head_reduce_buffer(u: Fsdp2Units) -> list[LineItem]:
+    if not u.head_unit_reduce:
+        return []
+    return [_item("gradients.fsdp2_head_reduce", "the head unit's reduce-scatter buffer",
+                  "vocab × hidden × reduce bytes", u.head_unit_reduce,
+                  "reduce_scatter_states keeps it to the next post_backward")]
+
+
 def top_block_backward(u: Fsdp2Units) -> list[LineItem]:
     """The top block's backward: it and the prefetched next block (every block without
-    resharding), its gradients being made."""
+    resharding), its gradients being made; with a head unit, the head's reduce-scatter
+    buffer until this block's post-backward."""
+    if u.separate:
+        blocks = _kept(u) if not u.reshards else [_blocks(u, 2, "this block and prefetch")]
+        return [*blocks, _building(u), *_head_reduce_buffer(u)]
     if not u.reshards:
-        return [_root(u), *_kept(u), *_head_grad(u), _building(u)]
-    return [_root(u), _blocks(u, 2, "this block and prefetch"), *_head_grad(u),
+        return [*_root(u), *_kept(u), *_head_grad(u), _building(u)]
+    return [*_root(u), _blocks(u, 2, "this block and prefetch"), *_head_grad(u),
             _building(u)]
 
 
 def first_block_backward(u: Fsdp2Units) -> list[LineItem]:
-    """The first block's backward: nothing left to prefetch, the second block's reduce-scatter
-    buffer, its gradients being made."""
-    return [_root(u), _blocks(u, 1, "this block"), *_head_grad(u), _building(u),
+    """The first block's backward: nothing left to prefetch (with an embedding unit: its
+    all-gather buffer, prefetched), the second block's reduce-scatter buffer, its gradients
+    being made."""
+    prefetch = _embedding_unit(u, "prefetched") if u.separate else []
+    return [*_root(u), _blocks(u, 1, "this block"), *prefetch, *_head_grad(u), _building(u),
             _reduce_buffer(u)]
 
 
 def embedding_backward(u: Fsdp2Units) -> list[LineItem]:
-    """The root's backward after every block: the first block's reduce-scatter buffer."""
-    return [_root(u), *_head_grad(u), _reduce_buffer(u)]
+    """The root's backward after every block (or the embedding unit's): the first block's
+    reduce-scatter buffer."""
+    own = _embedding_unit(u, "its backward") if u.separate else []
+    return [*_root(u), *own, *_head_grad(u), _reduce_buffer(u)]

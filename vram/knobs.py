@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from vram.errors import VramError
 from vram.knob_rules import effective_fsdp_version, runs_deepspeed_engine, torch_autocast
 from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
-from vram.stack import ckpt_reentrant, stack_row
+from vram.stack import ckpt_reentrant, fsdp_embedding_units, runs_fsdp2, stack_row
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
 #: What a None value is called on every surface ("the stack's default").
@@ -336,6 +336,7 @@ def _resolved(setup: TrainingSetup) -> dict[str, object]:
         "compile": setup.effective_compile,
         "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
         "fsdp_version": effective_fsdp_version(setup, stack_fsdp) if sharded else None,
+        "fsdp_embedding_units": fsdp_embedding_units(setup) if runs_fsdp2(setup) else None,
         "torch_autocast": torch_autocast(setup, deepspeed),
     }
 

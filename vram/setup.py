@@ -289,6 +289,17 @@ class TrainingSetup(BaseModel):
         help="with FSDP2: free each block's gathered parameters after its forward (default: "
              "the stack's, FSDP2's True)",
     )] = None
+    #: FSDP2 wraps the token embedding and the output projection as units of their own
+    #: (torchtune's `custom_sharded_layers: ['tok_embeddings', 'output']`, torchtitan's
+    #: `apply_fsdp`), so the root unit keeps only the final norm; False: they are the root
+    #: unit's (Accelerate's FSDP2). None: the stack's default (`vram.stack`).
+    fsdp_embedding_units: Annotated[bool | None, Field(strict=True), Knob(
+        "FSDP2 embedding and head as units", key="embunits", flag="--fsdp-embedding-units",
+        labels=(("auto", "stack default"), ("true", "embedding and head sharded as own units"),
+                ("false", "embedding and head in the root unit")),
+        help="with FSDP2: fully_shard the embedding and the output head as units of their own "
+             "(default: the stack's; torchtitan and torchtune's full fine-tunes do)",
+    )] = None
     #: The PyTorch version, as major.minor ("2.1"); None: a current one.
     torch_version: Annotated[str | None, Knob(
         "PyTorch version", key="torch", flag="--torch-version", column="torch_version",

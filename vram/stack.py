@@ -74,6 +74,11 @@ class StackRow:
     #: FSDP generation the stack wraps with (1: FullyShardedDataParallel, 2: fully_shard;
     #: None: the stack shards with DeepSpeed ZeRO, not FSDP).
     default_fsdp_version: Literal[1, 2] | None
+    #: FSDP2 wraps the token embedding and the output head as units of their own (the
+    #: `fsdp_embedding_units` default) in the stack's full fine-tune recipe ...
+    default_fsdp_embedding_units: bool
+    #: ... and in its LoRA/QLoRA recipe.
+    adapter_fsdp_embedding_units: bool
     #: The training loop keeps the logits referenced through backward.
     keeps_logits: bool
     #: The loop keeps the previous step's `logits` and `loss` into the next forward.
@@ -133,6 +138,9 @@ _HF_REENTRANT = ("transformers/modeling_utils.py@v5.0.0 gradient_checkpointing_e
 _PEFT_SHARDED_CKPT = ("peft docs/source/accelerate/{deepspeed,fsdp}.md@v0.13.0: "
                       "use_reentrant=True for sharded QLoRA")
 _HF_FSDP = "accelerate/utils/dataclasses.py@v1.0.0 FullyShardedDataParallelPlugin (FSDP1)"
+_HF_FSDP2_WRAP = ("accelerate/utils/fsdp_utils.py@v1.13.0 fsdp2_prepare_model: fully_shard "
+                  "on the auto-wrap policy's layers, then the model (embedding and head in "
+                  "the root unit)")
 _NONE = "not done: no such code path in the stack"
 
 
@@ -145,6 +153,7 @@ _HF_TRAINER = StackRow(
     norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
     fused_activations=False, default_compile=False, default_ckpt_reentrant=False,
     sharded_qlora_ckpt_reentrant=True, default_fsdp_version=1,
+    default_fsdp_embedding_units=False, adapter_fsdp_embedding_units=False,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=True, loads_lora_base_16bit=True, default_ckpt_offload=False,
     quantizes_expert_banks=False,
@@ -188,6 +197,7 @@ _HF_TRAINER = StackRow(
         default_compile="transformers/training_args.py@v4.46.0 torch_compile=False",
         default_ckpt_reentrant=_HF_REENTRANT,
         sharded_qlora_ckpt_reentrant=_PEFT_SHARDED_CKPT, default_fsdp_version=_HF_FSDP,
+        default_fsdp_embedding_units=_HF_FSDP2_WRAP, adapter_fsdp_embedding_units=_HF_FSDP2_WRAP,
         keeps_logits="transformers/trainer.py@v4.46.0 training_step drops outputs",
         keeps_previous_graph="transformers/trainer.py@v4.46.0 (loss.detach() returned)",
         quantizes_from_fp16=("transformers/integrations/bitsandbytes.py@v4.46.0 "
@@ -287,6 +297,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=True,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=1,
+    default_fsdp_embedding_units=False, adapter_fsdp_embedding_units=False,
     default_bitsandbytes_version="0.42.0",
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
     quantizes_expert_banks=True,
@@ -336,6 +347,12 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                                     "_policy (non-reentrant wrapper)"),
             sharded_qlora_ckpt_reentrant=(f"litgpt/finetune/lora.py@{_LITGPT} "
                                           "(same wrapper when sharded)"),
+            default_fsdp_embedding_units=(f"litgpt/finetune/full.py@{_LITGPT} FSDPStrategy("
+                                          "auto_wrap_policy={Block}): the embedding and head "
+                                          "are the root's"),
+            adapter_fsdp_embedding_units=(f"litgpt/finetune/lora.py@{_LITGPT} FSDPStrategy("
+                                          "auto_wrap_policy={Block}): the embedding and head "
+                                          "are the root's"),
             default_fsdp_version=(f"litgpt/finetune/lora.py@{_LITGPT} FSDPStrategy "
                                   "(lightning FSDP1)"),
             keeps_logits=f"litgpt/finetune/lora.py@{_LITGPT} fit() keeps `logits`",
@@ -355,6 +372,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
         fused_activations=True, default_compile=True, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
+        default_fsdp_embedding_units=True, adapter_fsdp_embedding_units=False,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
     quantizes_expert_banks=False,
@@ -404,6 +422,14 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                                     "checkpoint_wrapper NO_REENTRANT"),
             sharded_qlora_ckpt_reentrant=(f"torchtune/training/activations.py@{_TORCHTUNE} "
                                           "checkpoint_wrapper NO_REENTRANT"),
+            default_fsdp_embedding_units=(
+                f"recipes/configs/llama3_1/70B_full.yaml@{_TORCHTUNE} custom_sharded_layers: "
+                "['tok_embeddings', 'output'] (also 8B_full; recipes/full_finetune_"
+                "distributed.py shards each as its own unit, reshard_after_forward as the "
+                "blocks)"),
+            adapter_fsdp_embedding_units=(
+                f"recipes/lora_finetune_distributed.py@{_TORCHTUNE} _is_layer_name: only the "
+                "layers, then the model (embedding and output in the root unit)"),
             default_fsdp_version=(f"recipes/lora_finetune_distributed.py@{_TORCHTUNE} "
                                   "fully_shard (FSDP2)"),
             keeps_logits=f"recipes/lora_finetune_single_device.py@{_TORCHTUNE} del logits",
@@ -424,6 +450,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=False,
         sharded_qlora_ckpt_reentrant=False, default_fsdp_version=2,
+        default_fsdp_embedding_units=True, adapter_fsdp_embedding_units=True,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
     quantizes_expert_banks=False,
@@ -472,6 +499,11 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
                                    f"{_TORCHTITAN} ptd_checkpoint_wrapper (non-reentrant)",
             sharded_qlora_ckpt_reentrant=f"torchtitan/distributed/activation_checkpoint.py@"
                                          f"{_TORCHTITAN} (same wrapper)",
+            default_fsdp_embedding_units=(
+                f"torchtitan/models/llama3/infra/parallelize.py@{_TORCHTITAN} apply_fsdp: "
+                "tok_embeddings, each block, [norm, output], then the model"),
+            adapter_fsdp_embedding_units=f"torchtitan/train.py@{_TORCHTITAN} (no LoRA path; "
+                                         "apply_fsdp as for full training)",
             default_fsdp_version=f"torchtitan/models/llama3/infra/parallelize.py@"
                                  f"{_TORCHTITAN} apply_fsdp fully_shard",
             keeps_logits=f"torchtitan/train.py@{_TORCHTITAN} forward_backward_step "
@@ -492,6 +524,7 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
         norm_keeps_fp32_normalized=False, fsdp_keeps_frozen_unsharded=False,
         fused_activations=True, default_compile=False, default_ckpt_reentrant=True,
         sharded_qlora_ckpt_reentrant=True, default_fsdp_version=None,
+        default_fsdp_embedding_units=False, adapter_fsdp_embedding_units=False,
     default_bitsandbytes_version=None,
     chunked_loss_fuses_head=False, loads_lora_base_16bit=False, default_ckpt_offload=False,
     quantizes_expert_banks=False,
@@ -539,6 +572,8 @@ STACKS: MappingProxyType[Framework, StackRow] = MappingProxyType({
             sharded_qlora_ckpt_reentrant=f"deepspeed/runtime/activation_checkpointing/"
                                          f"checkpointing.py@{_DEEPSPEED} CheckpointFunction",
             default_fsdp_version=f"deepspeed/runtime/engine.py@{_DEEPSPEED} (ZeRO, not FSDP)",
+            default_fsdp_embedding_units=f"{_DS_EXAMPLE} (ZeRO, not FSDP)",
+            adapter_fsdp_embedding_units=f"{_DS_EXAMPLE} (ZeRO, not FSDP)",
             keeps_logits=f"{_DS_EXAMPLE} (logits bound through engine.backward)",
             keeps_previous_graph=f"{_DS_EXAMPLE} (loss.item() only)",
             quantizes_from_fp16=f"{_DS_EXAMPLE} (no QLoRA path)",
@@ -640,14 +675,15 @@ def runs_fsdp2(setup: TrainingSetup) -> bool:
             == 2)
 
 
-def fsdp2_root_holds_embeddings(setup: TrainingSetup) -> bool:
-    """FSDP2 with the blocks and the model wrapped (Accelerate's FSDP2, the HF stacks): the
-    embedding and head are the root unit's, the recipe `vram.trace.sharded` traces and
-    `vram.fsdp2` models. torchtune and torchtitan shard them as units of their own
-    (`vram.fsdp2.SEPARATE_EMBEDDING_UNITS`), not modelled yet."""
-    from vram.fsdp2 import SEPARATE_EMBEDDING_UNITS
-
-    return runs_fsdp2(setup) and setup.framework not in SEPARATE_EMBEDDING_UNITS
+def fsdp_embedding_units(setup: TrainingSetup) -> bool:
+    """FSDP2 wraps the embedding and the output head as units of their own: the setup's
+    choice, else the stack's (its LoRA/QLoRA recipe's when adapters are trained)."""
+    if setup.fsdp_embedding_units is not None:
+        return setup.fsdp_embedding_units
+    row = stack_row(setup.framework)
+    if setup.trains_adapters:
+        return row.adapter_fsdp_embedding_units
+    return row.default_fsdp_embedding_units
 
 
 def ckpt_offload(setup: TrainingSetup) -> bool:
@@ -671,7 +707,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
                                  base_16bit=row.loads_lora_base_16bit,
                                  deepspeed_engine=deepspeed,
                                  torch_autocast=torch_autocast(setup, deepspeed),
-                                 fsdp2=fsdp2_root_holds_embeddings(setup))
+                                 fsdp2=runs_fsdp2(setup))
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
@@ -702,7 +738,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
                               and precision.sixteen_bit is not Dtype.FP16),
         casts_output_to_fp32=row.casts_output_to_fp32,
         precision=precision,
-        fsdp2=fsdp2_root_holds_embeddings(setup),
+        fsdp2=runs_fsdp2(setup),
     )
 
 
@@ -714,6 +750,8 @@ KNOB_DEFAULTS: tuple[tuple[str, str], ...] = (
     ("default_ckpt_offload", "ckpt_offload"),
     ("sharded_qlora_ckpt_reentrant", "ckpt_reentrant (sharded QLoRA)"),
     ("default_fsdp_version", "fsdp_version"),
+    ("default_fsdp_embedding_units", "fsdp_embedding_units"),
+    ("adapter_fsdp_embedding_units", "fsdp_embedding_units (LoRA/QLoRA)"),
     ("default_bitsandbytes_version", "bitsandbytes_version"),
     ("default_zero_reduce_bucket_values", "zero_reduce_bucket_values"),
     ("default_zero_param_persistence_threshold", "zero_param_persistence_threshold"),

@@ -161,10 +161,13 @@ def test_more_sharding_never_needs_more_per_gpu(model: str, fields: dict, gpus: 
         # change dtype too (see test_sharded_hf_qlora_is_not_upcast).
         fields = {**fields, "framework": "torchtune"}
     # FSDP's levels (SHARD_GRAD_OP, FULL_SHARD): it has no ZeRO-1, which runs DeepSpeed's
-    # engine and its fixed reduce bucket (see the model-state test below).
+    # engine and its fixed reduce bucket (see the model-state test below). FSDP1, one
+    # precision model for every level: FSDP2 keeps fp32 shards under a mixed policy and its
+    # root unit whole beside its shard, so at 2 GPUs its FULL_SHARD can hold more than
+    # SHARD_GRAD_OP (see the FSDP2 test below).
     peaks = [
         estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding,
-                                        "sharding_engine": engine}))
+                                        "sharding_engine": engine, "fsdp_version": 1}))
         .device_peak_bytes
         for sharding, engine in (("ddp", None), ("zero2", "fsdp"), ("zero3", "fsdp"))
     ]
@@ -193,7 +196,10 @@ def test_zero_stages_shrink_model_state(model: str, fields: dict, gpus: int) -> 
     2 GPUs, ZeRO-1 then holds more than DDP.)"""
     spec = _model(model)
     mixed = "fp16-mixed" if fields["precision"] == "fp16-mixed" else "bf16-mixed"
-    fields = {**fields, "precision": mixed}
+    # The paper's Adam (K = 12), and a step small enough that the peak is the optimizer step,
+    # where every level holds its whole model state (a forward peak holds no gradients yet).
+    fields = {**fields, "precision": mixed, "optimizer": "adamw", "micro_batch": 1,
+              "seq_len": 128}
     states = [
         _model_state_bytes(estimate(spec, TrainingSetup(**{
             **fields, "n_gpus": gpus, "sharding": sharding,
@@ -201,6 +207,22 @@ def test_zero_stages_shrink_model_state(model: str, fields: dict, gpus: int) -> 
         for sharding in ("ddp", "zero1", "zero2", "zero3")
     ]
     assert states[3] <= states[2] <= states[1] <= states[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(model=st.sampled_from(MODELS), fields=setups, units=st.sampled_from([None, True, False]))
+def test_fsdp2_more_gpus_never_need_more_per_gpu(model: str, fields: dict,
+                                                 units: bool | None) -> None:
+    """FSDP2 (`fully_shard`), the root unit's or units of their own for the embedding and
+    head: sharding over more GPUs never needs more memory on each."""
+    spec = _model(model)
+    peaks = [
+        estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": "zero3",
+                                        "fsdp_version": 2, "fsdp_embedding_units": units}))
+        .device_peak_bytes
+        for gpus in (2, 4, 8)
+    ]
+    assert peaks[2] <= peaks[1] <= peaks[0]
 
 
 def test_litgpt_fsdp_lora_keeps_frozen_weights_unsharded() -> None:

@@ -105,6 +105,52 @@ def test_fsdp_generation_per_stack() -> None:
     assert stack_row(Framework.DEEPSPEED).default_fsdp_version is None
 
 
+def test_fsdp2_embedding_units_per_stack() -> None:
+    """torchtitan's apply_fsdp always wraps tok_embeddings and [norm, output] as units;
+    torchtune's full fine-tune configs list them in custom_sharded_layers, its LoRA recipe
+    wraps the layers only; every other stack (Accelerate's FSDP2) leaves them in the root."""
+    from vram.stack import fsdp_embedding_units
+
+    full = {f for f in Framework if stack_row(f).default_fsdp_embedding_units}
+    adapters = {f for f in Framework if stack_row(f).adapter_fsdp_embedding_units}
+    assert full == {Framework.TORCHTUNE, Framework.TORCHTITAN}
+    assert adapters == {Framework.TORCHTITAN}
+    tune = {"framework": "torchtune", "sharding": "zero3", "n_gpus": 8}
+    assert fsdp_embedding_units(TrainingSetup(**tune, method="full"))
+    assert not fsdp_embedding_units(TrainingSetup(**tune, method="lora"))
+    assert not fsdp_embedding_units(TrainingSetup(**tune, method="qlora"))
+    assert fsdp_embedding_units(TrainingSetup(**tune, method="lora", fsdp_embedding_units=True))
+    assert not fsdp_embedding_units(TrainingSetup(**tune, method="full",
+                                                  fsdp_embedding_units=False))
+    assert not fsdp_embedding_units(TrainingSetup(framework="hf-trainer", method="full",
+                                                  fsdp_version=2))
+
+
+def test_embedding_units_change_only_what_fsdp2_holds_in_flight() -> None:
+    """The same FSDP2 run with the embedding and head as units: the model state is the same,
+    the root's whole copy of the embedding and head (bf16) is gone from the peak; a tied head
+    stays in the root, so the knob changes nothing there."""
+    from vram import load_model
+
+    def run(model: str, units: bool) -> Estimate:
+        return estimate(load_model(model), TrainingSetup(
+            framework="torchtune", method="full", sharding="zero3", fsdp_version=2, n_gpus=8,
+            precision="bf16-true", grad_ckpt=True, fsdp_embedding_units=units))
+
+    def state(run: Estimate) -> dict[str, int]:
+        step = next(m for m in run.moments if m.label == "the optimizer step")
+        return {"gradients": step.gradient_bytes} | {
+            item.key: item.bytes for name in ("weights", "optimizer")
+            for item in run.bucket(name).items if ".fsdp2_" not in item.key}
+
+    root, own = run("llama-3.1-8b", False), run("llama-3.1-8b", True)
+    assert state(own) == state(root)
+    vocab, hidden = 128_256, 4096
+    assert root.allocated_peak_bytes - own.allocated_peak_bytes >= vocab * hidden * 2
+    tied = [run("llama-3.2-1b", units).allocated_peak_bytes for units in (False, True)]
+    assert tied[0] == tied[1]
+
+
 def test_llama_factory_keeps_a_16_bit_qlora_base_with_fp32_adapters() -> None:
     """No kbit upcast (its own prepare_model_for_training), trainable params cast to fp32."""
     p = profile_for(TrainingSetup(method="qlora", framework="llama-factory")).precision

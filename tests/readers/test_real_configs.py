@@ -144,12 +144,17 @@ def test_torchtune_qlora_is_nf4_double_quantized() -> None:
 
 def test_torchtune_distributed_full() -> None:
     loaded = load("torchtune/llama3_1-8B_full.yaml", gpus=8)
-    check(loaded, method="full", sharding="zero3", n_gpus=8, micro_batch=2, grad_ckpt=True)
+    check(loaded, method="full", sharding="zero3", n_gpus=8, micro_batch=2, grad_ckpt=True,
+          fsdp_embedding_units=True)
     assert loaded.fields["fsdp_version"] == 2
+    assert "own" in mapped(loaded, "custom_sharded_layers")
 
 
 def test_torchtune_70b_lora_and_qwen_without_checkpointing() -> None:
-    check(load("torchtune/llama3_1-70B_lora.yaml", gpus=8), lora_rank=16, sharding="zero3")
+    lora = load("torchtune/llama3_1-70B_lora.yaml", gpus=8)
+    # custom_sharded_layers is commented out: the embedding and output stay in the root unit
+    check(lora, lora_rank=16, sharding="zero3", fsdp_embedding_units=False)
+    assert "shard_model" in default_source(lora, "fsdp_embedding_units")
     qwen = load("torchtune/qwen2_5-7B_lora.yaml", gpus=2)
     assert qwen.model is not None and qwen.model.name == "Qwen2.5 7B Instruct"
     check(qwen, grad_ckpt=False, grad_accum=8)

@@ -337,10 +337,26 @@ def _distributed(m: Mapper, file_name: str | None) -> None:
               "parameters resharded after forward")
     if m.bool_key("fsdp_cpu_offload"):
         m.set("offload", "params+optimizer", "fsdp_cpu_offload", True)
-    if m.has("custom_sharded_layers"):
-        m.ignore("custom_sharded_layers", "embedding/output sharded as their own units: "
-                 "changes the all-gather peak a little, not modelled")
+    _sharded_layers(m)
     m.note("the GPU count is tune run's --nproc_per_node: pass --gpus N")
+
+
+def _sharded_layers(m: Mapper) -> None:
+    """`custom_sharded_layers` naming both the embedding and the output: FSDP2 units of their
+    own; unset, the recipes shard the layers only (the embedding and output in the root)."""
+    layers = m.get("custom_sharded_layers")
+    if layers is None:
+        m.default("fsdp_embedding_units", False, "custom_sharded_layers unset: the recipe "
+                  "shards the layers and the model (torchtune/training/_distributed.py@v0.3.0 "
+                  "shard_model)")
+        return
+    names = {str(name).rsplit(".", 1)[-1] for name in layers} if isinstance(layers, list) \
+        else set()
+    m.set("fsdp_embedding_units", {"tok_embeddings", "output"} <= names,
+          "custom_sharded_layers", layers,
+          "the embedding and the output as FSDP2 units of their own" if
+          {"tok_embeddings", "output"} <= names else "not both tok_embeddings and output: "
+          "the root keeps what is not listed")
 
 
 def _rl(m: Mapper, data: dict[str, Any]) -> None:

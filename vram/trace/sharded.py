@@ -1,8 +1,10 @@
 """Trace rank 0 of an FSDP2 (`fully_shard`) run on fake tensors, with a fake process group.
 
-The recipe, as torchtitan and torchtune apply it: `fully_shard` on every repeated block, then
-on the root module (embedding, final norm and head: the root's unit), over a 1-D mesh of
-`n_gpus` ranks. One process plays rank 0 of N: PyTorch's fake process group answers every
+The recipe: `fully_shard` on every repeated block, then on the root module (embedding, final
+norm and head: the root's unit, as Accelerate's FSDP2 wraps), over a 1-D mesh of `n_gpus`
+ranks; with `fsdp_embedding_units` the embedding and an untied head are units of their own
+(torchtune's `custom_sharded_layers`, torchtitan's `apply_fsdp`) and the root keeps the norm.
+One process plays rank 0 of N: PyTorch's fake process group answers every
 collective without sending anything (torch/testing/_internal/distributed/fake_pg.py), so
 all-gathers and reduce-scatters allocate their real output buffers and nothing else. This is
 how PyTorch's own `torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker` runs.
@@ -83,16 +85,37 @@ def _mp_policy(setup: TrainingSetup) -> Any:
     return MixedPrecisionPolicy()
 
 
+def separate_units(built: Built) -> tuple[Any, Any] | None:
+    """The embedding and the output head to shard as units of their own (torchtune's
+    `custom_sharded_layers`, torchtitan's `apply_fsdp`), or None when the head shares the
+    embedding's matrix (a tied head stays with the embedding in the root unit: torchtune's
+    tied models do not list them) or either is missing."""
+    embedding = built.hf.get_input_embeddings()
+    head = built.hf.get_output_embeddings()
+    if embedding is None or head is None or head.weight is embedding.weight:
+        return None
+    return embedding, head
+
+
 def shard(built: Built, setup: TrainingSetup, mesh: Any) -> list[Any]:
-    """`fully_shard` every repeated block, then the root; returns the FSDP states."""
+    """`fully_shard` every repeated block, then the root; returns the FSDP states. With
+    `fsdp_embedding_units` (`vram.stack.fsdp_embedding_units`) the embedding before the blocks
+    and the output head after them are units of their own, each with the blocks'
+    `reshard_after_forward` (torchtune's `shard_model` with `custom_sharded_layers`,
+    torchtune/training/_distributed.py@v0.3.0; the order of the calls does not change what
+    runs: the root's lazy init orders the units by module); the root keeps the final norm."""
     from torch.distributed.fsdp import fully_shard
 
+    from vram.stack import fsdp_embedding_units
+
     policy = _mp_policy(setup)
-    states = []
-    for _, blocks in built.layer_lists:
-        for block in blocks:
-            states.append(fully_shard(block, mesh=mesh, mp_policy=policy,
-                                      reshard_after_forward=fsdp2_reshards_after_forward(setup)))
+    reshard = fsdp2_reshards_after_forward(setup)
+    own = separate_units(built) if fsdp_embedding_units(setup) else None
+    modules = [block for _, blocks in built.layer_lists for block in blocks]
+    if own is not None:
+        modules = [own[0], *modules, own[1]]
+    states = [fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
+              for module in modules]
     states.append(fully_shard(built.model, mesh=mesh, mp_policy=policy))
     return states
 
