@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable
 from functools import cache
-from operator import attrgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
@@ -52,7 +52,8 @@ def setup_key(setup: TrainingSetup, ignored: frozenset[str]) -> tuple[object, ..
     last = _last_key  # one estimate asks for the same setup's key three times
     if last[0] is setup and last[1] is ignored:
         return last[2]
-    key = _field_getter(type(setup), ignored)(setup)
+    # a pydantic model keeps its field values in its __dict__: one C-level lookup each
+    key: tuple[object, ...] = _field_getter(type(setup), ignored)(setup.__dict__)
     _last_key = (setup, ignored, key)  # one tuple, replaced at once: safe across threads
     return key
 
@@ -63,13 +64,14 @@ _last_key: tuple[object, frozenset[str], tuple[object, ...]] = (None, frozenset(
 
 @cache
 def _field_getter(kind: type[BaseModel],
-                  ignored: frozenset[str]) -> attrgetter[tuple[object, ...]]:
-    """One C-level getter of the kept fields (it returns a tuple: more than one field)."""
+                  ignored: frozenset[str]) -> itemgetter[tuple[object, ...]]:
+    """One C-level getter of the kept fields' values from the model's __dict__ (it returns a
+    tuple: more than one field)."""
     names = [name for name in kind.model_fields if name not in ignored]
     if len(names) < 2:
         raise ValueError(f"ignored: leaves {len(names)} field(s) of {kind.__name__}; a key "
                          "needs at least two")
-    return attrgetter(*names)
+    return itemgetter(*names)
 
 
 def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
