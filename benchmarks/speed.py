@@ -4,8 +4,10 @@
     .venv/bin/python benchmarks/speed.py [../shared/validation/cases.csv] > benchmarks/speed.txt
 
 Targets (issue 10): estimate() median <= 0.12 ms; fit() over the catalog <= 1 ms; plan() for
-a 70B setup over the whole catalog with every lever <= 50 ms; 10,000 setups <= 1 s. When
-fitcheck-llm is installed in this venv its estimate is timed in the same run.
+a 70B setup over the whole catalog with every lever <= 50 ms; 10,000 setups <= 1 s. The sweep
+is timed twice: full estimates (`estimate`), and the peaks alone (`estimate_peaks`, the same
+figures without the breakdown, what a sweep over setups compares). When fitcheck-llm is
+installed in this venv its estimate is timed in the same run.
 
 Times are CPU time of this process (`time.process_time`), medians of repeated runs: the
 machine is shared, and wall-clock time there measures the other processes as much as this one.
@@ -121,14 +123,17 @@ def main() -> None:
 
     setups = sweep_setups(10_000)
 
-    def sweep() -> float:
+    def sweep(call: Callable[[vram.ModelSpec, vram.TrainingSetup], object]) -> float:
         sweep_model = model.model_copy()  # an empty cache: the sweep fills it as it goes
         start = time.process_time()
         for each in setups:
-            vram.estimate(sweep_model, each)
+            call(sweep_model, each)
         return time.process_time() - start
 
-    print(f"sweep: 10,000 distinct 8B setups estimated, s: {rounds(sweep)}")
+    print("sweep: 10,000 distinct 8B setups, estimate(), s: "
+          f"{rounds(lambda: sweep(vram.estimate))}")
+    print("sweep: the same 10,000, estimate_peaks() (the same peaks, no breakdown), s: "
+          f"{rounds(lambda: sweep(vram.estimate_peaks))}")
 
     cases = Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/validation/cases.csv")
     if cases.exists():

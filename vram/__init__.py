@@ -4,6 +4,7 @@
     >>> model = vram.load_model("llama-3.1-8b")
     >>> result = vram.estimate(model, vram.TrainingSetup(method="qlora", seq_len=2048))
     >>> result.device_peak_bytes, result.bucket_bytes
+    >>> vram.estimate_peaks(model, result.setup)  # the same peaks, no breakdown (sweeps)
     >>> vram.fit(model, result.setup).cheapest
     >>> vram.plan(model, result.setup, hardware=vram.Hardware(gpu="rtx-4090"), tokens=1e9)
     >>> loaded = vram.load_training_config("qlora.yml")  # axolotl, torchtune, LLaMA-Factory, TRL
@@ -12,7 +13,7 @@
 from vram.architecture import ModelSpec, model_from_config, model_from_param_count
 from vram.catalog import CatalogEntry, load_model, model_catalog, teaching_models
 from vram.errors import CatalogError, ConfigError, VramError
-from vram.estimate import estimate
+from vram.estimate import estimate, estimate_peaks
 from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
 from vram.plan import Hardware, Plan, plan  # `vram.plan` is the function; the package is
 from vram.readers import LoadedTrainingConfig, load_training_config
@@ -24,6 +25,7 @@ from vram.result import (
     LineItem,
     MomentBytes,
     ParamCounts,
+    PeakBytes,
     Phase,
 )
 from vram.setup import (
@@ -62,6 +64,7 @@ __all__ = [
     "Offload",
     "Optimizer",
     "ParamCounts",
+    "PeakBytes",
     "Phase",
     "Plan",
     "Precision",
@@ -70,6 +73,7 @@ __all__ = [
     "TrainingSetup",
     "VramError",
     "estimate",
+    "estimate_peaks",
     "fit",
     "load_gpus",
     "load_model",

@@ -19,7 +19,7 @@ per part (norms, Linear inputs, attention, MLP, dropout, LoRA branches), each re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vram.attention import Kernel, attention_kernel, mask_bytes_per_sequence, needs_mask
 from vram.head import HeadActivations, head_activations
@@ -87,6 +87,15 @@ class LayerActivations:
     #: An MoE layer whose expert banks train: per token, what its backward holds beyond what the
     #: layer saved when the gate/up bank's gradient is written (see `moe_bank_backward`).
     moe: MoeBackward | None = None
+    #: Each term's texts as an estimate's line item: (key, label, formula). Made once per
+    #: layer (its plan is remembered), not on every estimate that writes the terms out.
+    item_texts: tuple[tuple[str, str, str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "item_texts", tuple(
+            (f"activations.{self.stack}.{term.key}",
+             f"{term.label} × {self.count} {self.stack} layers",
+             f"tokens × layers × ({term.formula})") for term in self.terms))
 
     @property
     def bytes_per_token(self) -> int:
@@ -664,7 +673,9 @@ def layer_activations(
     )
 
 
-@dataclass(frozen=True, slots=True)
+# Built on every estimate: not `frozen` (a frozen dataclass sets each field through
+# `object.__setattr__`, four times slower to build); nothing assigns to it once built.
+@dataclass(slots=True)
 class ActivationPlan:
     """Activation bytes for the whole micro-batch at the moments that can be the peak."""
 

@@ -17,8 +17,10 @@ is alive at that moment, and `phase` names it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import attrgetter
 
 from vram import activations as act
 from vram import fsdp2
@@ -37,7 +39,7 @@ from vram.deepspeed_zero import (
 )
 from vram.draft import Alive, ItemDraft, ItemGroup, line_items
 from vram.inference import inference_estimate
-from vram.memo import memoized, setup_key
+from vram.memo import TOKEN_FIELDS, memoized, setup_key
 from vram.optimizer import OptimizerState, optimizer_state, projection_rank, steps_in_backward
 from vram.overhead import allocator_slack_bytes, cuda_context_bytes, nccl_bytes
 from vram.params import (
@@ -55,6 +57,7 @@ from vram.result import (
     LineItem,
     MomentBytes,
     ParamCounts,
+    PeakBytes,
     Phase,
 )
 from vram.setup import Offload, Sharding, TrainingSetup
@@ -91,6 +94,9 @@ def _grad_bytes(group: ParamGroup) -> int:
     return group.n_params * FP32
 
 
+_bytes_of: Callable[[Alive], int] = attrgetter("bytes")
+
+
 @dataclass(slots=True)
 class Moment:
     """What is alive at one point of the step, beyond weights and optimizer state."""
@@ -107,23 +113,30 @@ class Moment:
     #: (`weights.*`) and unsharded gradients and reduce buffers (`gradients.*`).
     in_flight_items: list[LineItem] = field(default_factory=list)
 
+    # (sums over `map(_bytes_of, ...)`: no generator frame; estimate() is on the hot path)
     @property
     def weight_bytes(self) -> int:
-        # most moments hold none: skip building a generator (estimate() is on the hot path)
-        return sum(item.bytes for item in self.weight_items) if self.weight_items else 0
+        return sum(map(_bytes_of, self.weight_items))
 
     @property
     def in_flight_bytes(self) -> int:
-        return sum(item.bytes for item in self.in_flight_items) if self.in_flight_items else 0
+        return sum(map(_bytes_of, self.in_flight_items))
 
     @property
     def gradients_total(self) -> int:
-        extra = self.extra_gradient_items
-        return self.gradient_bytes + (sum(item.bytes for item in extra) if extra else 0)
+        return self.gradient_bytes + sum(map(_bytes_of, self.extra_gradient_items))
 
     @property
     def activation_bytes(self) -> int:
-        return sum(item.bytes for item in self.activation_items)
+        return sum(map(_bytes_of, self.activation_items))
+
+    def figures(self) -> tuple[int, int, int, int]:
+        """(gradients_total, activation_bytes, in_flight_bytes, weight_bytes): the four
+        properties above in one call (`_step_peak` reads all four of every moment)."""
+        return (self.gradient_bytes + sum(map(_bytes_of, self.extra_gradient_items)),
+                sum(map(_bytes_of, self.activation_items)),
+                sum(map(_bytes_of, self.in_flight_items)),
+                sum(map(_bytes_of, self.weight_items)))
 
 
 # ------------------------------------------------------------------------------------------
@@ -287,13 +300,17 @@ class Stage(Enum):
     #: the first layer's attention backward: its MLP's copies are freed too (the trace)
     FIRST_ATTENTION = "first layer's attention"
 
+    # Members are singletons: hash them by identity, in C (Enum's hashes the name in Python,
+    # and every moment looks its stage up).
+    __hash__ = object.__hash__
+
 
 def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                    groups: list[ParamGroup], shards: Shards, stage: Stage) -> list[LineItem]:
     """Temporary copies of weights that are not parameters: autocast's 16-bit casts and the
     weight bitsandbytes dequantizes for each matmul. They are activation-side memory."""
     items: list[LineItem] = []
-    casts = _autocast_copies(model, setup, groups, stage)
+    casts = _autocast_copies(model, setup, profile, groups, stage)
     if casts:
         when = "cached for the forward" if stage in (Stage.FORWARD, Stage.LAYERS_FORWARD) \
             else "kept for backward"
@@ -323,8 +340,8 @@ def _working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     return items
 
 
-def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
-                     stage: Stage) -> int:
+def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                     groups: list[ParamGroup], stage: Stage) -> int:
     """16-bit casts of fp32 Linear weights under autocast.
 
     Autocast caches the casts of trainable leaf weights until the autocast region ends (the
@@ -333,7 +350,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, groups: list[ParamG
     with it only the recomputed layer's (none while the loss runs its backward: the trace).
     Frozen weights are not cached.
     """
-    if not profile_for(setup).precision.casts_weights:
+    if not profile.precision.casts_weights:
         return 0
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
@@ -575,7 +592,9 @@ def _gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGro
                         bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts)
 
 
-@dataclass(frozen=True, slots=True)
+# Built on every estimate: not `frozen` (a frozen dataclass sets each field through
+# `object.__setattr__`, four times slower to build); nothing assigns to it once built.
+@dataclass(slots=True)
 class StepContext:
     """What every candidate moment of the step reads (built once by `_moments`)."""
 
@@ -600,10 +619,12 @@ class StepContext:
     previous: list[Alive]
     #: An MoE layer's bank gradient write, a candidate for a layer's backward peak.
     bank: BankWrite | None
-
-    @property
-    def head_inputs(self) -> dict[str, int]:
-        return {"tokens": self.plan.tokens, "vocab": self.model.vocab_size}
+    #: The inputs of the head's items (one dict: `ItemDraft.line_item` copies it).
+    head_inputs: dict[str, int]
+    #: A tied embedding's gradient waiting in autograd's buffer through the backward.
+    tied_pending: list[Alive]
+    #: The unit in backward holding its gradients whole (sharded gradients).
+    reducing: list[Alive]
 
 
 _HEAD_SOURCE = "see vram.head.head_activations"
@@ -628,6 +649,9 @@ def _step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPl
         layers=mask + saved, mask=mask,
         forward_layers=_mask_items(setup, plan, forward=True) + saved, previous=previous,
         bank=_bank_write(model, setup, plan, grads) if not in_backward else None,
+        head_inputs={"tokens": plan.tokens, "vocab": model.vocab_size},
+        tied_pending=_tied_pending(grads, model.vocab_size),
+        reducing=_reducing(grads, setup),
     )
 
 
@@ -784,15 +808,15 @@ def _loss(c: StepContext) -> Moment:
                   source=_HEAD_SOURCE)])
 
 
-def _reducing(c: StepContext) -> list[Alive]:
+def _reducing(grads: GradientPart, setup: TrainingSetup) -> list[Alive]:
     """With sharded gradients, the unit in backward holds its gradients whole until they are
     reduce-scattered."""
-    if not c.grads.unsharded_unit or c.grads.fsdp2 is not None:
+    if not grads.unsharded_unit or grads.fsdp2 is not None:
         return []
     return [ItemDraft(
         key="gradients.unsharded_unit", label="whole gradients of the unit being reduced",
         formula="one layer's gradients before reduce-scatter",
-        inputs={"gpus": c.setup.n_gpus}, bytes=c.grads.unsharded_unit,
+        inputs={"gpus": setup.n_gpus}, bytes=grads.unsharded_unit,
         source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
     )]
 
@@ -811,10 +835,9 @@ def _top_layer_backward(c: StepContext) -> Moment:
     head_left = ItemDraft(key="activations.head_left", label="logits kept into backward",
                           formula="what the loss leaves for the layers' backward",
                           inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=_HEAD_SOURCE)
-    vocab = c.model.vocab_size
     top = Moment(Phase.BACKWARD, "the top layer's backward", top_grads, [
         *c.layers, *c.working[Stage.TOP_LAYER], head_left,
-        _backward_item(setup, plan), *_tied_pending(grads, vocab)], _reducing(c))
+        _backward_item(setup, plan), *c.tied_pending], c.reducing)
     if c.bank is None:
         return top
     return _with_bank_write(top, plan, Moment(
@@ -822,14 +845,13 @@ def _top_layer_backward(c: StepContext) -> Moment:
         max(c.accumulated_bytes, grads.head + c.bank.done_in_layer), [
             *c.layers, *c.working[Stage.TOP_LAYER], head_left,
             c.bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
-            *_tied_pending(grads, vocab)]))
+            *c.tied_pending]))
 
 
 def _first_layer_backward(c: StepContext) -> Moment:
     """Late backward: every gradient exists but the embedding's and the one being written
     (the layer's largest, whole until it becomes .grad); one layer's activations remain."""
     grads, plan, setup = c.grads, c.plan, c.setup
-    vocab = c.model.vocab_size
     building = 0 if grads.unsharded_unit or c.in_backward else (
         grads.largest_in_attention if plan.backward_peak_in_attention
         else grads.largest_in_layer)
@@ -845,7 +867,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
                   formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
                   bytes=first_layer + plan.backward_transient_bytes + building,
-                  source="per-layer backward"), *_tied_pending(grads, vocab)], _reducing(c))
+                  source="per-layer backward"), *c.tied_pending], c.reducing)
     if c.bank is None:
         return late
     return _with_bank_write(late, plan, Moment(
@@ -853,7 +875,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
         max(c.accumulated_bytes, grads.total - grads.pending
             - grads.per_layer + c.bank.done_in_layer), [
             *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
-            *_tied_pending(grads, vocab)]))
+            *c.tied_pending]))
 
 
 def _embedding_backward(c: StepContext) -> Moment:
@@ -867,7 +889,7 @@ def _embedding_backward(c: StepContext) -> Moment:
         ItemDraft(key="activations.embedding_grad", label="embedding gradient being built",
                   formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
                   bytes=grads.embedding, source="aten embedding_dense_backward"),
-        *_tied_pending(grads, vocab)])
+        *c.tied_pending])
 
 
 def _optimizer_step(c: StepContext) -> Moment:
@@ -988,19 +1010,17 @@ def _saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activat
     layers = plan.layers
     # One group: the per-term items (and their f-strings) are built for the peak only.
     return [ItemGroup(
-        sum(term.bytes_per_token * tokens * layer.count for layer in layers
-            for term in layer.terms),
+        plan.stored_layers_bytes,  # tokens × Σ layers × Σ terms, as the items below
         lambda: [
-            LineItem(
-                key=f"activations.{layer.stack}.{term.key}",
-                label=f"{term.label} × {layer.count} {layer.stack} layers",
-                formula=f"tokens × layers × ({term.formula})",
-                inputs={"tokens": tokens, "layers": layer.count,
-                        "per_token_bytes": term.bytes_per_token},
-                bytes=term.bytes_per_token * tokens * layer.count,
-                source="autograd saved tensors; see vram.activations",
+            LineItem.assemble(
+                key, label, formula,
+                {"tokens": tokens, "layers": layer.count,
+                 "per_token_bytes": term.bytes_per_token},
+                term.bytes_per_token * tokens * layer.count,
+                "autograd saved tensors; see vram.activations",
             )
-            for layer in layers for term in layer.terms
+            for layer in layers
+            for term, (key, label, formula) in zip(layer.terms, layer.item_texts, strict=True)
         ])]
 
 
@@ -1037,9 +1057,9 @@ def _deepspeed_zero(setup: TrainingSetup, groups: list[ParamGroup], shards: Shar
 
 
 def _slack_item(slack: int) -> LineItem:
-    return LineItem(key="overhead.allocator", label="caching-allocator slack (fragmentation)",
-                    formula="reserved − allocated", inputs={}, bytes=slack,
-                    source="PyTorch CUDA caching allocator; see vram.overhead")
+    return LineItem.assemble("overhead.allocator", "caching-allocator slack (fragmentation)",
+                             "reserved − allocated", {}, slack,
+                             "PyTorch CUDA caching allocator; see vram.overhead")
 
 
 def _fixed_overhead_items(setup: TrainingSetup, paged: int,
@@ -1123,13 +1143,12 @@ class StatePart:
     optimizer_bucket: Bucket
     bucket_gradient_items: tuple[LineItem, ...]
     fixed_overhead: tuple[LineItem, ...]
+    fixed_overhead_bytes: int
     fixed_notes: tuple[str, ...]
     #: DeepSpeed ZeRO-3's gathered parameters by moment label (`_deepspeed_live_items`).
     live_weight_items: dict[str, list[LineItem]]
 
 
-#: Setup fields no part of `StatePart` reads (a sweep over them reuses one `StatePart`).
-TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
 
 
 def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
@@ -1142,6 +1161,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     opt_bytes = sum(item.bytes for item in optimizer.items)
     grads = _gradient_part(model, setup, groups, shards, profile)
     zero = _deepspeed_zero(setup, groups, shards, grads)
+    fixed_overhead = _fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
         host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
@@ -1155,19 +1175,35 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         weights=Bucket(name=BucketName.WEIGHTS, items=tuple(weight_items)),
         optimizer_bucket=Bucket(name=BucketName.OPTIMIZER, items=tuple(optimizer.items)),
         bucket_gradient_items=_bucket_gradient_items(setup, grads, zero),
-        fixed_overhead=_fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state),
+        fixed_overhead=fixed_overhead,
+        fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
         fixed_notes=_fixed_notes(model, optimizer),
         live_weight_items=_deepspeed_live_items(model, setup, groups))
 
 
 def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
-    """`_state_part`, remembered per model for setups equal but for batch and sequence."""
+    """`_state_part`, remembered per model for setups equal but for batch and sequence
+    (`TOKEN_FIELDS`: no part of `StatePart` reads them)."""
     return memoized(model, ("state", setup_key(setup, TOKEN_FIELDS)),
                     lambda: _state_part(model, setup))
 
 
-def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
-    """Per-GPU memory of one training step of `model` under `setup`."""
+@dataclass(slots=True)
+class StepPeak:
+    """The candidate peaks of one step compared (`_step_peak`)."""
+
+    part: StatePart
+    plan: act.ActivationPlan
+    #: The moment of the allocated peak (the first of equal ones).
+    peak: Moment
+    allocated: int
+    reserved: int
+
+
+def _step_peak(model: ModelSpec, setup: TrainingSetup,
+               figures: list[MomentBytes] | None) -> StepPeak:
+    """The step's moments and their peaks; each moment's figures go to `figures` (`estimate`
+    writes them out; `estimate_peaks` passes None)."""
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
@@ -1181,61 +1217,81 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         for moment in moments:
             moment.weight_items = live.get(moment.label, [])
 
-    gradients = [m.gradients_total for m in moments]
-    activations = [m.activation_bytes for m in moments]
-    in_flight = [m.in_flight_bytes for m in moments]
-    totals = [part.static_bytes + grad_bytes + act_bytes + m.weight_bytes + flight
-              for m, grad_bytes, act_bytes, flight
-              in zip(moments, gradients, activations, in_flight, strict=True)]
-    # The first of equal moments wins: the allocator reaches a peak at its first moment.
-    peak_index = max(range(len(moments)), key=totals.__getitem__)
-    peak = moments[peak_index]
-    allocated = totals[peak_index]
-    # The caching allocator keeps what it reserved in backward through the optimizer step, so
-    # the reserved peak is the largest (allocated + slack) over the moments.
-    reserved = max(total + allocator_slack_bytes(total, act_bytes)
-                   for total, act_bytes in zip(totals, activations, strict=True))
+    static = part.static_bytes
+    peak, allocated, reserved = moments[0], -1, 0
+    for moment in moments:
+        gradient_bytes, activation_bytes, in_flight_bytes, weight_bytes = moment.figures()
+        total = static + gradient_bytes + activation_bytes + weight_bytes + in_flight_bytes
+        # The first of equal moments wins: the allocator reaches a peak at its first moment.
+        if total > allocated:
+            peak, allocated = moment, total
+        # The caching allocator keeps what it reserved in backward through the optimizer step,
+        # so the reserved peak is the largest (allocated + slack) over the moments.
+        reserved = max(reserved, total + allocator_slack_bytes(total, activation_bytes))
+        if figures is not None:
+            figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
+                                                gradient_bytes, activation_bytes,
+                                                in_flight_bytes))
+    return StepPeak(part, plan, peak, allocated, reserved)
 
+
+def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
+    """Per-GPU memory of one training step of `model` under `setup`."""
+    figures: list[MomentBytes] = []
+    step = _step_peak(model, setup, figures)
+    part, peak, allocated, reserved = step.part, step.peak, step.allocated, step.reserved
     overhead = (_slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
     extra_weights = [*peak.weight_items,
                      *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
-    weights = part.weights if not extra_weights else Bucket(
-        name=BucketName.WEIGHTS, items=(*part.weights.items, *extra_weights))
+    weights = part.weights if not extra_weights else Bucket.assemble(
+        BucketName.WEIGHTS, (*part.weights.items, *extra_weights))
     buckets = (
         weights,
-        Bucket(name=BucketName.GRADIENTS, items=_gradient_items(part, peak)),
+        Bucket.assemble(BucketName.GRADIENTS, _gradient_items(part, peak)),
         part.optimizer_bucket,
-        Bucket(name=BucketName.ACTIVATIONS, items=line_items(peak.activation_items)),
-        Bucket(name=BucketName.OVERHEAD, items=overhead),
+        Bucket.assemble(BucketName.ACTIVATIONS, line_items(peak.activation_items)),
+        Bucket.assemble(BucketName.OVERHEAD, overhead),
     )
-    return Estimate(
+    return Estimate.assemble(
         model_name=model.name, setup=setup, params=part.params,
         buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved,
         device_peak_bytes=allocated + sum(i.bytes for i in overhead),
-        host_bytes=part.host_bytes + plan.offloaded_bytes,
+        host_bytes=part.host_bytes + step.plan.offloaded_bytes,
         paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=part.state_bytes, approximate=model.approximate,
         notes=_notes(part, peak),
-        moments=tuple(MomentBytes(phase=m.phase, label=m.label, allocated_bytes=total,
-                                  gradient_bytes=grad_bytes, activation_bytes=act_bytes,
-                                  in_flight_bytes=flight)
-                      for m, total, grad_bytes, act_bytes, flight
-                      in zip(moments, totals, gradients, activations, in_flight, strict=True)),
+        moments=tuple(figures),
     )
+
+
+def estimate_peaks(model: ModelSpec, setup: TrainingSetup) -> PeakBytes:
+    """The peaks `estimate(model, setup)` reports, computed the same way, without the
+    breakdown (line items, buckets, moments, inference): for sweeps and searches that compare
+    peaks only, in about half the time.
+
+        >>> from vram import load_model, TrainingSetup, estimate_peaks
+        >>> estimate_peaks(load_model("llama-3.1-8b"), TrainingSetup()).device_peak_bytes
+    """
+    step = _step_peak(model, setup, None)
+    slack = max(0, step.reserved - step.allocated)
+    return PeakBytes.assemble(
+        phase=step.peak.phase, allocated_peak_bytes=step.allocated,
+        reserved_peak_bytes=step.reserved,
+        device_peak_bytes=step.allocated + slack + step.part.fixed_overhead_bytes)
 
 
 def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     """The gradients alive at the peak: the parameters' (as many as exist then), the buckets,
     and what exists only in that moment."""
     grads, shards = part.grads, part.shards
-    params = LineItem(
-        key="gradients.params", label="gradients of trainable parameters",
-        formula="trainable params × grad dtype bytes"
+    params = LineItem.assemble(
+        "gradients.params", "gradients of trainable parameters",
+        "trainable params × grad dtype bytes"
         + (f" ÷ {shards.gradients}" if shards.gradients > 1 else ""),
-        inputs={"trainable_params": part.params.trainable, "shards": shards.gradients,
-                "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
-        bytes=peak.gradient_bytes, source="PyTorch .grad takes the parameter's dtype",
+        {"trainable_params": part.params.trainable, "shards": shards.gradients,
+         "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
+        peak.gradient_bytes, "PyTorch .grad takes the parameter's dtype",
     )
     in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
     return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),

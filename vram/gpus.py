@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
-from vram.estimate import estimate
+from vram.estimate import estimate_peaks
 from vram.files import read_csv_rows
 from vram.memo import memoized
 from vram.overhead import cuda_context_bytes
@@ -211,7 +211,7 @@ def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
     """The estimate's device peak, remembered per model: fit() asks for the same few setups
     (one per GPU count) for every GPU of the catalog, and again on every call."""
     return memoized(model, ("device_peak", setup),
-                    lambda: estimate(model, setup).device_peak_bytes)
+                    lambda: estimate_peaks(model, setup).device_peak_bytes)
 
 
 def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:

@@ -63,15 +63,12 @@ def _inference(model: ModelSpec, quant: Quant, batch: int, seq_len: int) -> Infe
     logits = FP32 * batch * model.vocab_size
     items = (
         weights,
-        LineItem(key="inference.kv_cache", label="KV cache",
-                 formula="2 · layers · kv_heads · head_dim · 2 B · batch · tokens",
-                 inputs={"batch": batch, "tokens": seq_len}, bytes=kv,
-                 source="Pope et al. 2022, §2"),
-        LineItem(key="inference.working", label="one layer's working activations",
-                 formula="3 · 2 B · tokens · max(I, q width)", inputs={"tokens": tokens},
-                 bytes=working),
-        LineItem(key="inference.logits", label="last-token logits (fp32)",
-                 formula="4 B · batch · vocab", inputs={"vocab": model.vocab_size},
-                 bytes=logits),
+        LineItem.assemble("inference.kv_cache", "KV cache",
+                          "2 · layers · kv_heads · head_dim · 2 B · batch · tokens",
+                          {"batch": batch, "tokens": seq_len}, kv, "Pope et al. 2022, §2"),
+        LineItem.assemble("inference.working", "one layer's working activations",
+                          "3 · 2 B · tokens · max(I, q width)", {"tokens": tokens}, working),
+        LineItem.assemble("inference.logits", "last-token logits (fp32)",
+                          "4 B · batch · vocab", {"vocab": model.vocab_size}, logits),
     )
-    return InferenceEstimate(items=items)
+    return InferenceEstimate.assemble(items)

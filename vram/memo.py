@@ -13,7 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Hashable
 from functools import cache
-from operator import attrgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, TypeVar
 
 from pydantic import BaseModel
@@ -48,18 +48,30 @@ def _drop(key: int, ref: weakref.ref[object]) -> None:
 def setup_key(setup: TrainingSetup, ignored: frozenset[str]) -> tuple[object, ...]:
     """The setup's field values, in field order, leaving out `ignored` (a new field is part of
     the key unless it is named here: a cache can only be too fine, never too coarse)."""
-    return _field_getter(type(setup), ignored)(setup)
+    global _last_key
+    last = _last_key  # one estimate asks for the same setup's key three times
+    if last[0] is setup and last[1] is ignored:
+        return last[2]
+    # a pydantic model keeps its field values in its __dict__: one C-level lookup each
+    key: tuple[object, ...] = _field_getter(type(setup), ignored)(setup.__dict__)
+    _last_key = (setup, ignored, key)  # one tuple, replaced at once: safe across threads
+    return key
+
+
+#: The last key `setup_key` made: (setup, ignored, key). Holding the setup keeps its id unique.
+_last_key: tuple[object, frozenset[str], tuple[object, ...]] = (None, frozenset(), ())
 
 
 @cache
 def _field_getter(kind: type[BaseModel],
-                  ignored: frozenset[str]) -> attrgetter[tuple[object, ...]]:
-    """One C-level getter of the kept fields (it returns a tuple: more than one field)."""
+                  ignored: frozenset[str]) -> itemgetter[tuple[object, ...]]:
+    """One C-level getter of the kept fields' values from the model's __dict__ (it returns a
+    tuple: more than one field)."""
     names = [name for name in kind.model_fields if name not in ignored]
     if len(names) < 2:
         raise ValueError(f"ignored: leaves {len(names)} field(s) of {kind.__name__}; a key "
                          "needs at least two")
-    return attrgetter(*names)
+    return itemgetter(*names)
 
 
 def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
@@ -76,11 +88,13 @@ def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
     return value
 
 
-PER_TOKEN_IGNORED = frozenset({"micro_batch"})
+#: Setup fields a structure key leaves out: the batch shape (`vram.estimate.StatePart`).
+TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
 
 
 def per_token_key(setup: TrainingSetup) -> tuple[object, ...]:
     """The key of a per-token figure (a layer's activation bytes per token): every field but
     the batch size, of which only "one sequence or more" matters (Transformers' eager
-    attention expands K/V only for a batch of more than one: `vram.activations`)."""
-    return (*setup_key(setup, PER_TOKEN_IGNORED), setup.micro_batch > 1)
+    attention expands K/V only for a batch of more than one: `vram.activations`). Its first
+    part is the structure key `vram.estimate` has just made for the same setup."""
+    return (setup_key(setup, TOKEN_FIELDS), setup.seq_len, setup.micro_batch > 1)

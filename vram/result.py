@@ -13,7 +13,8 @@ A bucket holds what is alive *at the peak moment* of the step; `phase` says when
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated
+from functools import cache
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +22,41 @@ from vram.setup import TrainingSetup
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool
+
+_Model = TypeVar("_Model", bound=BaseModel)
+# The slots pydantic's own `model_construct` fills (it bypasses frozen), written through their
+# descriptors (C calls, no attribute lookup by name).
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
+    """An instance of `kind` from every field's value, without validation: what
+    `model_construct` builds (`pydantic/main.py@v2.14.4` `BaseModel.model_construct`), without
+    its per-field Python loop, which is slower than validating. Only for values `vram` computed
+    itself, of the fields' exact types (the `assemble` methods below; a test compares them
+    with validated instances); input from people is always validated."""
+    instance = kind.__new__(kind)
+    _set_dict(instance, fields)
+    # every field is given; one set per class can be shared: these models are frozen, and
+    # pydantic copies the set before `model_copy(update=...)` adds to it
+    _set_fields_set(instance, _all_fields(kind))
+    _set_extra(instance, None)
+    _set_private(instance, None)
+    return instance
+
+
+@cache
+def _all_fields(kind: type[BaseModel]) -> set[str]:
+    return set(kind.model_fields)
+
+
+def _refuse_negative(what: str, value: int) -> None:
+    """The one check validation makes on computed bytes (`NonNegativeInt`), kept."""
+    if value < 0:
+        raise ValueError(f"{what}: bytes must be >= 0, got {value}")
 
 
 class BucketName(StrEnum):
@@ -53,12 +89,36 @@ class LineItem(BaseModel):
     source: str = ""
     note: str = ""
 
+    @classmethod
+    def assemble(cls, key: str, label: str, formula: str, inputs: dict[str, InputValue],
+                 bytes: int, source: str = "", note: str = "") -> LineItem:
+        """A `LineItem` of values the estimate computed (an estimate builds a dozen per call:
+        validating them was a third of its time); `bytes` must be a non-negative int."""
+        if bytes < 0:
+            _refuse_negative(key, bytes)
+        # `_assembled`, written out: an estimate's most built object
+        item = cls.__new__(cls)
+        _set_dict(item, {"key": key, "label": label, "formula": formula, "inputs": inputs,
+                         "bytes": bytes, "source": source, "note": note})
+        _set_fields_set(item, _LINE_ITEM_FIELDS)
+        _set_extra(item, None)
+        _set_private(item, None)
+        return item
+
+
+_LINE_ITEM_FIELDS = _all_fields(LineItem)
+
 
 class Bucket(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: BucketName
     items: tuple[LineItem, ...] = ()
+
+    @classmethod
+    def assemble(cls, name: BucketName, items: tuple[LineItem, ...]) -> Bucket:
+        """A `Bucket` of items built by `vram` (validated or `LineItem.assemble`d)."""
+        return _assembled(cls, {"name": name, "items": items})
 
     @property
     def bytes(self) -> int:
@@ -80,6 +140,10 @@ class InferenceEstimate(BaseModel):
 
     items: tuple[LineItem, ...]
 
+    @classmethod
+    def assemble(cls, items: tuple[LineItem, ...]) -> InferenceEstimate:
+        return _assembled(cls, {"items": items})
+
     @property
     def total_bytes(self) -> int:
         return sum(item.bytes for item in self.items)
@@ -98,6 +162,45 @@ class MomentBytes(BaseModel):
     #: What FSDP2 holds unsharded at this moment (gathered parameters, unsharded gradients,
     #: reduce buffers; `vram.fsdp2`); in `allocated_bytes`, in neither of the two above.
     in_flight_bytes: NonNegativeInt = 0
+
+    @classmethod
+    def assemble(cls, phase: Phase, label: str, allocated_bytes: int, gradient_bytes: int,
+                 activation_bytes: int, in_flight_bytes: int) -> MomentBytes:
+        """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
+        if gradient_bytes < 0 or activation_bytes < 0 or in_flight_bytes < 0:
+            raise ValueError(f"{label}: bytes must be >= 0")
+        # `_assembled`, written out: six or more per estimate
+        moment = cls.__new__(cls)
+        _set_dict(moment, {"phase": phase, "label": label, "allocated_bytes": allocated_bytes,
+                           "gradient_bytes": gradient_bytes,
+                           "activation_bytes": activation_bytes,
+                           "in_flight_bytes": in_flight_bytes})
+        _set_fields_set(moment, _MOMENT_FIELDS)
+        _set_extra(moment, None)
+        _set_private(moment, None)
+        return moment
+
+
+_MOMENT_FIELDS = _all_fields(MomentBytes)
+
+
+class PeakBytes(BaseModel):
+    """The peaks of one training step, per GPU, as `estimate` reports them, without the
+    breakdown (`vram.estimate_peaks`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    phase: Phase
+    allocated_peak_bytes: NonNegativeInt
+    reserved_peak_bytes: NonNegativeInt
+    device_peak_bytes: NonNegativeInt
+
+    @classmethod
+    def assemble(cls, *, phase: Phase, allocated_peak_bytes: int, reserved_peak_bytes: int,
+                 device_peak_bytes: int) -> PeakBytes:
+        return _assembled(cls, {"phase": phase, "allocated_peak_bytes": allocated_peak_bytes,
+                                "reserved_peak_bytes": reserved_peak_bytes,
+                                "device_peak_bytes": device_peak_bytes})
 
 
 class Estimate(BaseModel):
@@ -123,6 +226,23 @@ class Estimate(BaseModel):
     notes: tuple[str, ...] = ()
     #: Every candidate peak the estimate compared, in step order (the peak is the largest).
     moments: tuple[MomentBytes, ...] = ()
+
+    @classmethod
+    def assemble(cls, *, model_name: str, setup: TrainingSetup, params: ParamCounts,
+                 buckets: tuple[Bucket, ...], phase: Phase, allocated_peak_bytes: int,
+                 reserved_peak_bytes: int, device_peak_bytes: int, host_bytes: int,
+                 paged_bytes: int, state_bytes: int, inference: InferenceEstimate,
+                 approximate: bool, notes: tuple[str, ...],
+                 moments: tuple[MomentBytes, ...]) -> Estimate:
+        """An `Estimate` of parts `vram` built (a validated setup, `assemble`d or validated
+        parts): validating it again re-ran the setup's own checks on every call."""
+        return _assembled(cls, {
+            "model_name": model_name, "setup": setup, "params": params, "buckets": buckets,
+            "phase": phase, "allocated_peak_bytes": allocated_peak_bytes,
+            "reserved_peak_bytes": reserved_peak_bytes, "device_peak_bytes": device_peak_bytes,
+            "host_bytes": host_bytes, "paged_bytes": paged_bytes, "state_bytes": state_bytes,
+            "inference": inference, "approximate": approximate, "notes": notes,
+            "moments": moments})
 
     def bucket(self, name: BucketName | str) -> Bucket:
         wanted = BucketName(name)

@@ -109,3 +109,17 @@ def test_remembered_parameter_counts_follow_the_model_object() -> None:
                                      + model.hidden_size})
     assert wider.n_params == model.n_params + 2 * model.hidden_size  # embedding + head rows
     assert model.n_params == 8_030_261_248
+
+
+def test_the_remembered_setup_key_belongs_to_the_setup_asked_about() -> None:
+    """`setup_key` remembers its last answer by the setup's identity and the ignored fields."""
+    from vram.memo import TOKEN_FIELDS, setup_key
+
+    qlora, full = TrainingSetup(), TrainingSetup(method="full")
+    everything = frozenset({"seq_len"})
+    for setup in (qlora, full, qlora, qlora, full):
+        assert setup_key(setup, TOKEN_FIELDS) == tuple(
+            value for name, value in setup if name not in TOKEN_FIELDS)
+        assert setup_key(setup, everything) == tuple(
+            value for name, value in setup if name != "seq_len")
+    assert setup_key(qlora, TOKEN_FIELDS) != setup_key(full, TOKEN_FIELDS)

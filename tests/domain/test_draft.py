@@ -56,6 +56,8 @@ def test_every_moment_counts_what_it_would_write_out(name: str, method: str, gra
     for moment in moments:
         written = line_items(moment.activation_items)
         assert sum(item.bytes for item in written) == moment.activation_bytes, moment.label
+        assert moment.figures() == (moment.gradients_total, moment.activation_bytes,
+                                    moment.in_flight_bytes, moment.weight_bytes), moment.label
     result = estimate(model, setup)
     assert result.bucket("activations").bytes == max(
         moments, key=lambda m: m.gradients_total + m.activation_bytes).activation_bytes

@@ -21,6 +21,8 @@ EXPECTED_API = {
     "teaching_models", "LoadedTrainingConfig", "load_training_config",
     # the planner (issue 10)
     "Hardware", "Plan", "plan",
+    # the peaks alone, for sweeps and searches (issue 10's speed bars)
+    "PeakBytes", "estimate_peaks",
 }
 
 
