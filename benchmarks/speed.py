@@ -66,6 +66,32 @@ def rounds(measure: Callable[[], float]) -> str:
     return f"{statistics.median(samples):.3f} ({samples[0]:.3f}-{samples[-1]:.3f})"
 
 
+def fitcheck_line() -> str:
+    """fitcheck-llm's estimate of the first setup (8B QLoRA NF4, r16, 2,048 tokens, batch 1, on
+    an A100 80GB), timed like ours, when fitcheck-llm is installed in this venv. Its model
+    config is built from the same config.json fields, so no Hub access is needed."""
+    try:
+        from fitcheck import __version__ as fitcheck_version  # type: ignore[import-not-found]
+        from fitcheck.config_parser import ModelConfig  # type: ignore[import-not-found]
+        from fitcheck.estimator import TrainingConfig  # type: ignore[import-not-found]
+        from fitcheck.estimator import estimate as fitcheck_estimate
+        from fitcheck.gpu_db import get_gpu  # type: ignore[import-not-found]
+    except ImportError:
+        return "fitcheck-llm: not installed in this venv (no side-by-side figure)"
+    ours = vram.load_model("llama-3.1-8b")
+    config = ModelConfig(
+        name="meta-llama/Llama-3.1-8B", num_params=ours.n_params,
+        hidden_size=ours.hidden_size, num_layers=32, num_attention_heads=32, num_kv_heads=8,
+        intermediate_size=14336, vocab_size=ours.vocab_size, head_dim=128,
+        tie_word_embeddings=False)
+    training = TrainingConfig(precision="bf16", quantization="nf4", lora_rank=16,
+                              batch_size=1, seq_len=2048)
+    gpu = get_gpu("a100-80")
+    ms = rounds(lambda: median_seconds(
+        lambda: fitcheck_estimate(config, training, gpu), 2000, 100) * 1e3)
+    return f"fitcheck-llm {fitcheck_version} estimate(), 8B QLoRA, 2k tokens, ms: {ms}"
+
+
 def sweep_setups(n: int, seed: int = 0) -> list[vram.TrainingSetup]:
     """n distinct single-GPU setups: methods, optimizers, precisions, batches, sequences."""
     rng = random.Random(seed)
@@ -93,11 +119,7 @@ def main() -> None:
         cold = rounds(lambda c=copies, s=setup: median_seconds(
             lambda: vram.estimate(next(c), s), 300, 100) * 1e3)
         print(f"  {label:<28} warm {warm}   cold {cold}")
-    try:
-        import fitcheck  # type: ignore[import-not-found]  # noqa: F401
-        print("  fitcheck-llm: installed, but no adapter written yet")
-    except ImportError:
-        print("  fitcheck-llm: not installed in this venv (no side-by-side figure)")
+    print(f"  {fitcheck_line()}")
 
     model = vram.load_model("llama-3.1-8b")
     gpus = vram.load_gpus()
