@@ -725,6 +725,23 @@ class PlanPerToken:
     mask_per_sequence: int
 
 
+def selective_kept_per_token(model: ModelSpec, stack: Stack, setup: TrainingSetup,
+                             profile: StackProfile, n: Numerics) -> int:
+    """Per token and layer, what selective (per-op) checkpointing keeps beside the block's
+    input: the outputs of the 1st, 3rd, 5th, ... matmul of the block and the fused attention
+    kernel's output and logsumexp (torchtitan/models/llama3/parallelize.py@dfb1a6ad9
+    `_op_sac_save_list`; torchtitan/distributed/activation_checkpoint.py@dfb1a6ad9
+    `_apply_op_sac`: "Save all compute/comm ops, except every second mm"). The eager
+    softmax is not on the list: it is recomputed."""
+    matmul_outputs = [linear.d_out * linear.copies * linear.token_fraction
+                      for linear in stack.linears]
+    kept = sum(width for index, width in enumerate(matmul_outputs) if index % 2 == 0)
+    attention = 0
+    if not attention_kernel(model, stack, setup, profile).explicit_scores:
+        attention = n.compute * stack.n_heads * stack.head_dim + FP32 * stack.n_heads
+    return int(n.compute * kept) + attention
+
+
 def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
                     profile: StackProfile) -> PlanPerToken:
     n = numerics(setup, profile)
@@ -732,6 +749,10 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
     checkpointed = stored = 0
     if setup.grad_ckpt:
         checkpointed = sum(layer.count for layer in layers) * n.residual * model.hidden_size
+        if setup.ckpt_selective:
+            checkpointed += sum(
+                stack.count * selective_kept_per_token(model, stack, setup, profile, n)
+                for stack in model.stacks)
         if profile.checkpoint_keeps_ctx_attributes:
             checkpointed += sum(layer.count * layer.ctx_kept_per_token for layer in layers)
     else:

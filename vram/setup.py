@@ -230,6 +230,14 @@ class TrainingSetup(BaseModel):
         "Gradient checkpointing", key="ckpt", flag="--grad-ckpt", column="grad_ckpt",
         help="activation checkpointing per decoder layer",
     )] = False
+    #: Selective (per-op) checkpointing, torchtitan's `selective_ac_option = "op"`: inside each
+    #: checkpointed block the outputs of the attention kernel and of every other matmul are
+    #: kept, the rest recomputed. The case file says `grad_ckpt = selective`.
+    ckpt_selective: Annotated[bool, Field(strict=True), Knob(
+        "Selective checkpointing (per op)", key="sac", flag="--ckpt-selective",
+        help="with checkpointing: keep the attention kernel's and every other matmul's "
+             "outputs (torchtitan's op policy)",
+    )] = False
     #: Reentrant checkpointing (`use_reentrant=True`) runs the checkpointed forward under
     #: no_grad, so what an autograd Function keeps as ctx attributes (bitsandbytes' MatMul4Bit
     #: inputs) is not kept; non-reentrant keeps it. None: the stack's default.
@@ -571,6 +579,9 @@ class TrainingSetup(BaseModel):
             raise ValueError("offload: optimizer offload needs ZeRO/FSDP sharding (zero1-3)")
         if self.offload is Offload.PARAMS_OPTIMIZER and self.sharding is not Sharding.ZERO3:
             raise ValueError("offload: params+optimizer offload needs zero3 (FSDP full shard)")
+        if self.ckpt_selective and not self.grad_ckpt:
+            raise ValueError("ckpt_selective: selective checkpointing is checkpointing; "
+                             "turn on grad_ckpt too")
         if self.sharding_engine == "deepspeed" and self.fsdp_version is not None:
             raise ValueError("fsdp_version: set only with FSDP; sharding_engine is deepspeed")
         if self.sharding_engine == "fsdp" and self.sharding is Sharding.ZERO1:

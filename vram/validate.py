@@ -62,8 +62,11 @@ def setup_from_row(row: dict[str, str]) -> TrainingSetup:
 
     A bad cell raises `KnobError` naming its column. The schema names the sharding engine with
     the stage (DeepSpeed's `zero1-3`, FSDP's `fsdp-*`): without a `sharding_engine` column the
-    `sharding` cell sets that knob too, as a person would on the command line.
+    `sharding` cell sets that knob too, as a person would on the command line; `grad_ckpt =
+    selective` is checkpointing with `ckpt_selective`.
     """
+    if (row.get("grad_ckpt") or "").strip().lower() == "selective":
+        row = {**row, "grad_ckpt": "true", "ckpt_selective": "true"}
     sharding = (row.get("sharding") or "").strip().lower()
     if not (row.get("sharding_engine") or "").strip() and sharding in CASE_FILE_DEEPSPEED_NAMES:
         row = {**row, "sharding_engine": "deepspeed"}

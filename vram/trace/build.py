@@ -332,6 +332,9 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
             from peft import prepare_model_for_kbit_training
 
             prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    if setup.ckpt_selective:
+        raise TraceUnsupported("ckpt_selective: the trace runs Transformers' per-layer "
+                               "checkpointing; torchtitan's per-op policy is not traced")
     if setup.grad_ckpt:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise TraceUnsupported(f"model_type {model_type!r}: no gradient checkpointing")
