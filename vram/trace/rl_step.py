@@ -42,6 +42,7 @@ from vram.rl.setup import OFFLINE, Reference, RLSetup
 from vram.setup import Method, Precision, TrainingSetup
 from vram.trace.attention import cuda_attention
 from vram.trace.build import build, with_depth
+from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
 from vram.trace.optim import make_optimizer, state_tensors
 from vram.trace.step import _HostScalarTracker, _swappable
@@ -338,7 +339,7 @@ def trace_rl_training(config: dict[str, Any], setup: RLSetup, *,
         model.train()
         steps = [make_inputs(setup, vocab) for _ in range(2)]  # real: ids and masks
         with (_RealMasks(), tracker, cuda_attention(policy.attention.value),
-              cuda_dropout()):
+              cuda_dropout(), cuda_autocast()):
             tracker.recording = True
             for inputs in steps:
                 with _maybe_autocast(built.autocast):

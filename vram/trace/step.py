@@ -35,6 +35,7 @@ from vram.setup import Loss, Optimizer, TrainingSetup
 from vram.stack import runs_fsdp2
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
+from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
 from vram.trace.optim import in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
@@ -204,7 +205,7 @@ def run_steps(built: Built, setup: TrainingSetup, tracker: _HostScalarTracker,
               optimizer: torch.optim.Optimizer | None) -> None:
     """Two steps (forward, loss, backward, optimizer step, zero_grad), recorded by `tracker`."""
     vocab = max(built.vocab, 2)
-    with tracker, cuda_attention(setup.attention.value), cuda_dropout():
+    with tracker, cuda_attention(setup.attention.value), cuda_dropout(), cuda_autocast():
         batch, seq = setup.micro_batch, setup.seq_len
         ids = torch.randint(0, vocab, (batch, seq))
         classes = built.kind == "classifier"
