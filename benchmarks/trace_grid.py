@@ -1,6 +1,10 @@
 """Hold the closed-form estimate to the exact trace over a grid of setups.
 
     .venv/bin/python benchmarks/trace_grid.py [--sample N] [--seed S] [--out FILE]
+        [--only FIELD=V1,V2 ...]
+
+`--only` keeps the rows of the same sample whose field (`family` or an axis) is one of the
+values, e.g. `--only method=lora,qlora --only precision=bf16-mixed`: a subset of the same grid.
 
 Compared, for each setup: the weights; every gradient (all exist at the optimizer step); the
 optimizer state; the activations at the moment the trace peaks (the estimate's model of that
@@ -149,15 +153,29 @@ def compare(family: str, fields: dict[str, object]) -> Row:
     return Row(family, fields, errors, ours.phase.value == traced.phase, seconds)
 
 
+def kept(family: str, fields: dict[str, object], only: list[str]) -> bool:
+    """Whether a row matches every `FIELD=V1,V2` filter (values compared as text)."""
+    row = {"family": family, **fields}
+    for condition in only:
+        key, _, values = condition.partition("=")
+        if key not in row:
+            raise SystemExit(f"--only {condition}: FIELD must be one of {', '.join(row)}")
+        if str(row[key]) not in values.split(","):
+            return False
+    return True
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sample", type=int, default=320)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", action="append", default=[], metavar="FIELD=V1,V2")
     args = parser.parse_args()
     combos = grid()
     random.Random(args.seed).shuffle(combos)
-    chosen = combos[: args.sample]
+    chosen = [(family, fields) for family, fields in combos[: args.sample]
+              if kept(family, fields, args.only)]
     lines = [f"{'family':<12} {'method':<6} {'optimizer':<13} {'precision':<10} {'b':>2} "
              f"{'seq':>6} {'ckpt':<5} {'attn':<6} " + " ".join(f"{k[:6]:>7}" for k in TOLERANCE)
              + "  phase  ok"]
