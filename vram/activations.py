@@ -204,7 +204,9 @@ def _norm_bytes_per_token(stack: Stack, n: Numerics, profile: StackProfile, *,
                 stack.norm_scales_in_fp32 and runs_transformers_code(profile))
             kept += (FP32 if fp32_normalized else n.compute) * h
         return kept
-    return n.residual * h + 2 * FP32
+    # under autocast LayerNorm is on CUDA's fp32 list (autocast_mode.h@v2.13.0 AT_FORALL_FP32):
+    # it keeps the fp32 cast of a 16-bit residual, not the residual itself
+    return (FP32 if n.autocast else n.residual) * h + 2 * FP32
 
 
 def norms_term(c: LayerContext) -> Term:
@@ -362,6 +364,19 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
 # --------------------------------------------------------------------------------------------
 
 
+def _activation_bytes(c: LayerContext, e: int) -> int:
+    """Bytes per I-wide unit the MLP activation keeps for backward. `gelu_new` under autocast:
+    `torch.pow` is on CUDA's fp32 list (autocast_mode.h@v2.13.0 AT_FORALL_FP32), so pow keeps
+    an fp32 copy of its input and tanh and 1 + tanh stay fp32; only 0.5·x keeps e bytes
+    (transformers/activations.py@v5.24.0 NewGELUActivation)."""
+    profile = c.profile
+    if profile.fused_activations or profile.compiled:
+        return e
+    if c.stack.act_pow_fp32 and c.n.autocast:
+        return 3 * FP32 + e
+    return c.stack.act_saved * e
+
+
 def mlp_term(c: LayerContext) -> Term:
     """What the activation keeps, act(gate) and up (kept by their product; gated MLPs), and the
     down projection's input when it keeps it, once per expert a token visits. MoE adds each
@@ -377,11 +392,12 @@ def mlp_term(c: LayerContext) -> Term:
         # outputs are 16-bit and which keep no input (the weight's cast is kept instead)
         e = 2 if n.autocast else e
         down_kept = 0
+    act_bytes = _activation_bytes(c, e)
     if stack.mlp_kind is MlpKind.GATED:
-        mlp = (act_kept + 2) * e * inter + down_kept
+        mlp = (act_bytes + 2 * e) * inter + down_kept
         formula = f"e·I·({act_kept} (activation) + 2 [+1 when down_proj keeps its input])"
     else:
-        mlp = act_kept * e * inter + down_kept
+        mlp = act_bytes * inter + down_kept
         formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
     ctx_kept = down_in * inter * experts if c.bnb_kept and not \
         _dense_banks_in_quantized_model(c) else 0
@@ -391,7 +407,7 @@ def mlp_term(c: LayerContext) -> Term:
     if stack.shared_expert_width:
         # the shared experts: one gated MLP on every token (DeepseekV2Moe.shared_experts)
         width = stack.shared_expert_width
-        mlp += (act_kept + 2) * e * width + (down_in * width if c.keeps_inputs else 0)
+        mlp += (act_bytes + 2 * e) * width + (down_in * width if c.keeps_inputs else 0)
         ctx_kept += down_in * width if c.bnb_kept else 0
         formula += " + shared experts' e·W·(act + 2 [+1])"
     if stack.n_experts:
@@ -569,9 +585,17 @@ def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
     stack, s = c.stack, c.setup.seq_len
     # q·kᵀ and the masked scores; nn.MultiheadAttention adds no mask: q·kᵀ only
     score_copies = 1 if stack.torch_multihead_attention else 2
-    scores = stack.n_heads * s * score_copies * (2 if c.n.autocast else a.qkv_bytes)
+    score_bytes = 2 if c.n.autocast else a.qkv_bytes
+    scores = stack.n_heads * s * score_copies * score_bytes
     kept_scores = stack.n_heads * s * (a.softmax_bytes + a.probs_copy_bytes)
     transient = scores + (kept_scores if c.setup.grad_ckpt else 0)
+    if c.setup.grad_ckpt and stack.scores_live_through_softmax:
+        # while the softmax runs: both score copies, the softmax's upcast of its 16-bit input
+        # (softmax.int with a dtype casts first) and its output; the probabilities' 16-bit
+        # copy comes after the upcast is freed (the trace: 2 + 2 + 4 + 4 bytes per score)
+        upcast = a.softmax_bytes if a.softmax_bytes != score_bytes else 0
+        at_softmax = scores + stack.n_heads * s * (upcast + a.softmax_bytes)
+        transient = max(transient, at_softmax)
     if stack.returns_attention_probs and a.kernel is Kernel.EAGER and c.setup.grad_ckpt:
         # the previous layer's, which checkpointing would otherwise have dropped
         transient += stack.n_heads * s * a.softmax_bytes

@@ -127,6 +127,10 @@ class Stack(BaseModel):
     #: The layer returns its eager attention probabilities with its output, and the model's
     #: loop holds that output until the next layer returns (Transformers' Falcon).
     returns_attention_probs: bool = False
+    #: The eager q·kᵀ stays referenced while the softmax of the masked scores runs (Falcon's
+    #: `attention_scores = F.softmax(attention_scores + attention_mask, ...)`: the name is
+    #: rebound only when the softmax returns). Llama's eager attention has rebound it already.
+    scores_live_through_softmax: bool = False
     #: Transformers' eager attention multiplies by k and v broadcast over the query heads
     #: (Falcon's `query_layer @ key_layer.transpose(-1, -2)`) instead of materializing
     #: `repeat_kv` copies, which the matmuls then keep (Llama family).
@@ -162,6 +166,10 @@ class Stack(BaseModel):
     #: 1 for fused kernels (SiLU, F.gelu), 4 for the Python tanh formula of `gelu_new` /
     #: `gelu_fast` (its input, tanh output, 0.5·x and 1 + tanh), 2 for `quick_gelu`.
     act_saved: int = 1
+    #: The activation calls `torch.pow` on its input (`gelu_new`): on CUDA's autocast fp32
+    #: list (torch/include/ATen/autocast_mode.h@v2.13.0 AT_FORALL_FP32), so under autocast
+    #: the cubic, the tanh and 1 + tanh run, and are kept, in fp32.
+    act_pow_fp32: bool = False
 
     @property
     def params_per_layer(self) -> int:

@@ -30,6 +30,12 @@ def act_saved(r: ConfigReader, key: str = "hidden_act", default: str = "silu") -
     return _ACT_SAVED.get(r.str(key, default), 1)
 
 
+def act_pow_fp32(r: ConfigReader, key: str = "hidden_act", default: str = "silu") -> bool:
+    """Whether the activation is `gelu_new`, whose `torch.pow` autocast runs in fp32
+    (transformers/activations.py NewGELUActivation; `gelu_fast` multiplies, no pow)."""
+    return r.str(key, default) == "gelu_new"
+
+
 def attention_linears(
     h: int, n_heads: int, n_kv: int, head_dim: int, *, names: tuple[str, str, str, str],
     qkv_bias: bool, o_bias: bool, prefix: str = "",

@@ -40,7 +40,8 @@ def _falcon(name: str, r: ConfigReader) -> ModelSpec:
         other_params=n_norms * 2 * h, n_norms=n_norms, norm_kind=NormKind.LAYER,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, mlp_kind=MlpKind.PLAIN,
         intermediate_size=inter, parallel_residual=parallel, softmax_upcast=False,
-        returns_attention_probs=True, eager_broadcasts_kv=True, hf_sdpa_runs_math=True,
+        returns_attention_probs=True, scores_live_through_softmax=True,
+        eager_broadcasts_kv=True, hf_sdpa_runs_math=True,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(

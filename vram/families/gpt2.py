@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from vram.config_reader import ConfigReader
 from vram.errors import ConfigError
-from vram.families.base import act_saved, fused_qkv, plain_mlp
+from vram.families.base import act_pow_fp32, act_saved, fused_qkv, plain_mlp
 from vram.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
 
 #: The config's `norm` value for DeepSpeed's post-LayerNorm SimpleTransformer blocks.
@@ -65,6 +65,7 @@ def _gpt2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
         softmax_upcast=False,
         attn_dropout=r.float("attn_pdrop", 0.1), hidden_dropout=r.float("resid_pdrop", 0.1),
         act_saved=act_saved(r, "activation_function", "gelu_new"),
+        act_pow_fp32=act_pow_fp32(r, "activation_function", "gelu_new"),
     )
     vocab = r.int("vocab_size")
     n_positions = r.int("n_positions", "max_position_embeddings", default=1024)
@@ -92,6 +93,7 @@ def _post_norm_multihead(name: str, model_type: str, r: ConfigReader) -> ModelSp
         causal=False,  # called as attention(x, x, x): no mask at all
         softmax_upcast=False, torch_multihead_attention=True, post_norm=True,
         act_saved=act_saved(r, "hidden_act", "gelu"),
+        act_pow_fp32=act_pow_fp32(r, "hidden_act", "gelu"),
     )
     vocab = r.int("vocab_size")
     n_positions = r.int("max_position_embeddings", "n_positions", default=512)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vram.config_reader import ConfigReader
-from vram.families.base import act_saved, attention_linears, fused_qkv, plain_mlp
+from vram.families.base import act_pow_fp32, act_saved, attention_linears, fused_qkv, plain_mlp
 from vram.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
 
 
@@ -68,6 +68,7 @@ def _phi(name: str, r: ConfigReader) -> ModelSpec:
         n_norms=1, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,
         parallel_residual=True, act_saved=act_saved(r, default="gelu_new"),
+        act_pow_fp32=act_pow_fp32(r, default="gelu_new"),
     )
     vocab = r.int("vocab_size")
     return ModelSpec(

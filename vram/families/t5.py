@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vram.config_reader import ConfigReader
-from vram.families.base import act_saved, gated_mlp, plain_mlp
+from vram.families.base import act_pow_fp32, act_saved, gated_mlp, plain_mlp
 from vram.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
 
 
@@ -48,11 +48,13 @@ def _t5(name: str, family: str, r: ConfigReader) -> ModelSpec:
     rel_bias = buckets * n_heads  # in the first layer of each stack
     dropout = r.float("dropout_rate", 0.1)  # T5Config default
     act_kept = act_saved(r, "dense_act_fn", "gelu_new" if gated else "relu")
+    act_pow = act_pow_fp32(r, "dense_act_fn", "gelu_new" if gated else "relu")
     encoder = Stack(
         name="encoder", count=n_enc, linears=(*attention(""), *ff), other_params=2 * d,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_kv,
         mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False, attn_dropout=dropout,
         hidden_dropout=dropout, mlp_inner_dropout=True, act_saved=act_kept,
+        act_pow_fp32=act_pow,
         softmax_upcast=False,
     )
     decoder = Stack(
@@ -61,7 +63,7 @@ def _t5(name: str, family: str, r: ConfigReader) -> ModelSpec:
         n_kv_heads=n_heads, head_dim=d_kv, mlp_kind=mlp_kind, intermediate_size=d_ff,
         cross_attention=True, attn_dropout=dropout, hidden_dropout=dropout,
         mlp_inner_dropout=True,
-        act_saved=act_kept, softmax_upcast=False,
+        act_saved=act_kept, act_pow_fp32=act_pow, softmax_upcast=False,
     )
     vocab = r.int("vocab_size")
     return ModelSpec(
