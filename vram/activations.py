@@ -590,11 +590,13 @@ def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
     kept_scores = stack.n_heads * s * (a.softmax_bytes + a.probs_copy_bytes)
     transient = scores + (kept_scores if c.setup.grad_ckpt else 0)
     if c.setup.grad_ckpt and stack.scores_live_through_softmax:
-        # while the softmax runs: both score copies, the softmax's upcast of its 16-bit input
-        # (softmax.int with a dtype casts first) and its output; the probabilities' 16-bit
-        # copy comes after the upcast is freed (the trace: 2 + 2 + 4 + 4 bytes per score)
-        upcast = a.softmax_bytes if a.softmax_bytes != score_bytes else 0
-        at_softmax = scores + stack.n_heads * s * (upcast + a.softmax_bytes)
+        # while the softmax runs: q·kᵀ, the masked scores (the mask is in the embeddings'
+        # dtype, so fp32 over fp32 embeddings), the softmax's upcast of a 16-bit input
+        # (softmax.int with a dtype casts first) and its output; the probabilities' 16-bit copy
+        # comes after the upcast is freed (the trace, 16-bit base: 2 + 2 + 4 + 4 per score)
+        masked = max(score_bytes, c.n.residual)
+        upcast = a.softmax_bytes if a.softmax_bytes != masked else 0
+        at_softmax = stack.n_heads * s * (score_bytes + masked + upcast + a.softmax_bytes)
         transient = max(transient, at_softmax)
     if stack.returns_attention_probs and a.kernel is Kernel.EAGER and c.setup.grad_ckpt:
         # the previous layer's, which checkpointing would otherwise have dropped
