@@ -589,7 +589,7 @@ def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
     scores = stack.n_heads * s * score_copies * score_bytes
     kept_scores = stack.n_heads * s * (a.softmax_bytes + a.probs_copy_bytes)
     transient = scores + (kept_scores if c.setup.grad_ckpt else 0)
-    if c.setup.grad_ckpt and stack.scores_live_through_softmax:
+    if c.setup.grad_ckpt and stack.scores_live_through_softmax and a.kernel is Kernel.EAGER:
         # while the softmax runs: q·kᵀ, the masked scores (the mask is in the embeddings'
         # dtype, so fp32 over fp32 embeddings), the softmax's upcast of a 16-bit input
         # (softmax.int with a dtype casts first) and its output; the probabilities' 16-bit copy
@@ -637,6 +637,10 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     """
     stack, e = c.stack, c.e
     mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
+    if _activation_bytes(c, e) > stack.act_saved * e:
+        # gelu_new in fp32 under autocast: its output's gradient arrives cast to fp32 and the
+        # final product's MulBackward writes both factors' gradients in fp32 (the trace)
+        mlp_transient = 3 * FP32 * stack.intermediate_size * c.experts
     # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
     attention_transient = 2 * e * (c.q_out + a.kv_width + a.v_width)
     if a.kernel.explicit_scores:

@@ -42,6 +42,13 @@ SAMPLE: list[object] = [
     ("mistral-gqa", {"method": "lora", "optimizer": "adamw-8bit", "precision": "bf16-mixed",
                      "micro_batch": 1, "seq_len": 32768, "grad_ckpt": False,
                      "attention": "sdpa"}),
+    # Falcon eager LoRA on a bf16 base under autocast: the trace must autocast as CUDA does
+    # (LayerNorm fp32, so `softmax(dtype=hidden_states.dtype)` keeps fp32 probabilities);
+    # CPU autocast kept them bf16 (the 8192 rows of the grid: +179 % / +69 %)
+    ("falcon", {"method": "lora", "optimizer": "adamw-8bit", "precision": "bf16-mixed",
+                "micro_batch": 1, "seq_len": 2048, "grad_ckpt": True, "attention": "eager"}),
+    ("falcon", {"method": "lora", "optimizer": "adafactor", "precision": "bf16-mixed",
+                "micro_batch": 1, "seq_len": 2048, "grad_ckpt": False, "attention": "eager"}),
     # grouped_mm (bf16 weights) and the eager per-expert loop (autocast, fp32): their expert
     # banks' gradients are built differently (see activations.MoeBackward)
     ("mixtral-moe", {"method": "full", "optimizer": "adamw", "precision": "bf16-true",
