@@ -639,8 +639,10 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
     if _activation_bytes(c, e) > stack.act_saved * e:
         # gelu_new in fp32 under autocast: its output's gradient arrives cast to fp32 and the
-        # final product's MulBackward writes both factors' gradients in fp32 (the trace)
-        mlp_transient = 3 * FP32 * stack.intermediate_size * c.experts
+        # final product's MulBackward writes both factors' gradients in fp32 (the trace); a
+        # trained down projection has just released its saved (16-bit) input
+        released = e if c.keeps_inputs else 0
+        mlp_transient = (3 * FP32 - released) * stack.intermediate_size * c.experts
     # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
     attention_transient = 2 * e * (c.q_out + a.kv_width + a.v_width)
     if a.kernel.explicit_scores:
