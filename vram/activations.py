@@ -372,6 +372,8 @@ def mlp_term(c: LayerContext) -> Term:
     act_kept = 1 if profile.fused_activations or profile.compiled else stack.act_saved
     down_in = 2 if n.input_copy_per_linear else e  # bnb's own bf16 copy on upcast models
     down_kept = down_in * inter if c.keeps_inputs else 0
+    if stack.act_output_is_down_input and down_kept and down_in == e:
+        act_kept = 0  # ReLU's kept output is the tensor fc2 keeps (counted as down_kept)
     if _dense_banks_in_quantized_model(c):
         # the experts' banks stayed unquantized: plain frozen matmuls under autocast, whose
         # outputs are 16-bit and which keep no input (the weight's cast is kept instead)

@@ -162,6 +162,10 @@ class Stack(BaseModel):
     #: 1 for fused kernels (SiLU, F.gelu), 4 for the Python tanh formula of `gelu_new` /
     #: `gelu_fast` (its input, tanh output, 0.5·x and 1 + tanh), 2 for `quick_gelu`.
     act_saved: int = 1
+    #: The activation keeps its output, not its input (ReLU: `threshold_backward(grad,
+    #: result)`), and that output is the down projection's input: one tensor for both when
+    #: the down projection keeps its input (OPT's fc1 -> ReLU -> fc2).
+    act_output_is_down_input: bool = False
 
     @property
     def params_per_layer(self) -> int:
