@@ -50,6 +50,7 @@ FAMILIES = {
 #: OLMoE's LoRA is left out like the grid leaves out MoE LoRA: frozen expert banks are not
 #: modelled yet (the closed form still counts the gathered expert inputs: +6 % activations).
 SAMPLE_ONLY = {"gpt2": "gpt2", "opt": "opt-125m", "opt-post-ln": "opt-350m", "gptj": "gpt-j-6b",
+               "starcoder-mqa": "starcoderbase-1b",
                "olmoe": "olmoe-1b-7b-0924", "deepseek-mla": "deepseek-v2-lite"}
 
 AXES = {

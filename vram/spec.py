@@ -205,6 +205,10 @@ class ModelSpec(BaseModel):
     sliding_window: int | None = None
     #: Gemma 2 soft-caps the final logits (tanh), which keeps one more vocabulary-wide tensor.
     final_softcap: bool = False
+    #: Buffers the model registers on the GPU beside its parameters, in bytes (GPT-BigCode's
+    #: `bias`: an n_positions² causal mask of bools, 64 MiB at 8192 positions). Neither
+    #: sharded nor offloaded: every GPU holds them whole.
+    buffer_bytes: int = 0
     approximate: bool = False
 
     @property

@@ -13,6 +13,7 @@ from vram.families.bert import Bert
 from vram.families.deepseek import DeepseekV2
 from vram.families.falcon import Falcon
 from vram.families.gpt2 import Gpt2
+from vram.families.gpt_bigcode import GptBigCode
 from vram.families.gptj import GptJ
 from vram.families.llama import VARIANTS, LlamaLike, MistralOrMixtral
 from vram.families.neox import Bloom, GptNeox
@@ -38,6 +39,7 @@ FAMILIES: dict[str, ArchitectureFamily] = {
     "gpt2": Gpt2(),
     "opt": Opt(),
     "gptj": GptJ(),
+    "gpt_bigcode": GptBigCode(),
     "qwen": QwenV1(),
     "deepseek_v2": DeepseekV2(),
     "deepseek_v3": DeepseekV2(),

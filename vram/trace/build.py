@@ -94,6 +94,11 @@ TARGET_MAP["gptj"] = {
     "q_proj": ["q_proj"], "k_proj": ["k_proj"], "v_proj": ["v_proj"], "o_proj": ["out_proj"],
     "gate_proj": [], "up_proj": ["fc_in"], "down_proj": ["fc_out"],
 }
+TARGET_MAP["gpt_bigcode"] = {  # nn.Linear modules under GPT-2's names
+    "q_proj": [r"attn\.c_attn"], "k_proj": [r"attn\.c_attn"], "v_proj": [r"attn\.c_attn"],
+    "o_proj": [r"attn\.c_proj"], "gate_proj": [], "up_proj": [r"mlp\.c_fc"],
+    "down_proj": [r"mlp\.c_proj"],
+}
 TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
 
