@@ -364,17 +364,20 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
 # --------------------------------------------------------------------------------------------
 
 
-def _activation_bytes(c: LayerContext, e: int) -> int:
+def _activation_in_fp32(c: LayerContext) -> bool:
+    """`gelu_new` as Transformers writes it, under autocast: it runs in fp32 (below)."""
+    return c.stack.act_pow_fp32 and c.n.autocast and not (
+        c.profile.fused_activations or c.profile.compiled)
+
+
+def _activation_bytes(c: LayerContext, e: int, act_kept: int) -> int:
     """Bytes per I-wide unit the MLP activation keeps for backward. `gelu_new` under autocast:
     `torch.pow` is on CUDA's fp32 list (autocast_mode.h@v2.13.0 AT_FORALL_FP32), so pow keeps
     an fp32 copy of its input and tanh and 1 + tanh stay fp32; only 0.5·x keeps e bytes
     (transformers/activations.py@v5.24.0 NewGELUActivation)."""
-    profile = c.profile
-    if profile.fused_activations or profile.compiled:
-        return e
-    if c.stack.act_pow_fp32 and c.n.autocast:
+    if _activation_in_fp32(c) and act_kept:
         return 3 * FP32 + e
-    return c.stack.act_saved * e
+    return act_kept * e
 
 
 def mlp_term(c: LayerContext) -> Term:
@@ -387,12 +390,14 @@ def mlp_term(c: LayerContext) -> Term:
     act_kept = 1 if profile.fused_activations or profile.compiled else stack.act_saved
     down_in = 2 if n.input_copy_per_linear else e  # bnb's own bf16 copy on upcast models
     down_kept = down_in * inter if c.keeps_inputs else 0
+    if stack.act_output_is_down_input and down_kept and down_in == e:
+        act_kept = 0  # ReLU's kept output is the tensor fc2 keeps (counted as down_kept)
     if _dense_banks_in_quantized_model(c):
         # the experts' banks stayed unquantized: plain frozen matmuls under autocast, whose
         # outputs are 16-bit and which keep no input (the weight's cast is kept instead)
         e = 2 if n.autocast else e
         down_kept = 0
-    act_bytes = _activation_bytes(c, e)
+    act_bytes = _activation_bytes(c, e, act_kept)
     if stack.mlp_kind is MlpKind.GATED:
         mlp = (act_bytes + 2 * e) * inter + down_kept
         formula = f"e·I·({act_kept} (activation) + 2 [+1 when down_proj keeps its input])"
@@ -637,7 +642,7 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     """
     stack, e = c.stack, c.e
     mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
-    if _activation_bytes(c, e) > stack.act_saved * e:
+    if _activation_in_fp32(c):
         # gelu_new in fp32 under autocast: its output's gradient arrives cast to fp32 and the
         # final product's MulBackward writes both factors' gradients in fp32 (the trace); a
         # trained down projection has just released its saved (16-bit) input

@@ -166,6 +166,12 @@ def _weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             source="bitsandbytes quantize_4bit (QLoRA §2)" if group.storage in QUANTIZED
             else "parameter count × dtype",
         ))
+    if model.buffer_bytes:
+        items.append(LineItem(
+            key="weights.buffers", label="model buffers (not parameters)",
+            formula="bytes the model registers as buffers", inputs={},
+            bytes=model.buffer_bytes, source="the family's modeling code (nn.Buffer)",
+        ))
     if runs_deepspeed_zero3(setup):
         # DeepSpeed's coordinator, not FSDP's units: see `_deepspeed_live_items`
         items.extend(_deepspeed_persistent_items(setup, groups, shards))

@@ -170,6 +170,10 @@ class Stack(BaseModel):
     #: list (torch/include/ATen/autocast_mode.h@v2.13.0 AT_FORALL_FP32), so under autocast
     #: the cubic, the tanh and 1 + tanh run, and are kept, in fp32.
     act_pow_fp32: bool = False
+    #: The activation keeps its output, not its input (ReLU: `threshold_backward(grad,
+    #: result)`), and that output is the down projection's input: one tensor for both when
+    #: the down projection keeps its input (OPT's fc1 -> ReLU -> fc2).
+    act_output_is_down_input: bool = False
 
     @property
     def params_per_layer(self) -> int:
@@ -209,6 +213,10 @@ class ModelSpec(BaseModel):
     sliding_window: int | None = None
     #: Gemma 2 soft-caps the final logits (tanh), which keeps one more vocabulary-wide tensor.
     final_softcap: bool = False
+    #: Buffers the model registers on the GPU beside its parameters, in bytes (GPT-BigCode's
+    #: `bias`: an n_positions² causal mask of bools, 64 MiB at 8192 positions). Neither
+    #: sharded nor offloaded: every GPU holds them whole.
+    buffer_bytes: int = 0
     approximate: bool = False
 
     @property

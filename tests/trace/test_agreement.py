@@ -75,6 +75,24 @@ SAMPLE: list[object] = [
     ("deepseek-mla", {"method": "full", "optimizer": "adamw", "precision": "bf16-true",
                       "micro_batch": 1, "seq_len": 8192, "grad_ckpt": False,
                       "attention": "sdpa"}),
+    # OPT (issue 9): learned positions (+2), ReLU (its kept output is fc2's input), dropout
+    # after out_proj and fc2; opt-350m post-LN with project_in/out. When added: activations
+    # +0.13 % (opt-125m full), +0.26 % (opt-350m LoRA); peak +0.06 % / +0.17 %
+    ("opt", {"method": "full", "optimizer": "adamw", "precision": "bf16-mixed",
+             "micro_batch": 2, "seq_len": 512, "grad_ckpt": False, "attention": "sdpa"}),
+    ("opt-post-ln", {"method": "lora", "optimizer": "adamw", "precision": "bf16-mixed",
+                     "micro_batch": 2, "seq_len": 512, "grad_ckpt": False,
+                     "attention": "sdpa"}),
+    # GPT-J (issue 9): parallel attention + MLP off one ln_1, no attention biases, gelu_new,
+    # untied head with a bias. When added: activations +2.25 %, peak +0.75 %
+    ("gptj", {"method": "lora", "optimizer": "adamw", "precision": "bf16-mixed",
+              "micro_batch": 2, "seq_len": 512, "grad_ckpt": False, "attention": "sdpa"}),
+    # GPT-BigCode (issue 9): multi-query fused c_attn, learned positions, the 64 MiB causal-
+    # mask buffer (weights were -2.9 % without it). When added: activations -1.03 %, peak
+    # -0.05 %
+    ("starcoder-mqa", {"method": "full", "optimizer": "adamw", "precision": "bf16-mixed",
+                       "micro_batch": 2, "seq_len": 512, "grad_ckpt": False,
+                       "attention": "sdpa"}),
 ]
 
 

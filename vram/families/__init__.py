@@ -13,8 +13,11 @@ from vram.families.bert import Bert
 from vram.families.deepseek import DeepseekV2
 from vram.families.falcon import Falcon
 from vram.families.gpt2 import Gpt2
+from vram.families.gpt_bigcode import GptBigCode
+from vram.families.gptj import GptJ
 from vram.families.llama import VARIANTS, LlamaLike, MistralOrMixtral
 from vram.families.neox import Bloom, GptNeox
+from vram.families.opt import Opt
 from vram.families.phi import Phi, Phi3
 from vram.families.qwen import QwenV1
 from vram.families.t5 import T5
@@ -34,6 +37,9 @@ FAMILIES: dict[str, ArchitectureFamily] = {
     "umt5": T5(),
     "bert": Bert(),
     "gpt2": Gpt2(),
+    "opt": Opt(),
+    "gptj": GptJ(),
+    "gpt_bigcode": GptBigCode(),
     "qwen": QwenV1(),
     "deepseek_v2": DeepseekV2(),
     "deepseek_v3": DeepseekV2(),

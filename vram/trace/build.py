@@ -86,6 +86,19 @@ TARGET_MAP["gpt2"] = {  # Conv1D modules; PEFT adapts them with fan_in_fan_out
 }
 #: Families whose projections are transformers' Conv1D (weight stored as in x out).
 CONV1D_TYPES = frozenset({"gpt2"})
+TARGET_MAP["opt"] = {
+    "q_proj": ["q_proj"], "k_proj": ["k_proj"], "v_proj": ["v_proj"], "o_proj": ["out_proj"],
+    "gate_proj": [], "up_proj": ["fc1"], "down_proj": ["fc2"],
+}
+TARGET_MAP["gptj"] = {
+    "q_proj": ["q_proj"], "k_proj": ["k_proj"], "v_proj": ["v_proj"], "o_proj": ["out_proj"],
+    "gate_proj": [], "up_proj": ["fc_in"], "down_proj": ["fc_out"],
+}
+TARGET_MAP["gpt_bigcode"] = {  # nn.Linear modules under GPT-2's names
+    "q_proj": [r"attn\.c_attn"], "k_proj": [r"attn\.c_attn"], "v_proj": [r"attn\.c_attn"],
+    "o_proj": [r"attn\.c_proj"], "gate_proj": [], "up_proj": [r"mlp\.c_fc"],
+    "down_proj": [r"mlp\.c_proj"],
+}
 TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
 
