@@ -203,7 +203,7 @@ def cuda_autocast() -> Iterator[None]:
     library = Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():  # overriding the CPU's kernels is the point
-            warnings.filterwarnings("ignore", message=".*Overriding a previously registered")
+            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered")
             _register(library)
         yield
     finally:
