@@ -109,14 +109,17 @@ def units(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
     block = [g for g in groups if g.key in LAYER_KEYS]
     root = [g for g in groups if g.key in ROOT_KEYS]
     head = [g for g in root if g.key == "head" and g.trainable]
+    per_block = {
+        "block_params": sum(g.n_params * gather_bytes(g, profile) for g in block) // layers,
+        "block_grads": sum(g.n_params * gather_bytes(g, profile) for g in block
+                           if g.trainable) // layers,
+        "block_reduce": sum(g.n_params * reduce_bytes(g, profile) for g in block
+                            if g.trainable) // layers,
+    }
     if embedding_units(model, setup, groups):
         heads = [g for g in root if g.key == "head"]
         return Fsdp2Units(
-            block_params=sum(g.n_params * gather_bytes(g, profile) for g in block) // layers,
-            block_grads=sum(g.n_params * gather_bytes(g, profile) for g in block
-                            if g.trainable) // layers,
-            block_reduce=sum(g.n_params * reduce_bytes(g, profile) for g in block
-                             if g.trainable) // layers,
+            **per_block,
             root_params=0, head_grad=0, n_layers=layers, reshards=reshards_after_forward(setup),
             embedding_unit=sum(g.n_params * gather_bytes(g, profile) for g in root
                                if g.key != "head"),
@@ -124,11 +127,7 @@ def units(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             head_unit_reduce=sum(g.n_params * reduce_bytes(g, profile) for g in head),
         )
     return Fsdp2Units(
-        block_params=sum(g.n_params * gather_bytes(g, profile) for g in block) // layers,
-        block_grads=sum(g.n_params * gather_bytes(g, profile) for g in block
-                        if g.trainable) // layers,
-        block_reduce=sum(g.n_params * reduce_bytes(g, profile) for g in block
-                         if g.trainable) // layers,
+        **per_block,
         root_params=sum(g.n_params * gather_bytes(g, profile) for g in root),
         head_grad=sum(g.n_params * gather_bytes(g, profile) for g in head),
         n_layers=layers, reshards=reshards_after_forward(setup),
