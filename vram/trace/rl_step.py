@@ -45,7 +45,7 @@ from vram.trace.build import build, with_depth
 from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
 from vram.trace.optim import make_optimizer, state_tensors
-from vram.trace.step import _HostScalarTracker, _swappable
+from vram.trace.step import _HostScalarTracker, _swappable, optimizer_step
 
 OLD_LOGPS = "old log-probs (no grad)"
 REF_LOGPS = "reference log-probs (no grad)"
@@ -356,13 +356,7 @@ def trace_rl_training(config: dict[str, Any], setup: RLSetup, *,
                     loss.backward()
                 del loss
                 inputs.clear()
-                tracker.set_phase(OPTIMIZER)
-                tracker.in_optimizer = True
-                if optimizer is not None:
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                tracker.in_optimizer = False
-                tracker.sample()
+                optimizer_step(tracker, optimizer)
             tracker.recording = False
         params_total = sum(p.numel() for p in [*params, *frozen])
         params_trainable = sum(p.numel() for p in train)

@@ -222,14 +222,20 @@ def run_steps(built: Built, setup: TrainingSetup, tracker: _HostScalarTracker,
             with tracker.watching_backward(loss):
                 loss.backward()
             del loss
-            tracker.set_phase(OPTIMIZER)
-            tracker.in_optimizer = True
-            if optimizer is not None:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            tracker.in_optimizer = False
-            tracker.sample()
+            optimizer_step(tracker, optimizer)
         tracker.recording = False
+
+
+def optimizer_step(tracker: _HostScalarTracker, optimizer: torch.optim.Optimizer | None) -> None:
+    """The step and `zero_grad(set_to_none=True)`, recorded as the optimizer phase (the SFT and
+    the RL trace end each step with it)."""
+    tracker.set_phase(OPTIMIZER)
+    tracker.in_optimizer = True
+    if optimizer is not None:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    tracker.in_optimizer = False
+    tracker.sample()
 
 
 @contextlib.contextmanager
