@@ -9,7 +9,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, data, inputs, learn, params, present, render, text
+from ui import charts, compare_chart, data, inputs, learn, params, present, render, text
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 
@@ -39,7 +39,7 @@ def examples(unit: charts.Unit) -> None:
             return
         labelled.append((params.label("method", method), vram.estimate(model, setup)))
     render.plot(
-        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
+        compare_chart.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
                               font_px=present.FONT_PX if present.is_on() else 16,
                               keep_labelled=data.lesson_capacities()),
         key="learn_examples",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, compare, data, inputs, present, render, text
+from ui import compare, compare_chart, data, inputs, present, render, text
 
 st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide")
 
@@ -35,7 +35,7 @@ def main() -> None:
     if not labelled:
         return
     render.plot(
-        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(),
+        compare_chart.compare_figure(labelled, unit=unit, capacities=data.capacities(),
                               font_px=present.FONT_PX if present.is_on() else 16,
                               keep_labelled=data.lesson_capacities()),
         key="compare",

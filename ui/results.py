@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 import vram
-from ui import charts, data, params, render, server
+from ui import breakdown_chart, data, params, render, server, step_charts
 from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
@@ -121,7 +121,7 @@ def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -
     size = ({"font_px": present_mode.FONT_PX, "height": present_mode.CHART_HEIGHT,
              "min_plot_px": present_mode.MIN_PLOT_PX} if present else {})
     return frozen_figure(
-        charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
+        breakdown_chart.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
                                 keep_labelled=data.lesson_capacities(), **size)
     )
 
@@ -130,7 +130,7 @@ def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -
 def _inference(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
     est = _result(key, gpu_list).estimate
     assert est is not None
-    return frozen_figure(charts.inference_figure(est, unit=unit))
+    return frozen_figure(step_charts.inference_figure(est, unit=unit))
 
 
 def breakdown_figure(state: Mapping[str, Any], unit: Unit, *, present: bool = False,

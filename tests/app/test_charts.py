@@ -10,7 +10,7 @@ import plotly.graph_objects as go
 import pytest
 
 import vram
-from ui import charts, label_layout
+from ui import breakdown_chart, charts, compare_chart, label_layout, step_charts
 from vram.result import BUCKET_ORDER
 from vram.setup import TrainingSetup
 
@@ -33,7 +33,7 @@ def test_charts_do_not_import_streamlit() -> None:
 
 @pytest.mark.parametrize("unit", ["GB", "GiB"])
 def test_breakdown_segments_sum_to_the_peak(est: vram.Estimate, unit: charts.Unit) -> None:
-    fig = charts.breakdown_figure(est, unit=unit, capacities=[("RTX 4090", 24 * GIB)])
+    fig = breakdown_chart.breakdown_figure(est, unit=unit, capacities=[("RTX 4090", 24 * GIB)])
     bars = _bars(fig)
     assert [b.name for b in bars] == [charts.BUCKET_LABELS[n] for n in BUCKET_ORDER]
     total = sum(b.y[0] for b in bars)
@@ -47,9 +47,9 @@ def test_breakdown_segments_sum_to_the_peak(est: vram.Estimate, unit: charts.Uni
 def test_bucket_colours_are_fixed_and_distinct(est: vram.Estimate) -> None:
     assert len(set(charts.BUCKET_COLORS.values())) == len(BUCKET_ORDER)
     for fig in (
-        charts.breakdown_figure(est),
-        charts.inference_figure(est),
-        charts.compare_figure([("a", est), ("b", est)]),
+        breakdown_chart.breakdown_figure(est),
+        step_charts.inference_figure(est),
+        compare_chart.compare_figure([("a", est), ("b", est)]),
     ):
         for bar in _bars(fig)[: len(BUCKET_ORDER)]:
             name = next(n for n in BUCKET_ORDER if charts.BUCKET_LABELS[n] == bar.name)
@@ -58,9 +58,10 @@ def test_bucket_colours_are_fixed_and_distinct(est: vram.Estimate) -> None:
 
 def test_figures_are_valid_plotly_with_big_text(est: vram.Estimate) -> None:
     figs = [
-        charts.breakdown_figure(est, capacities=[("H100", 80 * GIB), ("T4", 15 * GIB)]),
-        charts.inference_figure(est, unit="GiB"),
-        charts.compare_figure([("full", est), ("again", est)], capacities=[("A100", 80 * GIB)]),
+        breakdown_chart.breakdown_figure(est, capacities=[("H100", 80 * GIB), ("T4", 15 * GIB)]),
+        step_charts.inference_figure(est, unit="GiB"),
+        compare_chart.compare_figure([("full", est), ("again", est)],
+                                     capacities=[("A100", 80 * GIB)]),
     ]
     for fig in figs:
         go.Figure(fig.to_dict())  # the app skips validation for speed; this is where it happens
@@ -83,7 +84,7 @@ def test_capacity_lines_show_the_first_card_that_holds_it() -> None:
 
 
 def test_inference_figure_writes_the_multiple(est: vram.Estimate) -> None:
-    fig = charts.inference_figure(est)
+    fig = step_charts.inference_figure(est)
     assert f"{est.training_to_inference:.1f}×" in fig.layout.title.text
     inference = [b for b in _bars(fig) if b.x[0] == "Inference"]
     assert sum(b.y[0] for b in inference) == pytest.approx(est.inference.total_bytes / 1e9)
@@ -104,7 +105,7 @@ def test_breakdown_labels_do_not_overlap_on_the_estimate(est: vram.Estimate) -> 
     """The server-side estimate of every label box: none overlaps another (the browser test
     measures the real boxes)."""
     caps = [("T4", 15 * GIB), ("L4", 22 * GIB), ("A100", 40 * GIB), ("H100", 80 * GIB)]
-    fig = charts.breakdown_figure(est, capacities=caps)
+    fig = breakdown_chart.breakdown_figure(est, capacities=caps)
     scale = (fig.layout.height - fig.layout.margin.t - fig.layout.margin.b) / (
         fig.layout.yaxis.range[1])
     rows = []
@@ -134,7 +135,7 @@ def test_capacity_labels_drop_to_the_hover_when_there_is_no_room(est: vram.Estim
     """Too short a chart for every label: the bucket labels stay, the capacity labels go from
     the smallest card up (their lines keep the hover) rather than overlap or fail."""
     caps = [("T4", 15 * GIB), ("L4", 22 * GIB), ("A100", 40 * GIB), ("H100", 80 * GIB)]
-    fig = charts.breakdown_figure(est, capacities=caps, height=260, font_px=22)
+    fig = breakdown_chart.breakdown_figure(est, capacities=caps, height=260, font_px=22)
     texts = [a.text for a in fig.layout.annotations]
     assert len(BUCKET_ORDER) <= len(texts) < len(BUCKET_ORDER) + len(caps)
     assert not any("T4" in t for t in texts)
@@ -160,18 +161,18 @@ def test_presentation_chart_keeps_the_80gb_label_and_one_line_per_capacity() -> 
     caps = [("Tesla T4", 16 * GIB), ("RTX 4090", 24 * GIB), ("A100-SXM4-40GB", 40 * GIB),
             ("L40S", 48 * 10**9), ("H100 80GB HBM3 (SXM5)", h100), ("H200 (SXM)", 141 * 10**9),
             ("MI300X", 192 * GIB)]
-    fig = charts.breakdown_figure(est, capacities=caps, height=385, font_px=22,
+    fig = breakdown_chart.breakdown_figure(est, capacities=caps, height=385, font_px=22,
                                   min_plot_px=700, keep_labelled=frozenset({h100}))
     texts = [a.text.replace("\u00a0", " ") for a in fig.layout.annotations]
     assert texts[-4:] == ["L40S · 48.0 GB", "H100 80GB HBM3 (SXM5) · 85.9 GB",
                           "H200 (SXM) · 141 GB", "MI300X · 206 GB"]
-    shorter = charts.breakdown_figure(est, capacities=caps, height=320, font_px=22,
+    shorter = breakdown_chart.breakdown_figure(est, capacities=caps, height=320, font_px=22,
                                       min_plot_px=700, keep_labelled=frozenset({h100}))
     texts = [a.text.replace("\u00a0", " ") for a in shorter.layout.annotations]
     assert any(t.startswith("H100") for t in texts) and "MI300X · 206 GB" in texts
     assert not any(t.startswith("L40S") for t in texts)  # the least telling label gave way
     # A phone-width chart still wraps the long names so they never reach back over the bar.
-    phone = charts.breakdown_figure(est, capacities=caps)
+    phone = breakdown_chart.breakdown_figure(est, capacities=caps)
     assert any("<br>" in a.text for a in phone.layout.annotations if "H100" in a.text)
 
 
@@ -183,7 +184,7 @@ def test_compare_chart_keeps_its_lines_when_labels_run_out_of_room() -> None:
                 for m in ("full", "lora", "qlora")]
     h100 = 80 * GIB
     caps = [("A", 40 * GIB), ("H100", h100), ("H200", 141 * 10**9), ("MI300X", 192 * GIB)]
-    fig = charts.compare_figure(labelled, capacities=caps, height=300, font_px=40,
+    fig = compare_chart.compare_figure(labelled, capacities=caps, height=300, font_px=40,
                                 keep_labelled=frozenset({h100}))
     assert len(fig.layout.shapes) == 3  # the three largest below the tallest bar
     texts = [a.text for a in fig.layout.annotations if "·" in a.text]

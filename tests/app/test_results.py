@@ -7,7 +7,7 @@ import json
 import pytest
 
 import vram
-from ui import charts, data, params, render, results
+from ui import breakdown_chart, charts, data, params, render, results, step_charts
 from vram import gpus
 from vram.result import BUCKET_ORDER
 
@@ -49,11 +49,11 @@ def test_figures_are_the_charts_and_their_dict_is_computed_once(
     est = results.result(state).estimate
     assert est is not None
     fig = results.breakdown_figure(state, "GiB")
-    fresh = charts.breakdown_figure(est, unit="GiB", capacities=data.capacities())
+    fresh = breakdown_chart.breakdown_figure(est, unit="GiB", capacities=data.capacities())
     assert fig.to_dict() == fresh.to_dict()
     assert fig.to_dict() is fig.to_dict()
     assert results.inference_figure(state, "GB").to_dict() == (
-        charts.inference_figure(est, unit="GB").to_dict()
+        step_charts.inference_figure(est, unit="GB").to_dict()
     )
 
 
