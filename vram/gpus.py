@@ -17,13 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
-from vram.estimate import estimate_peaks
+from vram.estimate import estimate, estimate_peaks
 from vram.files import read_csv_rows
 from vram.memo import memoized
 from vram.overhead import cuda_context_bytes
 from vram.paths import data_dir
+from vram.result import BucketName
 from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
-from vram.units import MIB
+from vram.units import MIB, ceil_div
 
 GPUS_ENV = "VRAM_GPUS_CSV"
 MAX_GPU_ROWS = 10_000
@@ -254,3 +255,99 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
     fits.sort(key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0.0, o.count))
     misses.sort(key=lambda o: o.headroom_bytes, reverse=True)
     return FitReport(fits=tuple(fits), misses=tuple(misses), unsupported=unsupported)
+
+
+# --------------------------------------------------------------------------------------------
+# The lesson's question: how many GPUs of one class (80 GB), by capacity and by sharding
+# --------------------------------------------------------------------------------------------
+
+#: The class of GPU the lessons count in ("fits one 80 GB GPU"): nominal GiB. A GPU is of the
+#: class when the memory its driver reports is within CLASS_TOLERANCE of it (A100 80GB reports
+#: 81,920 MiB, H100 81,559 MiB: data/gpus.csv).
+LESSON_CLASS_GIB = 80
+CLASS_TOLERANCE = 0.03
+
+
+def in_class(gpu: Gpu, class_gib: int = LESSON_CLASS_GIB) -> bool:
+    """Whether `gpu` is one of the `class_gib` GB cards (80 GB: A100 80GB, H100 SXM/PCIe)."""
+    nominal = class_gib * 2**30
+    return abs(gpu.memory_bytes - nominal) <= CLASS_TOLERANCE * nominal
+
+
+Reason = Literal["fits-one", "agree", "steps", "unsplit", "none"]
+
+
+class ClassFit(BaseModel):
+    """How many GPUs of one class a run needs, by capacity and as the fit shards it.
+
+    Capacity divides the whole run (its peak on one GPU, nothing sharded) by one card's
+    memory, as a lesson does ("840 GB / 80 GB: ~11 GPUs"). Sharding (ZeRO-3/FSDP) needs more:
+    it splits the weights, gradients and optimizer state, but every GPU keeps its own
+    activations and overhead, and the fit tries 1, 2, 4, 8, ... GPUs (`GPU_COUNTS`).
+    `reason` says which of these makes the two counts differ:
+
+    - ``fits-one``: one GPU of the class holds the run;
+    - ``agree``: capacity and sharding give the same count;
+    - ``steps``: the count tried before `needed` (`below_count`) is under the capacity count;
+    - ``unsplit``: `below_count` GPUs were enough by capacity but each also holds what
+      sharding does not split (`below_unsplit_bytes`), so the next count was needed;
+    - ``none``: no count in the list holds it (`below_*`: the largest count tried).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    class_gib: int
+    #: The fewest GPUs of the class that hold the run (the cheapest of those), or None.
+    needed: FitOption | None
+    whole_run_bytes: int
+    class_memory_bytes: int
+    capacity_count: int
+    reason: Reason
+    below_count: int | None = None
+    #: Per GPU at `below_count`: the device peak, and what sharding does not split of it
+    #: (activations and overhead).
+    below_peak_bytes: int | None = None
+    below_unsplit_bytes: int | None = None
+
+
+def _whole_run(setup: TrainingSetup) -> TrainingSetup:
+    """The run on one GPU with nothing sharded or offloaded: all of its memory in one place."""
+    return setup.model_copy(update={"n_gpus": 1, "sharding": Sharding.NONE,
+                                    "offload": setup.offload.__class__("none")})
+
+
+def class_fit(model: ModelSpec, setup: TrainingSetup, report: FitReport,
+              gpus: Sequence[Gpu] | None = None, class_gib: int = LESSON_CLASS_GIB,
+              ) -> ClassFit | None:
+    """The lesson's count for `report` (from `fit`): fewest GPUs of the class beside the
+    capacity count; None when the list has no GPU of the class that runs the precision."""
+    catalog = tuple(gpus) if gpus is not None else load_gpus()
+    members = [g for g in catalog if in_class(g, class_gib) and g not in report.unsupported]
+    if not members:
+        return None
+    fits = [o for o in report.fits if in_class(o.gpu, class_gib)]
+    needed = min(fits, key=lambda o: o.count) if fits else None  # fits are cheapest first
+    card = needed.gpu if needed else max(members, key=lambda g: g.memory_bytes)
+    whole = _device_peak(model, _whole_run(setup)) + context_difference(card, setup)
+    capacity = max(1, ceil_div(whole, card.memory_bytes))
+    base = {"class_gib": class_gib, "needed": needed, "whole_run_bytes": whole,
+            "class_memory_bytes": card.memory_bytes, "capacity_count": capacity}
+    if needed is not None and needed.count == 1:
+        return ClassFit(**base, reason="fits-one")
+    if needed is not None and needed.count <= capacity:
+        return ClassFit(**base, reason="agree")
+    counts = _counts(card, setup)
+    if needed is None:
+        below: int | None = counts[-1]
+    else:
+        below = max((c for c in counts if c < needed.count), default=None)
+        if below is None or below < capacity:
+            return ClassFit(**base, reason="steps", below_count=below)
+    assert below is not None
+    run = estimate(model, _setup_for(setup, below))
+    context = context_difference(card, setup)
+    unsplit = (run.bucket(BucketName.ACTIVATIONS).bytes + run.bucket(BucketName.OVERHEAD).bytes
+               + context)
+    return ClassFit(**base, reason="unsplit" if needed else "none", below_count=below,
+                    below_peak_bytes=run.device_peak_bytes + context,
+                    below_unsplit_bytes=unsplit)
