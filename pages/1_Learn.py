@@ -9,7 +9,19 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, compare_chart, data, inputs, learn, params, present, render, text
+from ui import (
+    charts,
+    compare_chart,
+    data,
+    inputs,
+    learn,
+    lesson_bar,
+    params,
+    present,
+    render,
+    tables,
+    text,
+)
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 
@@ -37,7 +49,8 @@ def examples(unit: charts.Unit) -> None:
         if setup is None:
             text.error(errors)
             return
-        labelled.append((params.label("method", method), vram.estimate(model, setup)))
+        labelled.append((lesson_bar.SHORT_METHODS[method], vram.estimate(model, setup)))
+    st.markdown(compare_chart.legend_markdown(), unsafe_allow_html=True)
     render.plot(
         compare_chart.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
                               font_px=present.FONT_PX if present.is_on() else 16,
@@ -45,7 +58,7 @@ def examples(unit: charts.Unit) -> None:
         key="learn_examples",
     )
     st.caption(learn.TEACHING_NOTE)
-    st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
+    st.table(tables.bucket_table(labelled, unit), hide_index=True)
 
 
 def seeds(unit: charts.Unit) -> None:

@@ -32,6 +32,13 @@ _CSS = """
   font-size: 3.2rem !important; color: #000; line-height: 1.15;
 }
 [data-testid="stMetricLabel"] p { font-size: 1.35rem !important; color: #000; }
+/* Tables in the mode's font (they are HTML here: ui.tables.show), the bar's controls too. */
+[data-testid="stTable"] th, [data-testid="stTable"] td {
+  font-size: 1.2rem !important; color: #000; line-height: 1.35;
+}
+[data-testid="stButtonGroup"] button p, [data-testid="stMainBlockContainer"] label p {
+  font-size: 1.25rem !important;
+}
 </style>
 """
 

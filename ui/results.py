@@ -22,12 +22,13 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 import vram
-from ui import breakdown_chart, data, params, render, server, step_charts
+from ui import breakdown_chart, data, params, server, step_charts, tables
 from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
 from vram import gpus, report
-from vram.gpus import FitReport
+from vram.gpus import ClassFit, FitReport
+from vram.plan.flops import checkpointing_compute
 from vram.plan.hardware import Hardware
 from vram.plan.planner import Plan
 
@@ -65,6 +66,10 @@ class Result:
     estimate: vram.Estimate | None
     report: FitReport | None
     errors: tuple[str, ...]
+    #: The lesson's count: the fewest 80 GB GPUs beside the capacity count (vram.gpus).
+    class_fit: ClassFit | None = None
+    #: What gradient checkpointing adds to the step's compute (0.33: a third more).
+    ckpt_compute: float | None = None
 
 
 def _gpu_list_path() -> str | None:
@@ -81,8 +86,10 @@ def _result(key: StateKey, gpu_list: str | None) -> Result:
     if model is None or setup is None:
         return Result(model, setup, None, None, errors)
     est = vram.estimate(model, setup)
-    report = vram.fit(model, setup, data.gpus_from(gpu_list))
-    return Result(model, setup, est, report, errors)
+    catalog = data.gpus_from(gpu_list)
+    report = vram.fit(model, setup, catalog)
+    return Result(model, setup, est, report, errors, gpus.class_fit(model, setup, report, catalog),
+                  checkpointing_compute(model, setup, est.params.trainable))
 
 
 def result(state: Mapping[str, Any]) -> Result:
@@ -161,7 +168,7 @@ def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Tab
     assert res.report is not None and res.estimate is not None
     supported = [g for g in data.gpus_from(gpu_list) if g not in res.report.unsupported]
     small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes, supported)
-    return render.fit_frames(res.report, res.estimate, small, unit)
+    return tables.fit_frames(res.report, res.estimate, small, unit)
 
 
 def fit_tables(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, pa.Table]:
@@ -174,7 +181,7 @@ def _through_step(key: StateKey, gpu_list: str | None, unit: Unit,
                   ) -> tuple[pa.Table, tuple[str, ...]]:
     est = _result(key, gpu_list).estimate
     assert est is not None
-    return render.through_step_data(est, unit)
+    return tables.through_step_data(est, unit)
 
 
 def through_step(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, tuple[str, ...]]:

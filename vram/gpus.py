@@ -308,6 +308,13 @@ class ClassFit(BaseModel):
     #: (activations and overhead).
     below_peak_bytes: int | None = None
     below_unsplit_bytes: int | None = None
+    #: The GPU counts the fit tried, up to `needed` (all of them where none holds the run).
+    counts_tried: tuple[int, ...] = ()
+
+    @property
+    def capacity_ratio(self) -> float:
+        """The whole run over one card's memory (13.6 for 70B full on an 85.9 GB A100)."""
+        return self.whole_run_bytes / self.class_memory_bytes
 
 
 def _whole_run(setup: TrainingSetup) -> TrainingSetup:
@@ -330,13 +337,14 @@ def class_fit(model: ModelSpec, setup: TrainingSetup, report: FitReport,
     card = needed.gpu if needed else max(members, key=lambda g: g.memory_bytes)
     whole = _device_peak(model, _whole_run(setup)) + context_difference(card, setup)
     capacity = max(1, ceil_div(whole, card.memory_bytes))
+    counts = _counts(card, setup)
     base = {"class_gib": class_gib, "needed": needed, "whole_run_bytes": whole,
-            "class_memory_bytes": card.memory_bytes, "capacity_count": capacity}
+            "class_memory_bytes": card.memory_bytes, "capacity_count": capacity,
+            "counts_tried": tuple(c for c in counts if needed is None or c <= needed.count)}
     if needed is not None and needed.count == 1:
         return ClassFit(**base, reason="fits-one")
     if needed is not None and needed.count <= capacity:
         return ClassFit(**base, reason="agree")
-    counts = _counts(card, setup)
     if needed is None:
         below: int | None = counts[-1]
     else:

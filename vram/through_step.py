@@ -32,7 +32,7 @@ class BucketThroughStep:
 _MOMENT_PHRASES: dict[str, str] = {"end of forward": "the end of the forward pass"}
 
 #: What a moment is in the step, where its label does not say (the loss opens the backward).
-_MOMENT_PHASES: dict[str, str] = {"the loss": "as the backward pass begins"}
+_MOMENT_PHASES: dict[str, str] = {"the loss": "the backward pass"}
 
 
 def moment_phrase(label: str) -> str:
@@ -42,14 +42,14 @@ def moment_phrase(label: str) -> str:
 
 
 def peak_text(est: Estimate) -> str:
-    """Where the peak is, in the words of the estimate's own note: "at the loss, as the
-    backward pass begins", "at the optimizer step"; the phase alone when no moment was kept."""
+    """Where the peak is, in the words of the estimate's own note: "at the loss (the backward
+    pass)", "at the optimizer step"; the phase alone when no moment was kept."""
     moment = peak_moment(est)
     if moment is None:
         return f"in the {est.phase.value.replace('_', ' ')}"
     label = moment.label
     where = _MOMENT_PHASES.get(label, "")
-    return f"at {moment_phrase(label)}" + (f", {where}" if where else "")
+    return f"at {moment_phrase(label)}" + (f" ({where})" if where else "")
 
 
 def peak_moment(est: Estimate) -> MomentBytes | None:
@@ -82,9 +82,13 @@ def through_step(est: Estimate) -> list[BucketThroughStep]:
 
 
 def _most_at(est: Estimate, name: BucketName) -> str:
-    """The moment a changing bucket (gradients, activations) is at its most, as a phrase."""
+    """The moment a changing bucket (gradients, activations) is at its most, as a phrase: the
+    last such moment for gradients (all of them exist at the optimizer step), the first for
+    activations."""
     if name is BucketName.GRADIENTS:
-        moment = max(est.moments, key=lambda m: m.gradient_bytes, default=None)
+        most = max((m.gradient_bytes for m in est.moments), default=0)
+        found = [m for m in est.moments if m.gradient_bytes == most][-1:]
     else:
-        moment = max(est.moments, key=lambda m: m.activation_bytes, default=None)
-    return moment_phrase(moment.label) if moment is not None else ""
+        most = max((m.activation_bytes for m in est.moments), default=0)
+        found = [m for m in est.moments if m.activation_bytes == most][:1]
+    return moment_phrase(found[0].label) if found else ""

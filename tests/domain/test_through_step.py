@@ -49,7 +49,7 @@ def test_the_headline_names_the_moment_of_the_note() -> None:
     the loss is where the backward pass begins, never "during the backward pass" beside a
     note that says "at the loss"."""
     est = vram.estimate(vram.load_model("llama-3.1-8b"), vram.TrainingSetup(method="full"))
-    assert peak_text(est) == "at the loss, as the backward pass begins"
+    assert peak_text(est) == "at the loss (the backward pass)"
     assert any("The peak is at the loss" in note for note in est.notes)
     for method in ("full", "lora", "qlora"):
         for ckpt in (False, True):
