@@ -44,6 +44,8 @@ FIGURE_MIN_PX = 368
 TICK_LINES = 3
 #: Characters a capacity label wraps to in the right margin.
 CAPACITY_CHARS = 12
+#: Characters an upright name under a bar wraps to (its lines stand side by side).
+TICK_CHARS_UPRIGHT = 14
 #: px between a total and the top of its bar, and between stacked totals or a line.
 TOTAL_GAP_PX = 4.0
 
@@ -60,25 +62,33 @@ def _left_margin(font_px: int) -> int:
     return max(92, round(5.75 * font_px))
 
 
-def tick_labels(labels: Sequence[str], font_px: int, plot_px: float = 0.0) -> list[str]:
-    """Short, wrapped names under the bars: the parts (`` · ``-separated) that tell the setups
-    apart, each part's words wrapped to the width one bar gets in the narrowest plot, at most
+def _distinct_words(rests: Sequence[str]) -> list[str]:
+    """Each name without the parts and words all names share ("Llama 3.1 8B · full · b1×2k"
+    beside "Llama 3.1 70B · QLoRA · b1×2k" -> "8B full", "70B QLoRA")."""
+    parts = [rest.split(" · ") for rest in rests]
+    common = set.intersection(*(set(p) for p in parts)) if len(parts) > 1 else set()
+    words = [" ".join(p for p in pieces if p not in common).split() or rest.split()
+             for pieces, rest in zip(parts, rests, strict=True)]
+    shared = set.intersection(*(set(w) for w in words)) if len(words) > 1 else set()
+    return [" ".join(w for w in ws if w not in shared) or " ".join(ws) for ws in words]
+
+
+def tick_labels(labels: Sequence[str], font_px: int, plot_px: float = 0.0,
+                ) -> tuple[list[str], bool]:
+    """Short names under the bars, and whether they stand upright: the words that tell the
+    setups apart, wrapped to the width one bar gets in the narrowest plot; where a word is
+    wider than that they are turned upright (the figure is the same on a phone), at most
     TICK_LINES lines (the rest is in the hover and the table)."""
     numbered = [_NUMBERED.match(label) for label in labels]
     numbers = [m.group(1) + ". " if m else "" for m in numbered]
     rests = [label[m.end():] if m else label for label, m in zip(labels, numbered, strict=True)]
-    parts = [rest.split(" · ") for rest in rests]
-    common = set.intersection(*(set(p) for p in parts)) if len(parts) > 1 else set()
     plot_px = plot_px or FIGURE_MIN_PX - _left_margin(font_px)
-    max_chars = max(4, int(plot_px / max(1, len(labels)) / (label_layout.CHAR_WIDTH_EM
-                                                            * font_px)))
-    ticks = []
-    for number, rest, pieces in zip(numbers, rests, parts, strict=True):
-        distinct = [p for p in pieces if p not in common] or [rest]
-        distinct[0] = number + distinct[0]
-        lines = "<br>".join(wrap_label(p, max_chars) for p in distinct).split("<br>")
-        ticks.append("<br>".join(lines[:TICK_LINES]))
-    return ticks
+    max_chars = int(plot_px / max(1, len(labels)) / (label_layout.CHAR_WIDTH_EM * font_px))
+    names = [number + rest for number, rest in zip(numbers, _distinct_words(rests), strict=True)]
+    upright = any(len(word) > max_chars for name in names for word in name.split())
+    width = TICK_CHARS_UPRIGHT if upright else max(4, max_chars)
+    return ["<br>".join(wrap_label(name, width).split("<br>")[:TICK_LINES]) for name in names], \
+        upright
 
 
 def _bar_traces(labelled: Sequence[tuple[str, Estimate]], names: Sequence[str],
@@ -137,10 +147,11 @@ def compare_figure(
     cap_texts = [wrap_label(capacity_text(compact_gpu_name(name), size, unit), CAPACITY_CHARS)
                  for name, size in lines]
     cap_width = max((label_layout.text_width_px(t, font_px) for t in cap_texts), default=0.0)
-    margin = {"l": _left_margin(font_px), "r": int(cap_width) + 16 if lines else 16, "t": 24,
-              "b": int(TICK_LINES * font_px * 1.4) + 12}
+    margin = {"l": _left_margin(font_px), "r": int(cap_width) + 16 if lines else 16, "t": 24}
     plot_min = FIGURE_MIN_PX - margin["l"] - margin["r"]
-    names = tick_labels([label for label, _ in labelled], font_px, plot_min)
+    names, upright = tick_labels([label for label, _ in labelled], font_px, plot_min)
+    margin["b"] = (int(label_layout.CHAR_WIDTH_EM * font_px * TICK_CHARS_UPRIGHT) if upright
+                   else int(TICK_LINES * font_px * 1.4)) + 12
     plot_px = height - margin["t"] - margin["b"]
     total_texts = [f"<b>{format_bytes(peak, unit)}</b>" for peak in peaks]
     total_h = label_layout.text_height_px("x", font_px + 2)
@@ -176,8 +187,8 @@ def compare_figure(
         yaxis={"title": {"text": f"memory per GPU ({unit})", "font": {"size": font_px}},
                "tickfont": {"size": font_px}, "range": [0, top], "gridcolor": "#e5e5e5",
                "fixedrange": True, "automargin": False},
-        xaxis={"fixedrange": True, "tickfont": {"size": font_px}, "tickangle": 0,
-               "automargin": False},
+        xaxis={"fixedrange": True, "tickfont": {"size": font_px},
+               "tickangle": -90 if upright else 0, "automargin": False},
         annotations=annotations, shapes=shapes,
     ))
 

@@ -327,12 +327,16 @@ SEEDS: tuple[Seed, ...] = (
 def seed_link(reg: params.Registry, seed: Seed, *, present: bool = False) -> str:
     """The calculator's link for a seed's run: every setting of the seed spelled out in the
     app's own URL form (checkpointing on, even where a default agrees), and presentation mode
-    kept when it is on."""
+    kept when it is on.
+
+    Relative to the Learn page (``./?...``), so it keeps the path the app is served under:
+    from ``/vram/Learn`` it opens ``/vram/?...`` (an absolute ``/?...`` opened the proxy's
+    root, "Not Found", under ``--server.baseUrlPath=/vram``, docs/app.md)."""
     by_key = {param.key: param for param in reg.params}
     query = {key: by_key[key].dump(value) for key, value in seed.state.items()}
     if present:
         query["present"] = "1"
-    return "/?" + urllib.parse.urlencode(query)
+    return "./?" + urllib.parse.urlencode(query)
 
 
 def seed_range_bytes(seed: Seed) -> tuple[int, int]:

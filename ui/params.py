@@ -146,16 +146,39 @@ def _knob_parser(knob: SetupKnob) -> Callable[[str], Any]:
     """The knob's own text parser, then the app's narrower choice of values."""
     offered = options(knob.key)
 
+    numbers = [v for v in offered if isinstance(v, int) and not isinstance(v, bool)]
+    contiguous = len(numbers) > 12 and numbers == list(range(numbers[0], numbers[-1] + 1))
+
+    def outside(shown: str) -> ValueError:
+        # One range per key, the control's: the library's wider one ("1 to 4,096") is the
+        # CLI's, and naming both for one key read as a contradiction.
+        if contiguous:
+            return ValueError(f"{shown} is outside {numbers[0]:,} to {numbers[-1]:,}")
+        return ValueError(f"{shown} is not one of: {', '.join(map(_option_text, offered))}")
+
     def parse(text: str) -> Any:
-        value = app_value(knob, knob.parse(text))
+        try:
+            value = app_value(knob, knob.parse(text))
+        except ValueError:
+            if numbers and _is_number(text):
+                raise outside(text.strip()[:40]) from None
+            raise
         if knob.kind == "targets" or value in offered:
             return value
-        numbers = [v for v in offered if isinstance(v, int) and not isinstance(v, bool)]
-        if len(numbers) > 12 and numbers == list(range(numbers[0], numbers[-1] + 1)):
-            raise ValueError(f"{value} is outside {numbers[0]}..{numbers[-1]}")
-        raise ValueError(f"{value} is not one of: {', '.join(map(str, offered))}")
+        raise outside(_option_text(value))
 
     return parse
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return len(text) <= MAX_NUMBER_CHARS and math.isfinite(float(text.strip()))
+    except ValueError:
+        return False
+
+
+def _option_text(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 def _knob_dumper(knob: SetupKnob) -> Callable[[Any], str]:
@@ -263,14 +286,14 @@ def parse_query(reg: Registry, query: Mapping[str, str]) -> tuple[State, list[st
         if key == "pin":
             continue  # pinned setups are read by `parse_pins`
         if key not in reg.keys:
-            errors.append(f"URL parameter `{key[:40]}` is unknown and was ignored.")
+            errors.append(f"URL parameter {key[:40]} is unknown and was ignored.")
             continue
         param = reg[key]
         try:
             value = param.parse(text)
         except ValueError as exc:
             errors.append(
-                f"URL parameter `{key}` ({param.title}): {exc}. "
+                f"URL parameter {key} ({param.title}): {exc}. "
                 f"Using the default, {param.dump(param.default) or 'none'}."
             )
             continue
@@ -312,15 +335,15 @@ def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State]
         except (ValueError, RecursionError):  # bad JSON, or an integer over 4,300 digits
             raw = None
         if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-            errors.append(f"URL parameter `pin` #{n}: not a pinned setup; it was ignored.")
+            errors.append(f"URL parameter pin #{n}: not a pinned setup; it was ignored.")
             continue
         values, bad = parse_query(reg, raw)
         if bad:
-            errors.append(f"URL parameter `pin` #{n}: " + " ".join(bad))
+            errors.append(f"URL parameter pin #{n}: " + " ".join(bad))
             continue
         pins.append({**reg.defaults(), **values})
     if len(texts) > limit:
-        errors.append(f"URL parameter `pin`: at most {limit} setups; the rest were ignored.")
+        errors.append(f"URL parameter pin: at most {limit} setups; the rest were ignored.")
     return pins, errors
 
 
@@ -337,8 +360,9 @@ def setup_kwargs(state: Mapping[str, Any]) -> dict[str, object]:
 
 
 def control_name(knob: SetupKnob) -> str:
-    """How an error names a control: its title and key (``Sharding (`shard`)``)."""
-    return f"{knob.label} (`{knob.key}`)"
+    """How an error names a control: its title and key, "Sharding (shard)" (messages are
+    shown as plain text, where backticks would stand as they are)."""
+    return f"{knob.label} ({knob.key})"
 
 
 def build_setup(state: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:

@@ -78,7 +78,7 @@ def read_url() -> None:
                 state[key] = _parse(key, text, gpu_ids)
             except ValueError as exc:
                 shown = int(default) if isinstance(default, bool) else default
-                errors.append(f"URL parameter `{key}`: {exc}; using {shown}.")
+                errors.append(f"URL parameter {key}: {exc}; using {shown}.")
     if OPEN not in given and given:  # a link with the panel's settings, from before the toggle
         state[OPEN] = True
     state[_ERRORS] = errors

@@ -244,8 +244,9 @@ def bucket_table(labelled: Sequence[tuple[str, Estimate]], unit: Unit) -> pa.Tab
 def gpu_table(gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *,
               only_fits: bool) -> pa.Table:
     """The catalog, the answer first: whether each GPU holds the run, how many, their price
-    and the headroom; then the GPU's own memory, price, speed and bandwidth. A figure that
-    does not apply is an empty cell, a price or bf16 speed the list lacks a word."""
+    and the headroom; then the GPU's own memory, price, speed and bandwidth (the segment is
+    the page's filter), so that every column shows at 1280 px. A figure that does not apply
+    is an empty cell, a price or bf16 speed the list lacks a word."""
     options: dict[str, tuple[bool, FitOption | None]] = {}
     if report is not None:
         for option in report.misses:
@@ -276,7 +277,6 @@ def gpu_table(gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *,
             "$/GPU-hour": prices[n],
             "bf16 TFLOPS": tflops[n],
             "GB/s": bandwidth[n],
-            "segment": gpu.segment,
         }
         for n, (gpu, fits, found) in enumerate(shown)
     ]
@@ -284,19 +284,23 @@ def gpu_table(gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *,
 
 
 def gpu_dataframe(table: pa.Table, unit: Unit, *, present: bool = False) -> None:
-    right = {name: st.column_config.TextColumn(alignment="right")
-             for name in ("GPUs needed", "$/h, all", f"headroom ({unit})", "$/GPU-hour",
-                          "bf16 TFLOPS", "GB/s")}
     if present:
         show(table, present=True)
         return
+    right = {name: st.column_config.TextColumn(alignment="right")
+             for name in ("GPUs needed", f"headroom ({unit})", "$/GPU-hour", "bf16 TFLOPS")}
     st.dataframe(
         table, hide_index=True, width="stretch",
-        column_config={"GPU": st.column_config.TextColumn(pinned=True), **right,
-                       "$/h, all": st.column_config.TextColumn(
-                           alignment="right", help="$ per hour for all the GPUs needed"),
-                       "GB/s": st.column_config.TextColumn(
-                           alignment="right", help="memory bandwidth (GB/s)")},
+        column_config={
+            **right,
+            "GPU": st.column_config.TextColumn(width="medium", pinned=True),
+            "GPUs needed": st.column_config.TextColumn("GPUs", alignment="right",
+                                                       help="GPUs needed to hold the run"),
+            "$/h, all": st.column_config.TextColumn(
+                alignment="right", help="$ per hour for all the GPUs needed"),
+            "GB/s": st.column_config.TextColumn(alignment="right",
+                                                help="memory bandwidth (GB/s)"),
+        },
         height=min(800, 40 + 36 * max(1, len(table))),
         row_height=34,
     )

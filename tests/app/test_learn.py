@@ -93,9 +93,18 @@ def test_the_qlora_lesson_fits_one_80gb_gpu_only_with_the_teaching_presets() -> 
 def test_seed_links_spell_out_the_teaching_settings_and_keep_presentation() -> None:
     reg = data.registry()
     link = learn.seed_link(reg, _seed("70b-qlora"), present=True)
-    query = dict(urllib.parse.parse_qsl(link.removeprefix("/?")))
+    query = dict(urllib.parse.parse_qsl(link.removeprefix("./?")))
     assert query == {"model": "llama-3.1-70b", "method": "qlora", "ckpt": "true", "present": "1"}
     values, errors = params.parse_query(reg, query)
     assert not errors and values["ckpt"] is True and values["method"] == "qlora"
     assert "present" not in dict(urllib.parse.parse_qsl(
-        learn.seed_link(reg, _seed("7b-full")).removeprefix("/?")))
+        learn.seed_link(reg, _seed("7b-full")).removeprefix("./?")))
+
+
+@pytest.mark.parametrize("base", ["", "/vram", "/team/vram"])
+def test_seed_links_keep_the_path_the_app_is_served_under(base: str) -> None:
+    """From the Learn page under `--server.baseUrlPath` the link opens the calculator under the
+    same path, never the server's root ("Not Found" behind a proxy)."""
+    link = learn.seed_link(data.registry(), _seed("70b-qlora"))
+    opened = urllib.parse.urljoin(f"http://host{base}/Learn", link)
+    assert opened.startswith(f"http://host{base}/?model=llama-3.1-70b")

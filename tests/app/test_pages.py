@@ -175,8 +175,9 @@ def test_invalid_url_parameters_show_a_message(app: AppTest) -> None:
     app.run()
     _clean(app)
     message = shown(app.error[0].value)  # user text is escaped Markdown; check what shows
-    for key in ("`batch`", "`seq`", "`model`", "`method`"):
+    for key in ("parameter batch ", "parameter seq ", "parameter model ", "parameter method "):
         assert key in message
+    assert "`" not in message  # plain text: a backtick would show as it is
     assert _peak(app) == _expected_peak()  # fell back to the defaults
 
 
@@ -184,7 +185,7 @@ def test_impossible_setup_shows_what_to_change(app: AppTest) -> None:
     app.query_params.update({"method": "full", "offload": "optimizer"})
     app.run()
     _clean(app)
-    assert "Offload (`offload`)" in shown(app.error[0].value)
+    assert "Offload (offload)" in shown(app.error[0].value)
     assert not app.metric
 
 

@@ -45,8 +45,8 @@ def test_bad_panel_link_is_reported_not_raised(app: AppTest) -> None:
     app.run()
     assert not app.exception
     messages = " ".join(shown(e.value) for e in app.error)  # user text is escaped Markdown
-    assert "URL parameter `mygpu`: unknown GPU 'rtx-9999'" in messages
-    assert "URL parameter `mycount`" in messages
+    assert "URL parameter mygpu: unknown GPU 'rtx-9999'" in messages
+    assert "URL parameter mycount" in messages
     assert app.session_state["mygpu"] == "any"
 
 
@@ -115,6 +115,6 @@ def test_bad_plan_key_is_reported(app: AppTest) -> None:
     app.query_params["plan"] = "maybe"
     app.run()
     assert not app.exception
-    assert "URL parameter `plan`: use 1 or 0; using 0." in " ".join(shown(e.value)
+    assert "URL parameter plan: use 1 or 0; using 0." in " ".join(shown(e.value)
                                                                      for e in app.error)
     assert app.toggle(key="plan").value is False
