@@ -98,8 +98,18 @@ def seeds(unit: charts.Unit) -> None:
         st.markdown(f"[Open it in the calculator]({link})")
 
 
+def _run(state: dict[str, object]) -> vram.Estimate | None:
+    """The estimate of the defaults with an exercise's overrides (None: it cannot be built)."""
+    full = {**data.registry().defaults(), **state}
+    model, _ = data.resolve_model(full)
+    setup, errors = params.build_setup(full)
+    if model is None or setup is None:
+        text.error(errors)
+        return None
+    return vram.estimate(model, setup)
+
+
 def exercises() -> None:
-    reg = data.registry()
     for n, ex in enumerate(learn.EXERCISES, start=1):
         with st.container(border=True):
             st.markdown(f"**Exercise {n}.** {ex.question}")
@@ -115,21 +125,10 @@ def exercises() -> None:
             if answer is None:
                 st.caption(f"Hint: {ex.hint}")
                 continue
-            state = {**reg.defaults(), **ex.state}
-            model, _ = data.resolve_model(state)
-            setup, errors = params.build_setup(state)
-            if model is None or setup is None:
-                text.error(errors)
+            checked = learn.check(ex, float(answer), _run)
+            if checked is None:
                 continue
-            est = vram.estimate(model, setup)
-            baseline = None
-            if ex.baseline is not None:
-                base_setup, base_errors = params.build_setup({**reg.defaults(), **ex.baseline})
-                if base_setup is None:
-                    st.error("\n".join(base_errors))
-                    continue
-                baseline = vram.estimate(model, base_setup)
-            result = learn.grade(float(answer), learn.answer_bytes(ex, est, baseline))
+            result, est = checked
             (st.success if result.ok else st.warning)(result.message)
             st.markdown(learn.explanation(est, ex.target))
 
