@@ -11,6 +11,7 @@ import streamlit as st
 import vram
 from ui import (
     charts,
+    compare,
     compare_chart,
     data,
     inputs,
@@ -51,12 +52,8 @@ def examples(unit: charts.Unit) -> None:
             return
         labelled.append((lesson_bar.SHORT_METHODS[method], vram.estimate(model, setup)))
     st.markdown(compare_chart.legend_markdown(), unsafe_allow_html=True)
-    render.plot(
-        compare_chart.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
-                              font_px=present.FONT_PX if present.is_on() else 16,
-                              keep_labelled=data.lesson_capacities()),
-        key="learn_examples",
-    )
+    render.plot(compare.figure(labelled, unit, present=present.is_on(), height=480),
+                key="learn_examples")
     st.caption(learn.TEACHING_NOTE)
     st.table(tables.bucket_table(labelled, unit), hide_index=True)
 

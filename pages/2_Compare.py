@@ -35,12 +35,7 @@ def main() -> None:
     if not labelled:
         return
     st.markdown(compare_chart.legend_markdown(), unsafe_allow_html=True)
-    render.plot(
-        compare_chart.compare_figure(labelled, unit=unit, capacities=data.capacities(),
-                              font_px=present.FONT_PX if present.is_on() else 16,
-                              keep_labelled=data.lesson_capacities()),
-        key="compare",
-    )
+    render.plot(compare.figure(labelled, unit, present=present.is_on()), key="compare")
     st.table(tables.bucket_table(labelled, unit), hide_index=True)
     compare.remove_buttons(labelled)
 

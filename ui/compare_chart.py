@@ -2,7 +2,8 @@
 above it, capacities as lines with their labels in the right margin; pure functions.
 
 The figure is the same on a phone and a projector (plotly does not reflow text), so it is laid
-out for the narrowest screen, a 400 px phone (FIGURE_MIN_PX wide), and keeps its height there:
+out for the narrowest screen, a 400 px phone (FIGURE_MIN_PX wide; in presentation mode, a
+projector's), and keeps its height there:
 the legend is the page's (`legend_markdown`), not plotly's, which wrapped into five rows and
 squeezed the plot to about 70 px; names under the bars wrap to their bar's share of a phone, at
 most TICK_LINES lines. A total is never crossed by a capacity line and never covers a
@@ -38,8 +39,8 @@ from vram.result import BUCKET_ORDER, Estimate
 
 _NUMBERED = re.compile(r"^(\d+)\. ")
 
-#: The narrowest figure: a 400 px phone less the page's padding (2 x 16 px).
-FIGURE_MIN_PX = 368
+#: The narrowest figure: a 400 px phone less the page's padding (measured: 364 px).
+FIGURE_MIN_PX = 364
 #: Lines a name under a bar may take.
 TICK_LINES = 3
 #: Characters a capacity label wraps to in the right margin.
@@ -74,7 +75,7 @@ def _distinct_words(rests: Sequence[str]) -> list[str]:
 
 
 def tick_labels(labels: Sequence[str], font_px: int, plot_px: float = 0.0,
-                ) -> tuple[list[str], bool]:
+                min_figure_px: int = FIGURE_MIN_PX) -> tuple[list[str], bool]:
     """Short names under the bars, and whether they stand upright: the words that tell the
     setups apart, wrapped to the width one bar gets in the narrowest plot; where a word is
     wider than that they are turned upright (the figure is the same on a phone), at most
@@ -82,10 +83,12 @@ def tick_labels(labels: Sequence[str], font_px: int, plot_px: float = 0.0,
     numbered = [_NUMBERED.match(label) for label in labels]
     numbers = [m.group(1) + ". " if m else "" for m in numbered]
     rests = [label[m.end():] if m else label for label, m in zip(labels, numbered, strict=True)]
-    plot_px = plot_px or FIGURE_MIN_PX - _left_margin(font_px)
+    plot_px = plot_px or min_figure_px - _left_margin(font_px)
     max_chars = int(plot_px / max(1, len(labels)) / (label_layout.CHAR_WIDTH_EM * font_px))
     names = [number + rest for number, rest in zip(numbers, _distinct_words(rests), strict=True)]
-    upright = any(len(word) > max_chars for name in names for word in name.split())
+    # upright where a word takes more than 80 % of its bar's share: capitals ("QLoRA") are
+    # wider than the 0.6 em an average character is counted at
+    upright = any(len(word) > 0.8 * max_chars for name in names for word in name.split())
     width = TICK_CHARS_UPRIGHT if upright else max(4, max_chars)
     return ["<br>".join(wrap_label(name, width).split("<br>")[:TICK_LINES]) for name in names], \
         upright
@@ -139,16 +142,18 @@ def compare_figure(
     height: int = 560,
     font_px: int = SMALL_FONT_SIZE,
     keep_labelled: frozenset[int] = frozenset(),
+    min_figure_px: int = FIGURE_MIN_PX,
 ) -> go.Figure:
     """Several setups side by side: one stacked bar each, the total written above it, setup
-    names wrapped under their bars, capacity lines named in the right margin."""
+    names wrapped under their bars, capacity lines named in the right margin; laid out for a
+    figure `min_figure_px` wide (a phone; a projector in presentation mode)."""
     peaks = [est.device_peak_bytes for _, est in labelled]
     lines = capacity_lines(capacities, max(peaks, default=0))
     cap_texts = [wrap_label(capacity_text(compact_gpu_name(name), size, unit), CAPACITY_CHARS)
                  for name, size in lines]
     cap_width = max((label_layout.text_width_px(t, font_px) for t in cap_texts), default=0.0)
     margin = {"l": _left_margin(font_px), "r": int(cap_width) + 16 if lines else 16, "t": 24}
-    plot_min = FIGURE_MIN_PX - margin["l"] - margin["r"]
+    plot_min = min_figure_px - margin["l"] - margin["r"]
     names, upright = tick_labels([label for label, _ in labelled], font_px, plot_min)
     margin["b"] = (int(label_layout.CHAR_WIDTH_EM * font_px * TICK_CHARS_UPRIGHT) if upright
                    else int(TICK_LINES * font_px * 1.4)) + 12

@@ -16,14 +16,17 @@ CHART_HEIGHT = 385
 #: The narrowest plot the big chart gets in this mode (a 1024 px projector, less the axis and
 #: the page's padding): capacity labels wrap to this, not to a phone's width.
 MIN_PLOT_PX = 700
+#: The narrowest a chart is drawn in this mode (CSS below): the projector's layout, scrolled
+#: sideways on a screen narrower than that rather than cut.
+MIN_FIGURE_PX = 840
 
 _CSS = """
 <style>
 [data-testid="stSidebar"], [data-testid="stSidebarCollapsedControl"],
 [data-testid="stToolbar"], h1 { display: none !important; }
-[data-testid="stHeader"] { background: transparent; height: 0; }
+[data-testid="stHeader"] { background: transparent; height: 0; pointer-events: none; }
 .block-container, [data-testid="stMainBlockContainer"] {
-  padding-top: 0.75rem !important; max-width: 100% !important;
+  padding-top: 0.75rem !important; max-width: 100%% !important;
 }
 [data-testid="stMarkdownContainer"] p, [data-testid="stMarkdownContainer"] li {
   font-size: 1.25rem; color: #000;
@@ -39,6 +42,9 @@ _CSS = """
 [data-testid="stButtonGroup"] button p, [data-testid="stMainBlockContainer"] label p {
   font-size: 1.25rem !important;
 }
+/* Charts keep the projector's layout on a narrow screen: scrolled, never cut. */
+[data-testid="stPlotlyChart"] { min-width: %(min_figure_px)spx; }
+[data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"]) { overflow-x: auto; }
 </style>
 """
 
@@ -55,4 +61,4 @@ def toggle() -> None:
 
 def style() -> None:
     if is_on():
-        st.html(_CSS)
+        st.html(_CSS % {"min_figure_px": MIN_FIGURE_PX})
