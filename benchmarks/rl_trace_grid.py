@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vram.architecture import model_from_config
+from vram.model.architecture import model_from_config
 from vram.rl import RLSetup
 from vram.rl import estimate as rl_estimate
-from vram.setup import TrainingSetup
+from vram.setup.training import TrainingSetup
 from vram.units import GIB
 
 TOLERANCE = 0.05

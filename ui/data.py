@@ -16,9 +16,9 @@ from streamlit.errors import FragmentHandledException
 
 import vram
 from ui import charts, params, text
-from vram.architecture import read_config_text
-from vram.catalog import load_config
 from vram.errors import VramError
+from vram.model.architecture import read_config_text
+from vram.model.catalog import load_config
 
 #: GPUs whose capacity is drawn as a line on the charts, when the catalog has them.
 COMMON_GPU_IDS: tuple[str, ...] = (

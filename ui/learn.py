@@ -12,7 +12,7 @@ from typing import Any
 from ui import params
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 from vram.units import GB
 
 

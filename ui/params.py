@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ui import urlpack
-from vram.knobs import (
+from vram.io.knobs import (
     AUTO,
     MAX_NUMBER_CHARS,
     TARGET_ORDER,
@@ -23,8 +23,8 @@ from vram.knobs import (
     SetupKnob,
     setup_knobs,
 )
-from vram.knobs import build_setup as build_knob_setup
-from vram.setup import ALL_LINEAR, Sharding, TrainingSetup
+from vram.io.knobs import build_setup as build_knob_setup
+from vram.setup.training import ALL_LINEAR, Sharding, TrainingSetup
 
 State = dict[str, Any]
 

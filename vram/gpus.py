@@ -15,14 +15,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
-from vram.estimate import estimate_peaks
 from vram.files import read_csv_rows
 from vram.memo import memoized
-from vram.overhead import cuda_context_bytes
+from vram.memory.overhead import cuda_context_bytes
+from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
-from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
+from vram.setup.training import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
+from vram.step.estimate import estimate_peaks
 from vram.units import MIB
 
 GPUS_ENV = "VRAM_GPUS_CSV"

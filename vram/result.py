@@ -18,7 +18,7 @@ from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vram.setup import TrainingSetup
+from vram.setup.training import TrainingSetup
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool
@@ -160,7 +160,7 @@ class MomentBytes(BaseModel):
     gradient_bytes: NonNegativeInt
     activation_bytes: NonNegativeInt
     #: What FSDP2 holds unsharded at this moment (gathered parameters, unsharded gradients,
-    #: reduce buffers; `vram.fsdp2`); in `allocated_bytes`, in neither of the two above.
+    #: reduce buffers; `vram.sharding.fsdp2`); in `allocated_bytes`, in neither of the two above.
     in_flight_bytes: NonNegativeInt = 0
 
     @classmethod

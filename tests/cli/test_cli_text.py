@@ -7,8 +7,8 @@ import re
 import pytest
 
 import vram
-from vram.report import estimate_table, inference_line, setup_warnings
-from vram.setup import TrainingSetup
+from vram.io.report import estimate_table, inference_line, setup_warnings
+from vram.setup.training import TrainingSetup
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Drafts and groups (`vram.draft`): moments that are not the peak are compared by bytes; what
+"""Drafts and groups (`vram.step.draft`): moments that are not the peak are compared by bytes; what
 the peak writes out must be exactly what was counted."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vram import TrainingSetup, estimate, load_model
-from vram.activations import plan
-from vram.draft import ItemDraft, ItemGroup, line_items
+from vram.memory.activations import plan
 from vram.result import LineItem
+from vram.step.draft import ItemDraft, ItemGroup, line_items
 
 # `vram.estimate` the module (the package exports the function under the same name)
-estimate_module = importlib.import_module("vram.estimate")
+estimate_module = importlib.import_module("vram.step.estimate")
 
 
 def test_line_items_keep_the_order_and_write_groups_out_in_place() -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from vram import TrainingSetup, load_model, model_from_config
-from vram.activations import Kernel, attention_kernel, layer_activations
-from vram.architecture import SUPPORTED_FAMILIES
 from vram.errors import ConfigError
-from vram.families import ALIASES, FAMILIES
-from vram.stack import profile_for
+from vram.memory.activations import Kernel, attention_kernel, layer_activations
+from vram.model.architecture import SUPPORTED_FAMILIES
+from vram.model.families import ALIASES, FAMILIES
+from vram.stacks.table import profile_for
 
 VRAM = Path(__file__).resolve().parents[2] / "vram"
 

@@ -14,13 +14,13 @@ import pytest
 
 import vram
 from vram import TrainingSetup, estimate
-from vram.architecture import model_from_config_file
-from vram.knob_rules import effective_fsdp_version
-from vram.knobs import KnobError, setup_from_texts, setup_record
-from vram.readers import load_training_config
-from vram.setup import Framework
-from vram.stack import stack_row
-from vram.validate import setup_from_row
+from vram.io.knobs import KnobError, setup_from_texts, setup_record
+from vram.io.readers import load_training_config
+from vram.io.validate import setup_from_row
+from vram.model.architecture import model_from_config_file
+from vram.setup.training import Framework
+from vram.stacks.rules import effective_fsdp_version
+from vram.stacks.table import stack_row
 
 CASES = Path(__file__).resolve().parents[2].parent / "shared" / "validation" / "cases.csv"
 BASE = dict(method="full", n_gpus=8, sharding="zero3", grad_ckpt=True, seq_len=2048)

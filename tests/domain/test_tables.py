@@ -9,10 +9,9 @@ import pytest
 
 from tests.conftest import ROOT
 from vram import Estimate, TrainingSetup, estimate, model_from_config
-from vram.activations import numerics, zero_half_model
-from vram.deepspeed_zero import runs_deepspeed_zero
 from vram.errors import VramError
-from vram.optimizer import (
+from vram.memory.activations import numerics, zero_half_model
+from vram.memory.optimizer import (
     OPTIMIZERS,
     blockwise_8bit_bytes,
     bnb_8bit_tensor_bytes,
@@ -22,11 +21,12 @@ from vram.optimizer import (
     projection_rank,
     torchao_4bit_tensor_bytes,
 )
-from vram.params import Matrices, ParamGroup, Storage, param_groups
-from vram.params import allocated_bytes as allocated
-from vram.precision import precision_policy
-from vram.setup import Framework, Loss, Optimizer
-from vram.stack import (
+from vram.memory.params import Matrices, ParamGroup, Storage, param_groups
+from vram.memory.params import allocated_bytes as allocated
+from vram.setup.training import Framework, Loss, Optimizer
+from vram.sharding.deepspeed_zero import runs_deepspeed_zero
+from vram.stacks.precision import precision_policy
+from vram.stacks.table import (
     ROW_FIELDS,
     STACKS,
     profile_for,
@@ -68,7 +68,7 @@ def test_docs_stacks_md_is_generated_from_the_table() -> None:
 def test_a_framework_without_a_row_is_an_error_not_hugging_face(
         monkeypatch: pytest.MonkeyPatch) -> None:
     rows = {k: v for k, v in STACKS.items() if k is not Framework.UNSLOTH}
-    monkeypatch.setattr("vram.stack.STACKS", MappingProxyType(rows))
+    monkeypatch.setattr("vram.stacks.table.STACKS", MappingProxyType(rows))
     with pytest.raises(VramError, match="framework: no stack profile for 'unsloth'"):
         profile_for(TrainingSetup(framework="unsloth"))
 
@@ -109,7 +109,7 @@ def test_fsdp2_embedding_units_per_stack() -> None:
     """torchtitan's apply_fsdp always wraps tok_embeddings and [norm, output] as units;
     torchtune's full fine-tune configs list them in custom_sharded_layers, its LoRA recipe
     wraps the layers only; every other stack (Accelerate's FSDP2) leaves them in the root."""
-    from vram.stack import fsdp_embedding_units
+    from vram.stacks.table import fsdp_embedding_units
 
     full = {f for f in Framework if stack_row(f).default_fsdp_embedding_units}
     adapters = {f for f in Framework if stack_row(f).adapter_fsdp_embedding_units}

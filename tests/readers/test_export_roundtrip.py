@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vram import TrainingSetup, estimate
-from vram.export import to_axolotl_yaml, to_trl_yaml
-from vram.readers import load_training_config
+from vram.io.export import to_axolotl_yaml, to_trl_yaml
+from vram.io.readers import load_training_config
 
 MODEL = "llama-3.1-8b"
 TARGETS = st.one_of(st.just("all-linear"), st.lists(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from vram.architecture import HeadKind, ModelSpec
-from vram.setup import Method, TrainingSetup
+from vram.model.architecture import HeadKind, ModelSpec
+from vram.setup.training import Method, TrainingSetup
 
 
 class Recompute(StrEnum):

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vram.setup import (
+from vram.setup.training import (
     ALL_LINEAR,
     Attention,
     Loss,

@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from vram.architecture import ModelSpec
 from vram.gpus import Gpu
+from vram.model.architecture import ModelSpec
 from vram.plan.flops import Recompute, flops_per_token
 from vram.result import Estimate
-from vram.setup import Loss, Offload, Optimizer, Sharding, TrainingSetup
+from vram.setup.training import Loss, Offload, Optimizer, Sharding, TrainingSetup
 
 
 class GpuClass(StrEnum):

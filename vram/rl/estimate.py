@@ -9,15 +9,15 @@ and reference) before it. Held to the trace of TRL's code in benchmarks/rl_trace
 
 from __future__ import annotations
 
-from vram.architecture import ModelSpec
-from vram.estimate import estimate as sft_estimate
+from vram.model.architecture import ModelSpec
 from vram.result import BucketName, Estimate, LineItem
 from vram.rl import engine as eng
 from vram.rl import kv_cache
 from vram.rl.policy_step import no_grad_logits_bytes, policy_moments
 from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
 from vram.rl.setup import OFFLINE, Algo, Reference, RLSetup, Rollout
-from vram.setup import TrainingSetup
+from vram.setup.training import TrainingSetup
+from vram.step.estimate import estimate as sft_estimate
 from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
 
 Items = list[tuple[RLBucket, LineItem]]

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.activations import plan as activation_plan
-from vram.architecture import ModelSpec
+from vram.memory.activations import plan as activation_plan
+from vram.model.architecture import ModelSpec
 from vram.result import Estimate
 from vram.rl.setup import OFFLINE, Reference, RLSetup
-from vram.setup import Precision, TrainingSetup
-from vram.stack import profile_for
+from vram.setup.training import Precision, TrainingSetup
+from vram.stacks.table import profile_for
 from vram.units import BF16_BYTES, FP32_BYTES
 
 #: Rows `entropy_from_logits` handles at once (trl/trainer/utils.py@v1.9.0, chunk_size=128);

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.knob_rules import bnb_keeps_matmul_input
-from vram.precision import lora_base_16bit
-from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
-from vram.stack import profile_for, stack_row
+from vram.setup.training import ALL_LINEAR, Method, Precision, TrainingSetup
+from vram.stacks.precision import lora_base_16bit
+from vram.stacks.rules import bnb_keeps_matmul_input
+from vram.stacks.table import profile_for, stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
 
 #: Config keys that hold the number of repeated blocks.
@@ -170,7 +170,7 @@ def kind_of(model_type: str) -> str:
 
 def weight_dtype(setup: TrainingSetup) -> torch.dtype:
     """The dtype the model is loaded in: 16 bits for pure bf16 and for a LoRA base loaded in
-    16 bits under a mixed recipe (`vram.precision.lora_base_16bit`), else fp32."""
+    16 bits under a mixed recipe (`vram.stacks.precision.lora_base_16bit`), else fp32."""
     if setup.precision is Precision.BF16_TRUE:
         return torch.bfloat16
     if lora_base_16bit(setup, stack_row(setup.framework).loads_lora_base_16bit):
@@ -305,7 +305,7 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         # Conv1D stores its weight transposed; PEFT would set this itself, with a warning
         fan_in_fan_out=model_type in CONV1D_TYPES,
     )
-    # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stack).
+    # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stacks.table).
     keep_dtype = not stack_row(setup.framework).fp32_adapters
     peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
     if keep_dtype:

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from vram.setup import Precision, TrainingSetup
+from vram.setup.training import Precision, TrainingSetup
 from vram.trace.build import Built, TraceUnsupported, build, with_depth
 from vram.trace.optim import make_optimizer, state_tensors
 from vram.trace.step import (
@@ -99,14 +99,14 @@ def separate_units(built: Built) -> tuple[Any, Any] | None:
 
 def shard(built: Built, setup: TrainingSetup, mesh: Any) -> list[Any]:
     """`fully_shard` every repeated block, then the root; returns the FSDP states. With
-    `fsdp_embedding_units` (`vram.stack.fsdp_embedding_units`) the embedding before the blocks
+    `fsdp_embedding_units` (`vram.stacks.table.fsdp_embedding_units`) the embedding before the blocks
     and the output head after them are units of their own, each with the blocks'
     `reshard_after_forward` (torchtune's `shard_model` with `custom_sharded_layers`,
     torchtune/training/_distributed.py@v0.3.0; the order of the calls does not change what
     runs: the root's lazy init orders the units by module); the root keeps the final norm."""
     from torch.distributed.fsdp import fully_shard
 
-    from vram.stack import fsdp_embedding_units
+    from vram.stacks.table import fsdp_embedding_units
 
     policy = _mp_policy(setup)
     reshard = fsdp2_reshards_after_forward(setup)
@@ -154,7 +154,7 @@ class ShardedTracker(_HostScalarTracker):
 
     def resized(self, storage: torch.UntypedStorage) -> None:
         """FSDP2 allocates and frees unsharded parameters by resizing their storage."""
-        from vram.params import allocated_bytes
+        from vram.memory.params import allocated_bytes
 
         key = self.key(storage)
         info = self.live.get(key)

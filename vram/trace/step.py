@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup import Loss, Optimizer, TrainingSetup
-from vram.stack import runs_fsdp2
+from vram.setup.training import Loss, Optimizer, TrainingSetup
+from vram.stacks.table import runs_fsdp2
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
 from vram.trace.cuda_autocast import cuda_autocast
