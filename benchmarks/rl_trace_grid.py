@@ -24,7 +24,7 @@ from typing import Any
 from vram.model.architecture import model_from_config
 from vram.rl import RLSetup
 from vram.rl import estimate as rl_estimate
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.units import GIB
 
 TOLERANCE = 0.05

@@ -9,7 +9,7 @@ import json
 import time
 from pathlib import Path
 
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.trace import trace_step
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"

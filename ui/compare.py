@@ -13,7 +13,7 @@ import streamlit as st
 
 from ui import inputs, params, text
 from vram.result import Estimate
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 
 def _pins() -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from vram.errors import VramError
 from vram.io.knobs import setup_knobs
 from vram.io.readers import FORMATS, LoadedTrainingConfig, load_training_config
 from vram.model.catalog import catalog_entry
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 MAX_IMPORT_BYTES = 512_000
 _REPORT = "_import_report"

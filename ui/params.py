@@ -24,7 +24,7 @@ from vram.io.knobs import (
     setup_knobs,
 )
 from vram.io.knobs import build_setup as build_knob_setup
-from vram.setup.training import ALL_LINEAR, Sharding, TrainingSetup
+from vram.setup import ALL_LINEAR, Sharding, TrainingSetup
 
 State = dict[str, Any]
 

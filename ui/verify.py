@@ -16,7 +16,7 @@ import streamlit as st
 from ui import charts, render, text
 from ui.charts import Unit
 from vram.result import Estimate
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.trace import INSTALL_HINT, trace_available
 
 BUCKETS = ("weights", "gradients", "optimizer", "activations")

@@ -27,7 +27,7 @@ from vram.result import (
     PeakBytes,
     Phase,
 )
-from vram.setup.training import (
+from vram.setup import (
     Attention,
     Framework,
     Loss,

@@ -21,7 +21,7 @@ from vram.memo import memoized
 from vram.memory.overhead import cuda_context_bytes
 from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
-from vram.setup.training import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
+from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
 from vram.step.estimate import estimate_peaks
 from vram.units import MIB
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, TypeVar
 from pydantic import BaseModel
 
 if TYPE_CHECKING:  # imported by vram.model.spec itself: no runtime import of the model types
-    from vram.setup.training import TrainingSetup
+    from vram.setup import TrainingSetup
 
 T = TypeVar("T")
 

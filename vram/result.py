@@ -18,7 +18,7 @@ from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool

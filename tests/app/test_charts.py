@@ -12,7 +12,7 @@ import pytest
 import vram
 from ui import charts, label_layout
 from vram.result import BUCKET_ORDER
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 GIB = 2**30
 

@@ -12,7 +12,7 @@ from tests.app.conftest import PAGES, open_advanced
 from ui import params
 from ui.charts import format_bytes
 from ui.text import shown
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 DEFAULT_MODEL = "llama-3.1-8b"
 

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ui import params
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 VENDORS, SEGMENTS = ("AMD", "NVIDIA"), ("consumer", "datacenter", "workstation")
 REG = params.registry(("llama-3.2-1b", "llama-3.1-8b"), "llama-3.1-8b",

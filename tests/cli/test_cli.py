@@ -12,7 +12,7 @@ import pytest
 
 from vram.cli import build_parser, main, setup_from_args
 from vram.io.knobs import setup_knobs
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--method", "qlora", "--optimizer", "adamw",
             "--precision", "bf16-mixed", "--batch", "1", "--seq", "2048"]

@@ -8,7 +8,7 @@ import pytest
 
 import vram
 from vram.io.report import estimate_table, inference_line, setup_warnings
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""DeepSpeed's ZeRO engine: what it keeps on the GPU, read from its source (vram.sharding.deepspeed_zero,
-vram.stacks.precision), on DeepSpeedExamples' 254M SimpleTransformer (the dsbf16 case rows)."""
+"""DeepSpeed's ZeRO engine: what it keeps on the GPU, read from its source
+(vram.sharding.deepspeed_zero, vram.stacks.precision), on DeepSpeedExamples' 254M
+SimpleTransformer (the dsbf16 case rows)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from vram.errors import ConfigError
 from vram.memory.activations import Kernel, attention_kernel, layer_activations
 from vram.model.architecture import SUPPORTED_FAMILIES
 from vram.model.families import ALIASES, FAMILIES
-from vram.stacks.table import profile_for
+from vram.stacks.profile import profile_for
 
 VRAM = Path(__file__).resolve().parents[2] / "vram"
 

@@ -12,7 +12,7 @@ from vram import TrainingSetup, load_model, model_from_config
 from vram.errors import ConfigError
 from vram.memory.activations import layer_activations
 from vram.model.architecture import SUPPORTED_FAMILIES
-from vram.stacks.table import profile_for
+from vram.stacks.profile import profile_for
 
 
 def _opt_block(h: int, ffn: int) -> int:

@@ -1,6 +1,6 @@
-"""What FSDP2 holds unsharded around the end of the forward (vram.sharding.fsdp2), read in PyTorch 2.13.0
-and measured by the sharded trace: the last block's all-gather buffer lives through the head and
-the loss (inside the root's forward) and is freed by the root's post-forward
+"""What FSDP2 holds unsharded around the end of the forward (vram.sharding.fsdp2), read in PyTorch
+2.13.0 and measured by the sharded trace: the last block's all-gather buffer lives through the
+head and the loss (inside the root's forward) and is freed by the root's post-forward
 (torch/distributed/fsdp/_fully_shard/_fsdp_state.py@v2.13.0 _post_forward #L333-L342)."""
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def test_mistral_loss_backward_holds_one_block_less_than_the_forward_end() -> No
 def _mlp_transient(method: str, **fields: object) -> int:
     """One layer's backward peak above its saved tensors (Mistral 7B, 1 × 1,024 tokens, bf16)."""
     from vram.memory import activations as act
-    from vram.stacks.table import profile_for
+    from vram.stacks.profile import profile_for
 
     setup = TrainingSetup(method=method, precision="bf16-true", micro_batch=1, seq_len=1024,
                           lora_targets="q_proj,v_proj", **fields)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from vram import TrainingSetup, estimate, load_model, model_from_config
 from vram.memory.activations import layer_activations
 from vram.memory.optimizer import optimizer_state
 from vram.memory.params import Storage, param_groups, quantized_bytes
-from vram.stacks.table import profile_for
+from vram.stacks.profile import profile_for
 
 GB = 10**9
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from vram import Estimate, TrainingSetup, estimate, load_model
 from vram.memory.params import param_groups
-from vram.stacks.table import profile_for
+from vram.stacks.profile import profile_for
 
 MODELS = [
     "llama-3.2-1b",

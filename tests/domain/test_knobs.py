@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import vram
 from vram.io.knobs import KnobError, SetupKnob, knob_for, setup_knobs
 from vram.io.validate import setup_from_row
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 CASES = Path(__file__).resolve().parents[3] / "shared" / "validation" / "cases.csv"
 

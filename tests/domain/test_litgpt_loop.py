@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from vram import TrainingSetup, estimate, load_model
 from vram.memory.activations import layer_activations, plan
-from vram.stacks.table import profile_for
+from vram.stacks.profile import profile_for
 
 LLAMA3_8B = "meta-llama-3-8b"
 

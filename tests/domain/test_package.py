@@ -15,8 +15,8 @@ import vram
 def test_the_core_is_light() -> None:
     """`import vram` (and its CLI, validation and trace entry points) loads none of the app's
     dependencies: no Streamlit, no plotly, no pandas (a light core, issue 15)."""
-    code = ("import sys, vram, vram.cli, vram.io.knobs, vram.io.validate, vram.trace, vram.io.export, "
-            "vram.io.readers; "
+    code = ("import sys, vram, vram.cli, vram.io.knobs, vram.io.validate, vram.trace, "
+            "vram.io.export, vram.io.readers; "
             "print(sorted(m for m in ('streamlit', 'plotly', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()

@@ -29,7 +29,7 @@ import vram
 from tests.streamlit_speed import scan_components_once
 from vram.cli import main as cli_main
 from vram.paths import data_dir
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 scan_components_once()  # AppTest otherwise rescans every installed package per run
 

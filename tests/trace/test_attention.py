@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from vram.memory.params import allocated_bytes as rounded  # noqa: E402
-from vram.setup.training import TrainingSetup  # noqa: E402
+from vram.setup import TrainingSetup  # noqa: E402
 from vram.trace import attention  # noqa: E402
 from vram.trace.step import trace_depth  # noqa: E402
 from vram.trace.tracker import StorageTracker  # noqa: E402

@@ -16,7 +16,7 @@ from torch import nn  # noqa: E402
 
 from vram import TrainingSetup, model_from_config  # noqa: E402
 from vram.memory.activations import layer_activations  # noqa: E402
-from vram.stacks.table import profile_for  # noqa: E402
+from vram.stacks.profile import profile_for  # noqa: E402
 
 
 class SimpleTransformerBlock(nn.Module):

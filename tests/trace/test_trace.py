@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
 from vram.memory.params import allocated_bytes as rounded  # noqa: E402
-from vram.setup.training import TrainingSetup  # noqa: E402
+from vram.setup import TrainingSetup  # noqa: E402
 from vram.trace import trace_step  # noqa: E402
 from vram.trace.quant import QuantLinear, storage_bytes  # noqa: E402
 from vram.trace.step import trace_depth  # noqa: E402

@@ -33,7 +33,7 @@ from vram.io.report import (
 )
 from vram.io.validate import report_lines, run_cases
 from vram.model.catalog import load_config, load_model, model_catalog
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.step.estimate import estimate
 from vram.units import format_gib
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from vram.errors import VramError
 from vram.io.readers import cli_hook
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 Handler = Callable[[argparse.Namespace], int]
 

@@ -18,7 +18,7 @@ from vram.model.catalog import load_model
 from vram.rl import estimate
 from vram.rl.result import RLEstimate
 from vram.rl.setup import Algo, Engine, Reference, RLSetup, Rollout
-from vram.setup.training import Method, Optimizer, Precision, Sharding, TrainingSetup
+from vram.setup import Method, Optimizer, Precision, Sharding, TrainingSetup
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 from vram.model.catalog import catalog_entry
-from vram.setup.training import (
+from vram.setup import (
     ALL_LINEAR,
     Loss,
     Method,
@@ -24,9 +24,7 @@ from vram.setup.training import (
     Sharding,
     TrainingSetup,
 )
-from vram.stacks.rules import effective_fsdp_version
-from vram.stacks.table import ckpt_reentrant as stack_ckpt_reentrant
-from vram.stacks.table import stack_row
+from vram.stacks.resolve import resolve
 
 #: setup optimizer -> Transformers `optim` / axolotl `optimizer` name.
 OPTIMIZER_NAMES: dict[str, str] = {
@@ -62,19 +60,10 @@ def _targets(setup: TrainingSetup) -> list[str] | str:
     return ALL_LINEAR if setup.lora_targets == ALL_LINEAR else list(setup.lora_targets)
 
 
-def _knob(setup: TrainingSetup, fields: dict[str, Any], name: str) -> Any:
-    """A knob from the setup once it holds it, else from a reader's fields."""
-    value = getattr(setup, name, None)
-    return value if value is not None else fields.get(name)
-
-
-def _reentrant(setup: TrainingSetup, fields: dict[str, Any]) -> dict[str, Any]:
+def _reentrant(setup: TrainingSetup) -> dict[str, Any]:
     """The checkpointing the estimate assumed, written out: the setup's choice, else the
-    reader's, else the stack's default (`vram.stacks.table.ckpt_reentrant`)."""
-    value = _knob(setup, fields, "ckpt_reentrant")
-    if not isinstance(value, bool):
-        value = stack_ckpt_reentrant(setup)
-    return {"use_reentrant": value}
+    stack's default (`vram.stacks.resolve`)."""
+    return {"use_reentrant": bool(resolve(setup).run.ckpt_reentrant)}
 
 
 def _deepspeed(setup: TrainingSetup) -> dict[str, Any]:
@@ -87,19 +76,16 @@ def _deepspeed(setup: TrainingSetup) -> dict[str, Any]:
             "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
 
 
-def _parallel(setup: TrainingSetup, fields: dict[str, Any], out: dict[str, Any],
-              notes: list[str], *, version_key: str | None) -> None:
+def _parallel(setup: TrainingSetup, out: dict[str, Any], notes: list[str], *,
+              version_key: str | None) -> None:
     """FSDP where the estimate ran FSDP (zero2/zero3 without optimizer-only offload),
     DeepSpeed otherwise."""
     if setup.sharding in (Sharding.NONE, Sharding.DDP):
         return
     fsdp_ok = setup.sharding in (Sharding.ZERO2, Sharding.ZERO3) and (
         setup.offload is not Offload.OPTIMIZER)
-    version_value = _knob(setup, fields, "fsdp_version")
-    if version_value is None and fields.get("sharding_engine") != "deepspeed":
-        # the engine the estimate assumed: the knob, else the stack's (FSDP1 for the HF stacks)
-        version_value = effective_fsdp_version(
-            setup, stack_row(setup.framework).default_fsdp_version)
+    # the engine the estimate assumed: the knobs, else the stack's (FSDP1 for the HF stacks)
+    version_value = resolve(setup).run.fsdp_version
     if fsdp_ok and version_value is not None:
         version = int(version_value)
         strategy = "FULL_SHARD" if setup.sharding is Sharding.ZERO3 else "SHARD_GRAD_OP"
@@ -131,14 +117,8 @@ def _gpu_note(setup: TrainingSetup, notes: list[str]) -> None:
                      f"{setup.n_gpus}); a config file does not hold the GPU count")
 
 
-def to_axolotl(setup: TrainingSetup, model: str,
-               fields: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
-    """An axolotl config (as a dict) and notes on what axolotl cannot say exactly.
-
-    `fields` may carry knobs the setup does not hold yet (`ckpt_reentrant`, `fsdp_version`,
-    `loss: fused-linear`), as a reader returns them.
-    """
-    fields = fields or {}
+def to_axolotl(setup: TrainingSetup, model: str) -> tuple[dict[str, Any], list[str]]:
+    """An axolotl config (as a dict) and notes on what axolotl cannot say exactly."""
     notes: list[str] = []
     out: dict[str, Any] = {"base_model": hub_id(model)}
     quant = setup.effective_quant.value
@@ -163,24 +143,24 @@ def to_axolotl(setup: TrainingSetup, model: str,
     out["micro_batch_size"] = setup.micro_batch
     out["gradient_accumulation_steps"] = setup.grad_accum
     out["gradient_checkpointing"] = setup.grad_ckpt
-    if setup.grad_ckpt and _reentrant(setup, fields):
-        out["gradient_checkpointing_kwargs"] = _reentrant(setup, fields)
+    if setup.grad_ckpt:
+        out["gradient_checkpointing_kwargs"] = _reentrant(setup)
     out["optimizer"] = _optimizer(setup, notes)
     _axolotl_precision(setup, out, notes)
     out["attn_implementation"] = _ATTENTION[setup.attention.value]
-    loss = fields.get("loss") or (setup.loss.value if setup.loss else None)
+    loss = setup.loss.value if setup.loss else None
     if loss == "fused-linear":
         out["plugins"] = ["axolotl.integrations.liger.LigerPlugin"]
         out["liger_fused_linear_cross_entropy"] = True
     elif loss == Loss.CHUNKED.value:
         out["chunked_cross_entropy"] = True
-    out["torch_compile"] = setup.effective_compile
+    out["torch_compile"] = bool(resolve(setup).run.compile)
     if setup.offload is Offload.ACTIVATIONS:
         if setup.grad_ckpt:
             out["gradient_checkpointing"] = "offload"
         else:
             notes.append("axolotl offloads activations only with checkpointing; not written")
-    _parallel(setup, fields, out, notes, version_key="fsdp_version")
+    _parallel(setup, out, notes, version_key="fsdp_version")
     _stack_note(setup, "axolotl", notes)
     _gpu_note(setup, notes)
     return out, notes
@@ -204,10 +184,8 @@ def _axolotl_precision(setup: TrainingSetup, out: dict[str, Any], notes: list[st
     out["tf32"] = False
 
 
-def to_trl(setup: TrainingSetup, model: str,
-           fields: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+def to_trl(setup: TrainingSetup, model: str) -> tuple[dict[str, Any], list[str]]:
     """A `trl sft --config` file (as a dict) and notes."""
-    fields = fields or {}
     notes: list[str] = []
     out: dict[str, Any] = {"model_name_or_path": hub_id(model)}
     quant = setup.effective_quant.value
@@ -232,22 +210,22 @@ def to_trl(setup: TrainingSetup, model: str,
     out["gradient_accumulation_steps"] = setup.grad_accum
     out["max_length"] = setup.seq_len
     out["gradient_checkpointing"] = setup.grad_ckpt
-    if setup.grad_ckpt and _reentrant(setup, fields):
-        out["gradient_checkpointing_kwargs"] = _reentrant(setup, fields)
+    if setup.grad_ckpt:
+        out["gradient_checkpointing_kwargs"] = _reentrant(setup)
     out["optim"] = _optimizer(setup, notes)
     out["bf16"] = setup.precision in (Precision.BF16_MIXED, Precision.BF16_TRUE)
     out["fp16"] = setup.precision is Precision.FP16_MIXED
     out["attn_implementation"] = _ATTENTION[setup.attention.value]
-    loss = fields.get("loss") or setup.effective_loss.value
-    if loss == "fused-linear":
+    loss = resolve(setup).run.loss
+    if loss is Loss.FUSED_LINEAR:
         out["use_liger_kernel"] = True
     else:
         out["use_liger_kernel"] = False
-        out["loss_type"] = "chunked_nll" if loss == Loss.CHUNKED.value else "nll"
-    out["torch_compile"] = setup.effective_compile
+        out["loss_type"] = "chunked_nll" if loss is Loss.CHUNKED else "nll"
+    out["torch_compile"] = bool(resolve(setup).run.compile)
     if setup.offload is Offload.ACTIVATIONS:
         out["activation_offloading"] = True
-    _parallel(setup, fields, out, notes, version_key=None)
+    _parallel(setup, out, notes, version_key=None)
     _stack_note(setup, "TRL", notes)
     _gpu_note(setup, notes)
     return out, notes
@@ -262,12 +240,12 @@ def dump_yaml(config: dict[str, Any], notes: list[str], header: str) -> str:
 
 
 def to_axolotl_yaml(setup: TrainingSetup, model: str,
-                    fields: dict[str, Any] | None = None) -> tuple[str, list[str]]:
-    config, notes = to_axolotl(setup, model, fields)
+) -> tuple[str, list[str]]:
+    config, notes = to_axolotl(setup, model)
     return dump_yaml(config, notes, "axolotl config (axolotl train this.yml)"), notes
 
 
 def to_trl_yaml(setup: TrainingSetup, model: str,
-                fields: dict[str, Any] | None = None) -> tuple[str, list[str]]:
-    config, notes = to_trl(setup, model, fields)
+) -> tuple[str, list[str]]:
+    config, notes = to_trl(setup, model)
     return dump_yaml(config, notes, "TRL config (trl sft --config this.yml)"), notes

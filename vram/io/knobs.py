@@ -1,6 +1,6 @@
 """The setup's knobs, each declared once on its `TrainingSetup` field, resolved for every surface.
 
-A field's `Knob` metadata (vram.setup.training) plus its type, default and range give everything the
+A field's `Knob` metadata (vram.setup) plus its type, default and range give everything the
 command line, the app, its URLs and the case-file reader need:
 
     >>> knob = knob_for("micro_batch")
@@ -27,9 +27,8 @@ import annotated_types
 from pydantic import ValidationError
 
 from vram.errors import VramError
-from vram.setup.training import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
-from vram.stacks.rules import effective_fsdp_version, runs_deepspeed_engine, torch_autocast
-from vram.stacks.table import ckpt_reentrant, fsdp_embedding_units, runs_fsdp2, stack_row
+from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
+from vram.stacks.resolve import resolve
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
 #: What a None value is called on every surface ("the stack's default").
@@ -324,20 +323,19 @@ def error_lines(exc: ValidationError, name_of: Callable[[SetupKnob], str]) -> li
 
 
 def _resolved(setup: TrainingSetup) -> dict[str, object]:
-    """Fields whose None means "the stack's default", resolved to what the run does."""
-    sharded = setup.sharding.value in ("zero2", "zero3")
-    stack_fsdp = stack_row(setup.framework).default_fsdp_version
-    deepspeed = runs_deepspeed_engine(setup, stack_fsdp)
-    zero = setup.sharding.value in ("zero1", "zero2", "zero3")
+    """Fields whose None means "the stack's default", as the run has them
+    (`vram.stacks.resolve`); a knob that does nothing in this run stays None."""
+    resolved = resolve(setup)
+    run = resolved.run
     return {
-        "sharding_engine": ("deepspeed" if deepspeed else "fsdp") if zero else None,
+        "sharding_engine": run.sharding_engine,
         "quant": setup.effective_quant,
-        "loss": setup.effective_loss,
-        "compile": setup.effective_compile,
-        "ckpt_reentrant": ckpt_reentrant(setup) if setup.grad_ckpt else None,
-        "fsdp_version": effective_fsdp_version(setup, stack_fsdp) if sharded else None,
-        "fsdp_embedding_units": fsdp_embedding_units(setup) if runs_fsdp2(setup) else None,
-        "torch_autocast": torch_autocast(setup, deepspeed),
+        "loss": run.loss,
+        "compile": run.compile,
+        "ckpt_reentrant": run.ckpt_reentrant if setup.grad_ckpt else None,
+        "fsdp_version": run.fsdp_version if setup.sharding.shards_gradients else None,
+        "fsdp_embedding_units": run.fsdp_embedding_units if resolved.fsdp2 else None,
+        "torch_autocast": run.torch_autocast,
     }
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from vram.gpus import FitReport, Gpu
 from vram.io.knobs import setup_record
 from vram.result import Estimate
-from vram.setup.training import Sharding, TrainingSetup
+from vram.setup import Sharding, TrainingSetup
 from vram.step.through_step import peak_moment
 from vram.units import format_gib, size_text
 

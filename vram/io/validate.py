@@ -24,7 +24,7 @@ from vram.errors import CatalogError, FileReadError, VramError
 from vram.files import read_csv_rows
 from vram.io.knobs import SetupKnob, setup_from_texts
 from vram.model.architecture import model_from_config_file
-from vram.setup.training import CASE_FILE_DEEPSPEED_NAMES, TrainingSetup
+from vram.setup import CASE_FILE_DEEPSPEED_NAMES, TrainingSetup
 from vram.step.estimate import estimate
 
 SCORED_CONFIDENCE = frozenset({"high", "medium"})

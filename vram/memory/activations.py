@@ -8,7 +8,8 @@ The count follows what PyTorch really saves, op by op, not a rule of thumb:
 - SDPA's flash and memory-efficient kernels keep q, k, v, the output and a logsumexp; eager
   attention keeps the s×s probabilities (in fp32 in HF's softmax) and their 16-bit cast.
 - SiLU/GELU keep their input; the gate product keeps both factors.
-- Cross-entropy keeps log-softmax of the logits (fp32 when the stack upcasts them): `vram.memory.head`.
+- Cross-entropy keeps log-softmax of the logits (fp32 when the stack upcasts them):
+  `vram.memory.head`.
 
 Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", §4)
 give `s·b·h·(34 + 5·a·s/h)` bytes per GPT layer for one implementation; the terms below are the
@@ -24,17 +25,17 @@ from dataclasses import dataclass, field
 from vram.memo import memoized, per_token_key
 from vram.memory.attention import Kernel, attention_kernel, mask_bytes_per_sequence, needs_mask
 from vram.memory.head import HeadActivations, head_activations
-from vram.memory.numerics import FP32, Numerics, numerics, zero_half_model
 from vram.memory.params import is_targeted, leaves_bank_unquantized, targeted_roles
 from vram.model.spec import MlpKind, ModelSpec, NormKind, Role, Stack
-from vram.setup.training import Attention, Method, Offload, Quant, TrainingSetup
-from vram.stacks.table import StackProfile, runs_transformers_code
+from vram.setup import Attention, Method, Offload, Quant, TrainingSetup
+from vram.stacks.precision import PrecisionPolicy
+from vram.stacks.profile import StackProfile, runs_transformers_code
+from vram.units import FP32_BYTES as FP32
 
 __all__ = [
-    "FP32", "ActivationPlan", "HeadActivations", "Kernel", "LayerActivations", "LayerContext",
-    "MoeBackward", "Numerics", "Term", "attention_kernel", "experts_run_grouped",
-    "head_activations", "layer_activations", "layer_context", "numerics", "plan",
-    "zero_half_model",
+    "ActivationPlan", "HeadActivations", "Kernel", "LayerActivations", "LayerContext",
+    "MoeBackward", "Term", "attention_kernel", "experts_run_grouped", "head_activations",
+    "layer_activations", "layer_context", "plan",
 ]
 
 
@@ -120,7 +121,7 @@ class LayerContext:
     stack: Stack
     setup: TrainingSetup
     profile: StackProfile
-    n: Numerics
+    n: PrecisionPolicy
     #: Every weight trains (full fine-tune).
     full: bool
     #: A Linear keeps its input when its weight trains, or when it is a bitsandbytes 4-bit
@@ -153,7 +154,7 @@ class LayerContext:
 
 def layer_context(model: ModelSpec, stack: Stack, setup: TrainingSetup,
                   profile: StackProfile) -> LayerContext:
-    n = numerics(setup, profile)
+    n = profile.precision
     full = setup.method is Method.FULL
     return LayerContext(
         model=model, stack=stack, setup=setup, profile=profile, n=n, full=full,
@@ -182,7 +183,7 @@ def _hidden(stack: Stack) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _norm_bytes_per_token(stack: Stack, n: Numerics, profile: StackProfile, *,
+def _norm_bytes_per_token(stack: Stack, n: PrecisionPolicy, profile: StackProfile, *,
                           weight_trains: bool) -> int:
     """One norm, per token.
 
@@ -217,7 +218,7 @@ def norms_term(c: LayerContext) -> Term:
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
 
 
-def _input_bytes_per_hidden_unit(n: Numerics, n_linears: int) -> int:
+def _input_bytes_per_hidden_unit(n: PrecisionPolicy, n_linears: int) -> int:
     """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
 
     Without autocast the Linears share one input tensor; under autocast (or with bnb's own
@@ -513,7 +514,7 @@ def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> i
 
 
 def _lora_branch_bytes_per_token(setup: TrainingSetup, lora_bytes: int, d_in: int,
-                                 n: Numerics) -> int:
+                                 n: PrecisionPolicy) -> int:
     """PEFT / LitGPT LoRA branch of one Linear: `B(A(dropout(x)))`, per token.
 
     Dropout keeps its 1-byte mask (CUDA's fused kernel). lora_A's matmul keeps its input for
@@ -763,7 +764,7 @@ class PlanPerToken:
 
 
 def selective_kept_per_token(model: ModelSpec, stack: Stack, setup: TrainingSetup,
-                             profile: StackProfile, n: Numerics) -> int:
+                             profile: StackProfile, n: PrecisionPolicy) -> int:
     """Per token and layer, what selective (per-op) checkpointing keeps beside the block's
     input: the outputs of the 1st, 3rd, 5th, ... matmul of the block and the fused attention
     kernel's output and logsumexp (torchtitan/models/llama3/parallelize.py@dfb1a6ad9
@@ -781,7 +782,7 @@ def selective_kept_per_token(model: ModelSpec, stack: Stack, setup: TrainingSetu
 
 def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
                     profile: StackProfile) -> PlanPerToken:
-    n = numerics(setup, profile)
+    n = profile.precision
     layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
     checkpointed = stored = 0
     if setup.grad_ckpt:
@@ -859,7 +860,7 @@ def _previous_step_bytes_per_token(model: ModelSpec, setup: TrainingSetup, profi
         return 0
     kept = sum(layer.count * layer.ctx_kept_per_token for layer in layers)
     if profile.quantizes_head:
-        kept += numerics(setup, profile).compute * model.hidden_size
+        kept += profile.precision.compute * model.hidden_size
     return kept
 
 

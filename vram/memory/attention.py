@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from vram.memory.numerics import FP32, Numerics, numerics
 from vram.model.spec import ModelSpec, Stack
-from vram.setup.training import Attention, TrainingSetup
-from vram.stacks.table import StackProfile, runs_transformers_code
+from vram.setup import Attention, TrainingSetup
+from vram.stacks.precision import PrecisionPolicy
+from vram.stacks.profile import StackProfile, runs_transformers_code
+from vram.units import FP32_BYTES as FP32
 
 
 class Kernel(StrEnum):
@@ -59,7 +60,7 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
     grouped = stack.n_kv_heads < stack.n_heads
     if needs_mask(model, setup, profile):
         return Kernel.EFFICIENT  # masked, k/v repeated: any dtype
-    if numerics(setup, profile).attention == FP32:
+    if profile.precision.attention == FP32:
         # Flash needs 16-bit inputs; the efficient kernel takes fp32 but not grouped k/v, which
         # HF passes unexpanded (enable_gqa) when no mask is needed.
         return Kernel.MATH if hf and grouped else Kernel.EFFICIENT
@@ -76,7 +77,7 @@ def needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) ->
 
 
 def mask_bytes_per_sequence(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-                            n: Numerics) -> int:
+                            n: PrecisionPolicy) -> int:
     """HF materializes a [batch, 1, s, s] additive causal mask in the compute dtype when the
     kernel needs one (eager, math), and a second one for sliding-window layers (Gemma 2)
     (transformers masking_utils). Per sequence of the batch: the mask grows with the batch."""

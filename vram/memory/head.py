@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vram.memory.numerics import FP32, numerics
 from vram.memory.params import head_targeted
 from vram.model.spec import HeadKind, ModelSpec
-from vram.setup.training import Method, TrainingSetup
-from vram.stacks.table import StackProfile
+from vram.setup import Method, TrainingSetup
+from vram.stacks.profile import StackProfile
+from vram.units import FP32_BYTES as FP32
 
 #: torchtune's CEWithChunkedOutputLoss splits the output projection and loss in 8 chunks.
 TORCHTUNE_CHUNKS = 8
@@ -46,7 +46,7 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     head = _head_activations(model, setup, profile)
     if head.kept_per_token is not None:
         return head
-    n = numerics(setup, profile)
+    n = profile.precision
     grad_hidden = n.compute * model.hidden_size
     logits = n.compute * model.vocab_size if profile.keeps_logits else 0
     return replace(head, kept_per_token=grad_hidden + logits)
@@ -62,7 +62,7 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     log-softmax (2·V) alive, the gradients replace them chunk by chunk.
     torchtune's chunked loss upcasts per chunk: 16-bit logits + fp32 log-probabilities.
     """
-    n = numerics(setup, profile)
+    n = profile.precision
     vocab = model.vocab_size
     if model.head_kind is HeadKind.CLASSIFIER:
         return HeadActivations(saved_per_token=0, loss_peak_per_token=0,

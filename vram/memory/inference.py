@@ -12,7 +12,7 @@ from vram.memo import memoized
 from vram.memory.params import STORAGE_BYTES, Storage, quantized_bytes
 from vram.model.architecture import ModelSpec
 from vram.result import InferenceEstimate, LineItem
-from vram.setup.training import Quant, TrainingSetup
+from vram.setup import Quant, TrainingSetup
 from vram.units import FP32_BYTES as FP32
 
 

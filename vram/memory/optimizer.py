@@ -20,7 +20,7 @@ from types import MappingProxyType
 
 from vram.errors import VramError
 from vram.memory.params import ParamGroup, allocated_bytes
-from vram.setup.training import Optimizer, TrainingSetup
+from vram.setup import Optimizer, TrainingSetup
 from vram.units import BF16_BYTES, FP32_BYTES, INT8_BYTES, ceil_div
 
 #: bitsandbytes' blockwise quantization of optimizer state: one fp32 absmax per 256 values

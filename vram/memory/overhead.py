@@ -8,7 +8,7 @@ performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffer
 
 from __future__ import annotations
 
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.units import MIB
 
 #: The CUDA context as nvidia-smi counts it: about 0.5 GiB with lazy module loading (CUDA >= 11.7),

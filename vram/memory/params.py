@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from vram.model.architecture import FUSED_PARTS, TARGET_ROLES, Linear, ModelSpec, Role
-from vram.setup.training import ALL_LINEAR, Method, Quant, TrainingSetup
-from vram.stacks.table import StackProfile
+from vram.setup import ALL_LINEAR, Method, Quant, TrainingSetup
+from vram.stacks.profile import StackProfile
 from vram.units import BF16_BYTES, FP32_BYTES, INT8_BYTES, ceil_div
 
 #: NF4 and int8 blocks as bitsandbytes stores them (bitsandbytes/functional.py quantize_4bit:

@@ -1,7 +1,8 @@
 """A model's shape, read from a Hugging Face `config.json`, with exact parameter counts.
 
-The spec types live in `vram.model.spec`, safe config reading in `vram.model.config_reader`, and each
-family's builder in `vram.model.families`; this module is the entry point that ties them together.
+The spec types live in `vram.model.spec`, safe config reading in `vram.model.config_reader`,
+and each family's builder in `vram.model.families`; this module is the entry point that ties
+them together.
 
     >>> spec = model_from_config({"model_type": "llama", ...})
     >>> spec.n_params

@@ -38,7 +38,7 @@ from vram.plan.throughput import (
     seconds_per_token,
     time_multiplier,
 )
-from vram.setup.training import Framework, Method, Offload, Sharding, TrainingSetup
+from vram.setup import Framework, Method, Offload, Sharding, TrainingSetup
 from vram.step.estimate import estimate
 
 #: Used only when no row at all could be read (a team's empty table).

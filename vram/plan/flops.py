@@ -16,7 +16,7 @@ from __future__ import annotations
 from enum import StrEnum
 
 from vram.model.architecture import HeadKind, ModelSpec
-from vram.setup.training import Method, TrainingSetup
+from vram.setup import Method, TrainingSetup
 
 
 class Recompute(StrEnum):

@@ -16,7 +16,7 @@ from vram.errors import VramError
 from vram.gpus import MAX_NODES, Gpu, _setup_for
 from vram.model.architecture import ModelSpec
 from vram.result import Estimate
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.step.estimate import estimate
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from vram.setup.training import (
+from vram.setup import (
     ALL_LINEAR,
     Attention,
     Loss,
@@ -29,6 +29,7 @@ from vram.setup.training import (
     Sharding,
     TrainingSetup,
 )
+from vram.stacks.resolve import resolve
 
 Change = dict[str, Any]
 
@@ -74,7 +75,7 @@ def _checkpointing(s: TrainingSetup) -> Change | None:
 
 
 def _chunked_loss(s: TrainingSetup) -> Change | None:
-    return None if s.effective_loss is Loss.CHUNKED else {"loss": Loss.CHUNKED}
+    return None if resolve(s).run.loss is Loss.CHUNKED else {"loss": Loss.CHUNKED}
 
 
 _ADAM_32 = (Optimizer.ADAMW, Optimizer.PAGED_ADAMW)

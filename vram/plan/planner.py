@@ -22,7 +22,7 @@ from vram.plan.hardware import Estimator, Hardware, find_gpu, largest_count, set
 from vram.plan.levers import LEVERS, MORE_GPUS, TIER_PENALTY, LeverSpec, applied, describe_change
 from vram.plan.solve import Proof, fewest_gpus, max_micro_batch, max_seq_len
 from vram.plan.throughput import Workload, gpu_class, offloaded_activations, seconds_per_token
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 #: Used for time ratios only, on a GPU whose catalog row has no FLOP/s figure.
 NOMINAL_TFLOPS = 100.0

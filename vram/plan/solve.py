@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from vram.plan.hardware import Estimator, setup_on
-from vram.setup.training import MAX_MICRO_BATCH, MAX_SEQ_LEN, TrainingSetup
+from vram.setup import MAX_MICRO_BATCH, MAX_SEQ_LEN, TrainingSetup
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 

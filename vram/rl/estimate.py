@@ -16,7 +16,7 @@ from vram.rl import kv_cache
 from vram.rl.policy_step import no_grad_logits_bytes, policy_moments
 from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
 from vram.rl.setup import OFFLINE, Algo, Reference, RLSetup, Rollout
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 from vram.step.estimate import estimate as sft_estimate
 from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
 

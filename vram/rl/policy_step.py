@@ -31,8 +31,8 @@ from vram.memory.activations import plan as activation_plan
 from vram.model.architecture import ModelSpec
 from vram.result import Estimate
 from vram.rl.setup import OFFLINE, Reference, RLSetup
-from vram.setup.training import Precision, TrainingSetup
-from vram.stacks.table import profile_for
+from vram.setup import Precision, TrainingSetup
+from vram.stacks.profile import profile_for
 from vram.units import BF16_BYTES, FP32_BYTES
 
 #: Rows `entropy_from_logits` handles at once (trl/trainer/utils.py@v1.9.0, chunk_size=128);

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vram.setup.training import Method, Sharding, TrainingSetup
+from vram.setup import Method, Sharding, TrainingSetup
 
 
 class Algo(StrEnum):

@@ -10,90 +10,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-
-class Method(StrEnum):
-    FULL = "full"
-    LORA = "lora"
-    QLORA = "qlora"
-
-
-class Quant(StrEnum):
-    NONE = "none"
-    NF4 = "nf4"
-    NF4_DQ = "nf4-dq"
-    INT8 = "int8"
-
-
-class Optimizer(StrEnum):
-    ADAMW = "adamw"
-    ADAMW_8BIT = "adamw-8bit"
-    PAGED_ADAMW = "paged-adamw"
-    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
-    SGD = "sgd"
-    SGD_MOMENTUM = "sgd-momentum"
-    ADAFACTOR = "adafactor"
-    LION = "lion"
-    ADAMW_IN_BACKWARD = "adamw-in-backward"
-    ADAMW_4BIT = "adamw-4bit"
-    GALORE_ADAMW8BIT_PER_LAYER = "galore-adamw8bit-per-layer"
-
-
-class Precision(StrEnum):
-    FP32 = "fp32"
-    FP16_MIXED = "fp16-mixed"
-    BF16_MIXED = "bf16-mixed"
-    BF16_TRUE = "bf16-true"
-
-
-class Attention(StrEnum):
-    EAGER = "eager"
-    SDPA = "sdpa"
-    FLASH = "flash"
-
-
-class Loss(StrEnum):
-    """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: the stack's
-    chunked loss (torchtune, LitGPT: all 16-bit logits exist, the loss runs per chunk; HF
-    Trainer: Liger's, fused). `fused-linear`: head and cross-entropy fused per chunk of tokens
-    (Liger), so the logits never exist whole."""
-
-    STANDARD = "standard"
-    CHUNKED = "chunked"
-    FUSED_LINEAR = "fused-linear"
-
-
-class Sharding(StrEnum):
-    NONE = "none"
-    DDP = "ddp"
-    ZERO1 = "zero1"
-    ZERO2 = "zero2"
-    ZERO3 = "zero3"
-
-
-class Offload(StrEnum):
-    NONE = "none"
-    OPTIMIZER = "optimizer"
-    PARAMS_OPTIMIZER = "params+optimizer"
-    ACTIVATIONS = "activations"
-
-
-class Framework(StrEnum):
-    HF_TRAINER = "hf-trainer"
-    LITGPT = "litgpt"
-    TORCHTUNE = "torchtune"
-    PEFT_ACCELERATE = "peft-accelerate"
-    FSDP_QLORA = "fsdp-qlora"
-    UNSLOTH = "unsloth"
-    TORCHTITAN = "torchtitan"
-    DEEPSPEED = "deepspeed"
-    AXOLOTL = "axolotl"
-    LLAMA_FACTORY = "llama-factory"
-    OTHER = "other"
+from vram.setup.enums import (
+    Attention,
+    Framework,
+    Loss,
+    Method,
+    Offload,
+    Optimizer,
+    Precision,
+    Quant,
+    Sharding,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +249,7 @@ class TrainingSetup(BaseModel):
              "frozen parameters unsharded in backward",
     )] = None
     #: The bitsandbytes version, as major.minor.patch ("0.41.1"); None: a current one, unless
-    #: `torch_version` is 2.1 or older (see `vram.stacks.rules.bnb_keeps_matmul_input`).
+    #: `torch_version` is 2.1 or older (see `vram.stacks.resolve`).
     bitsandbytes_version: Annotated[str | None, Knob(
         # No case-file column yet (../shared/validation/README.md): validate takes the
         # stack's pin, else the PyTorch version's time.
@@ -397,7 +328,7 @@ class TrainingSetup(BaseModel):
     #: torch.autocast over a model whose weights are 16-bit (pure bf16, or a ZeRO engine's
     #: 16-bit model): norms, softmax and the loss then run in fp32. None: DeepSpeed's
     #: low-precision model states (bf16-true under its ZeRO engine) run with it, as its
-    #: documented config does; everything else without (`vram.stacks.rules.torch_autocast`).
+    #: documented config does; everything else without (`vram.stacks.resolve`).
     torch_autocast: Annotated[bool | None, Field(strict=True), Knob(
         "torch.autocast over a 16-bit model", key="autocast", flag="--torch-autocast",
         labels=(("auto", "DeepSpeed bf16-true: on; else off"), ("true", "on"), ("false", "off")),
@@ -598,20 +529,6 @@ class TrainingSetup(BaseModel):
         if self.quant is not None:
             return self.quant
         return Quant.NF4 if self.method is Method.QLORA else Quant.NONE
-
-    @property
-    def effective_loss(self) -> Loss:
-        """The loss: this setup's, else the stack's default (`vram.stacks.table.STACKS`)."""
-        from vram.stacks.table import effective_loss  # the stack table imports this module
-
-        return effective_loss(self)
-
-    @property
-    def effective_compile(self) -> bool:
-        """torch.compile: this setup's, else the stack's default (`vram.stacks.table.STACKS`)."""
-        from vram.stacks.table import effective_compile  # the stack table imports this module
-
-        return effective_compile(self)
 
     @property
     def trains_adapters(self) -> bool:

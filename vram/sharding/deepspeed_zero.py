@@ -48,9 +48,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.setup.training import Offload, Sharding, TrainingSetup
-from vram.stacks.rules import runs_deepspeed_engine
-from vram.stacks.table import stack_row
+from vram.setup import Offload, Sharding, TrainingSetup
+from vram.stacks.resolve import resolve
 
 #: deepspeed/runtime/zero/config.py@v0.18.4#L112: reduce_bucket_size = 5e8 values.
 DEEPSPEED_REDUCE_BUCKET_VALUES = 500_000_000
@@ -68,7 +67,7 @@ DEEPSPEED_MAX_REUSE_DISTANCE = 1_000_000_000
 
 def runs_deepspeed_zero(setup: TrainingSetup) -> bool:
     """ZeRO-1/2/3 through DeepSpeed's engine: the stack shards with DeepSpeed, not FSDP."""
-    return runs_deepspeed_engine(setup, stack_row(setup.framework).default_fsdp_version)
+    return resolve(setup).deepspeed
 
 
 def runs_deepspeed_zero3(setup: TrainingSetup) -> bool:
@@ -89,24 +88,21 @@ def ipg_buckets(setup: TrainingSetup) -> int:
     return 2 if setup.sharding is not Sharding.ZERO3 and overlap_comm(setup) else 1
 
 
-def _knob(value: int | None, default: int) -> int:
+def _or_default(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
 def persistence_threshold(setup: TrainingSetup) -> int:
     """The knob, else the stack's config, else DeepSpeed's 1e5."""
-    default = stack_row(setup.framework).default_zero_param_persistence_threshold
-    return _knob(setup.zero_param_persistence_threshold,
-                 _knob(default, DEEPSPEED_PERSISTENCE_THRESHOLD))
+    return _or_default(resolve(setup).run.zero_param_persistence_threshold,
+                 DEEPSPEED_PERSISTENCE_THRESHOLD)
 
 
 def linear_wrapper(setup: TrainingSetup) -> bool:
     """DeepSpeed's zero3_linear_wrap is F.linear: the knob, else the stack's (a model built in
     deepspeed.zero.Init), else installed."""
-    if setup.zero3_linear_wrapper is not None:
-        return setup.zero3_linear_wrapper
-    default = stack_row(setup.framework).default_zero3_linear_wrapper
-    return True if default is None else default
+    installed = resolve(setup).run.zero3_linear_wrapper
+    return True if installed is None else installed
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +124,10 @@ def live_parameters(setup: TrainingSetup, gathered_values: int, largest_module: 
     Linear weights autograd retains without the memory-efficient Linear if more, and the
     prefetch while fewer than `max_live_parameters` are gathered; never more than the model's
     partitioned parameters (`gathered_values`)."""
-    reuse = _knob(setup.zero_max_reuse_distance, DEEPSPEED_MAX_REUSE_DISTANCE)
+    reuse = _or_default(setup.zero_max_reuse_distance, DEEPSPEED_MAX_REUSE_DISTANCE)
     kept = min(gathered_values, max(reuse // 2, largest_module, retained_linear_values))
-    live_cap = _knob(setup.zero_max_live_parameters, DEEPSPEED_MAX_LIVE_PARAMETERS)
-    prefetch = min(_knob(setup.zero_prefetch_bucket_values, DEEPSPEED_PREFETCH_BUCKET_VALUES),
+    live_cap = _or_default(setup.zero_max_live_parameters, DEEPSPEED_MAX_LIVE_PARAMETERS)
+    prefetch = min(_or_default(setup.zero_prefetch_bucket_values, DEEPSPEED_PREFETCH_BUCKET_VALUES),
                    max(0, live_cap - kept), gathered_values - kept)
     return LiveParameters(kept, prefetch)
 
@@ -144,10 +140,7 @@ def gathers_copies(setup: TrainingSetup) -> bool:
 
 def reduce_bucket_values(setup: TrainingSetup) -> int:
     """The reduce bucket: the knob, else the stack's config, else DeepSpeed's default."""
-    if setup.zero_reduce_bucket_values is not None:
-        return setup.zero_reduce_bucket_values
-    default = stack_row(setup.framework).default_zero_reduce_bucket_values
-    return default if default is not None else DEEPSPEED_REDUCE_BUCKET_VALUES
+    return _or_default(resolve(setup).run.zero_reduce_bucket_values, DEEPSPEED_REDUCE_BUCKET_VALUES)
 
 
 def ipg_bucket_bytes(setup: TrainingSetup, comm_dtype_bytes: int) -> int:

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from vram.memory.params import STORAGE_BYTES, ParamGroup
 from vram.model.architecture import ModelSpec
 from vram.result import LineItem
-from vram.setup.training import TrainingSetup
-from vram.stacks.table import StackProfile, fsdp_embedding_units
+from vram.setup import TrainingSetup
+from vram.stacks.profile import StackProfile
+from vram.stacks.resolve import resolve
 from vram.units import BF16_BYTES, FP32_BYTES
 
 #: Parameter groups in the root unit (`fully_shard(model)` after every block).
@@ -98,7 +99,7 @@ def embedding_units(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
     """The embedding and the head are units of their own: the setup's or the stack's
     `fsdp_embedding_units`, with an untied head (a tied one shares the embedding's matrix and
     stays in the root with it: torchtune's tied models list no custom_sharded_layers)."""
-    return (fsdp_embedding_units(setup) and not model.tied_embeddings
+    return (bool(resolve(setup).run.fsdp_embedding_units) and not model.tied_embeddings
             and any(g.key == "head" for g in groups))
 
 

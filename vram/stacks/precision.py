@@ -6,7 +6,7 @@ non-quantized parameters) and the sharding engine's (DeepSpeed ZeRO with a mixed
 the model to 16 bits and keeps an fp32 master copy in the optimizer). `precision_policy` turns
 them into one frozen record that the weights, gradients, optimizer and activations all read.
 
-    >>> from vram.setup.training import TrainingSetup
+    >>> from vram.setup import TrainingSetup
     >>> policy = precision_policy(TrainingSetup(method="full", precision="bf16-mixed"),
     ...                           fp32_adapters=True, upcasts_frozen=False)
     >>> policy.weights, policy.compute, policy.residual, policy.autocast
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.setup.training import Method, Precision, Sharding, TrainingSetup
+from vram.setup import Method, Precision, Sharding, TrainingSetup
 from vram.units import BF16_BYTES, FP32_BYTES, Dtype
 
 MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)
@@ -119,7 +119,7 @@ def _frozen_weight_bytes(setup: TrainingSetup, upcasts_frozen: bool,
     return _trained_weight_bytes(setup)
 
 
-def lora_base_16bit(setup: TrainingSetup, stack_loads_16bit: bool) -> bool:
+def lora_base_16bit(setup: TrainingSetup, stack_loads_16bit: bool = False) -> bool:
     """LoRA under autocast over a base loaded in 16 bits (the `lora_base_16bit` knob, else the
     stack's default, e.g. Transformers 5's `from_pretrained(dtype="auto")`: the checkpoint's
     bf16): the frozen Linears are 16-bit, so autocast casts nothing but the adapters and the
@@ -189,7 +189,7 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool, upcasts_froze
     LoRA adapters, does (`upcasts_frozen`) or does not upcast a QLoRA base's frozen 16-bit
     parameters to fp32, and does (`base_16bit`) or does not load a LoRA base in 16 bits;
     `deepspeed_engine`: DeepSpeed's ZeRO engine shards it; `torch_autocast`: torch.autocast
-    runs over a 16-bit model (`vram.stacks.rules`); `fsdp2`: the run shards with FSDP2
+    runs over a 16-bit model (`vram.stacks.resolve`); `fsdp2`: the run shards with FSDP2
     (`fully_shard`) and the traced wrapping."""
     mixed = is_mixed(setup)
     if fsdp2 and mixed and setup.method is not Method.QLORA:

@@ -51,7 +51,7 @@ from vram.result import (
     PeakBytes,
     Phase,
 )
-from vram.setup.training import Offload, Sharding, TrainingSetup
+from vram.setup import Offload, Sharding, TrainingSetup
 from vram.sharding import fsdp2
 from vram.sharding.deepspeed_zero import (
     gathers_copies,
@@ -65,7 +65,7 @@ from vram.sharding.deepspeed_zero import (
     runs_deepspeed_zero3,
     step_copies_bytes,
 )
-from vram.stacks.table import StackProfile, profile_for
+from vram.stacks.profile import StackProfile, profile_for
 from vram.step.draft import Alive, ItemDraft, ItemGroup, line_items
 from vram.units import FP32_BYTES as FP32
 

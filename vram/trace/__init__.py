@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from vram.trace.report import TimelinePoint, TraceResult
 
 if TYPE_CHECKING:
-    from vram.setup.training import TrainingSetup
+    from vram.setup import TrainingSetup
 
 __all__ = ["TimelinePoint", "TraceResult", "TraceUnavailable", "trace_available", "trace_step"]
 

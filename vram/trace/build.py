@@ -34,10 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup.training import ALL_LINEAR, Method, Precision, TrainingSetup
+from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
 from vram.stacks.precision import lora_base_16bit
-from vram.stacks.rules import bnb_keeps_matmul_input
-from vram.stacks.table import profile_for, stack_row
+from vram.stacks.profile import profile_for
+from vram.stacks.resolve import resolve
+from vram.stacks.table import stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
 
 #: Config keys that hold the number of repeated blocks.
@@ -173,7 +174,7 @@ def weight_dtype(setup: TrainingSetup) -> torch.dtype:
     16 bits under a mixed recipe (`vram.stacks.precision.lora_base_16bit`), else fp32."""
     if setup.precision is Precision.BF16_TRUE:
         return torch.bfloat16
-    if lora_base_16bit(setup, stack_row(setup.framework).loads_lora_base_16bit):
+    if lora_base_16bit(resolve(setup).run):
         return torch.float16 if setup.precision is Precision.FP16_MIXED else torch.bfloat16
     return torch.float32
 
@@ -271,7 +272,7 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
               quant_head: bool) -> None:
     cdtype = compute_dtype(setup)
     quant = setup.effective_quant.value
-    keeps = bnb_keeps_matmul_input(setup, stack_row(setup.framework).default_bitsandbytes_version)
+    keeps = resolve(setup).bnb_keeps_matmul_input
     # transformers keeps these in full precision under bitsandbytes (T5's `wo`).
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
     for _, blocks in lists:

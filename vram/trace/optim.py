@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from vram.memory.optimizer import BNB_BLOCK, BNB_MIN_8BIT_SIZE
-from vram.setup.training import Optimizer, TrainingSetup
-from vram.stacks.table import profile_for
+from vram.setup import Optimizer, TrainingSetup
+from vram.stacks.profile import profile_for
 
 LR = 1e-5
 BNB_MIN_PAGED_SIZE = 100_000

@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vram.rl.setup import OFFLINE, Reference, RLSetup
-from vram.setup.training import Method, Precision, TrainingSetup
+from vram.setup import Method, Precision, TrainingSetup
 from vram.trace.attention import cuda_attention
 from vram.trace.build import build, with_depth
 from vram.trace.cuda_autocast import cuda_autocast

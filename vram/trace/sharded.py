@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from vram.setup.training import Precision, TrainingSetup
+from vram.setup import Precision, TrainingSetup
 from vram.trace.build import Built, TraceUnsupported, build, with_depth
 from vram.trace.optim import make_optimizer, state_tensors
 from vram.trace.step import (
@@ -99,18 +99,18 @@ def separate_units(built: Built) -> tuple[Any, Any] | None:
 
 def shard(built: Built, setup: TrainingSetup, mesh: Any) -> list[Any]:
     """`fully_shard` every repeated block, then the root; returns the FSDP states. With
-    `fsdp_embedding_units` (`vram.stacks.table.fsdp_embedding_units`) the embedding before the blocks
+    `fsdp_embedding_units` (`vram.stacks.resolve`) the embedding before the blocks
     and the output head after them are units of their own, each with the blocks'
     `reshard_after_forward` (torchtune's `shard_model` with `custom_sharded_layers`,
     torchtune/training/_distributed.py@v0.3.0; the order of the calls does not change what
     runs: the root's lazy init orders the units by module); the root keeps the final norm."""
     from torch.distributed.fsdp import fully_shard
 
-    from vram.stacks.table import fsdp_embedding_units
+    from vram.stacks.resolve import resolve
 
     policy = _mp_policy(setup)
     reshard = fsdp2_reshards_after_forward(setup)
-    own = separate_units(built) if fsdp_embedding_units(setup) else None
+    own = separate_units(built) if resolve(setup).run.fsdp_embedding_units else None
     modules = [block for _, blocks in built.layer_lists for block in blocks]
     if own is not None:
         modules = [own[0], *modules, own[1]]

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup.training import Loss, Optimizer, TrainingSetup
-from vram.stacks.table import runs_fsdp2
+from vram.setup import Loss, Optimizer, TrainingSetup
+from vram.stacks.resolve import resolve
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
 from vram.trace.cuda_autocast import cuda_autocast
@@ -133,7 +133,7 @@ def _label_embedding_backward(built: Built, tracker: StorageTracker) -> None:
 def _loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
           labels: torch.Tensor) -> torch.Tensor:
     model = built.model
-    if built.kind == "causal" and setup.effective_loss is Loss.CHUNKED:
+    if built.kind == "causal" and resolve(setup).run.loss is Loss.CHUNKED:
         hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
         head = built.hf.get_output_embeddings()
         total: torch.Tensor | None = None
@@ -310,7 +310,7 @@ def _top(peak: SegmentPeak) -> list[LiveTensor]:
 def traces_fsdp2(setup: TrainingSetup) -> bool:
     """Whether the trace runs the setup sharded: FSDP2 (`fully_shard`) over 2+ ranks, rank 0
     of a fake process group (see `vram.trace.sharded`)."""
-    return runs_fsdp2(setup)
+    return resolve(setup).fsdp2
 
 
 def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:

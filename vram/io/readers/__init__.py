@@ -27,7 +27,7 @@ from vram.io.readers.report import FORMATS, Format, MappingReport, ReadResult
 from vram.io.readers.safe_yaml import MAX_TEXT_BYTES, parse_mapping
 from vram.model.architecture import ModelSpec
 from vram.model.catalog import load_model
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 __all__ = [
     "FORMATS",

@@ -27,7 +27,7 @@ from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
 from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
-from vram.setup.training import MAX_LORA_RANK, MAX_SEQ_LEN
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "axolotl@067b021 (main after v0.18.0)"
 SCHEMA = "axolotl src/axolotl/utils/schemas/config.py@067b021"

@@ -16,7 +16,7 @@ from vram.io.readers import FORMATS, LoadedTrainingConfig, load_training_config
 from vram.io.readers.mapper import split_fields
 from vram.model.architecture import ModelSpec
 from vram.model.catalog import load_model
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 
 def add_from_flags(parser: argparse.ArgumentParser) -> None:
@@ -114,10 +114,8 @@ def run_export(args: argparse.Namespace, parser: argparse.ArgumentParser,
                setup_from_args: Callable[[argparse.Namespace], TrainingSetup]) -> int:
     from vram.io.export import to_axolotl_yaml, to_trl_yaml
 
-    fields: dict[str, Any] = {}
     if args.from_file:
         _, setup, loaded = from_file(args, parser, args.argv)
-        fields = loaded.fields
         model = args.model or loaded.model_slug or loaded.model_ref or "MODEL"
     else:
         if not args.model:
@@ -125,7 +123,7 @@ def run_export(args: argparse.Namespace, parser: argparse.ArgumentParser,
         setup = setup_from_args(args)
         model = args.model
     writer = to_axolotl_yaml if args.to == "axolotl" else to_trl_yaml
-    text, _ = writer(setup, model, fields)
+    text, _ = writer(setup, model)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as handle:
             handle.write(text)

@@ -29,7 +29,7 @@ from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
 from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
-from vram.setup.training import MAX_LORA_RANK, MAX_SEQ_LEN
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "LLaMA-Factory@ff6d4d1 (main after v0.9.5)"
 HPARAMS = "LLaMA-Factory src/llamafactory/hparams"

@@ -24,7 +24,7 @@ from vram.io.readers.report import (
     NotModelled,
     ReadResult,
 )
-from vram.setup.training import TrainingSetup
+from vram.setup import TrainingSetup
 
 #: Values a field may take in the readers' vocabulary that the current TrainingSetup may not
 #: accept yet, and the nearest value it does accept (the report says when one was used).

@@ -23,7 +23,7 @@ from vram.io.readers.report import ReadResult
 from vram.io.readers.safe_yaml import parse_mapping
 from vram.io.readers.vocab import TORCHTUNE_OPTIMIZERS, map_targets
 from vram.model.catalog import resolve_hub_id
-from vram.setup.training import MAX_LORA_RANK, MAX_SEQ_LEN
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "torchtune@bd2a0fc (main after v0.6.1)"
 RECIPES = "torchtune recipes/*_finetune_*.py@bd2a0fc"

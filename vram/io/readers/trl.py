@@ -28,7 +28,7 @@ from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
 from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
-from vram.setup.training import MAX_LORA_RANK, MAX_SEQ_LEN
+from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 Trainer = Literal["sft", "dpo", "grpo", "training-arguments"]
 VERSION = "trl@f2cd577 (main after v1.9.0) + transformers@v5.24.0"

@@ -7,7 +7,7 @@ to None is read but not modelled yet; the reader says so in its report.
 
 from __future__ import annotations
 
-from vram.setup.training import LORA_TARGET_NAMES
+from vram.setup import LORA_TARGET_NAMES
 
 #: transformers OptimizerNames (and axolotl's extra names) -> setup optimizer.
 HF_OPTIMIZERS: dict[str, str | None] = {
