@@ -88,7 +88,7 @@ def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
     return value
 
 
-#: Setup fields a structure key leaves out: the batch shape (`vram.estimate.StatePart`).
+#: Setup fields a structure key leaves out: the batch shape (`vram.step.estimate.StatePart`).
 TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
 
 

@@ -76,6 +76,26 @@ class Phase(StrEnum):
     OPTIMIZER_STEP = "optimizer step"
 
 
+class MomentId(StrEnum):
+    """The candidate peaks of a step (`vram.step.moments`); each value is the moment's label,
+    which `MomentBytes.label` and every report show. Code keys on the member, never the text."""
+
+    #: FSDP2: the last block all-gathered, the blocks before it saved.
+    LAST_BLOCK_ALL_GATHER = "the last block's all-gather"
+    LAST_LAYER_FORWARD = "the last layer's forward"
+    FORWARD_END = "end of forward"
+    #: Right after a stack casts the model's output to fp32 (Lightning Fabric).
+    OUTPUT_CAST = "the output cast to fp32"
+    LOSS = "the loss"
+    TOP_LAYER_BACKWARD = "the top layer's backward"
+    #: FSDP2: the two ends of the run of middle blocks.
+    BLOCK_BELOW_TOP_BACKWARD = "the block below the top's backward"
+    SECOND_LAYER_BACKWARD = "the second layer's backward"
+    FIRST_LAYER_BACKWARD = "the first layer's backward"
+    EMBEDDING_BACKWARD = "the embedding's backward"
+    OPTIMIZER_STEP = "the optimizer step"
+
+
 class LineItem(BaseModel):
     """One term of a bucket: what it is, the formula, its inputs, and its bytes."""
 
@@ -155,7 +175,7 @@ class MomentBytes(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     phase: Phase
-    label: str
+    label: MomentId
     allocated_bytes: NonNegativeInt
     gradient_bytes: NonNegativeInt
     activation_bytes: NonNegativeInt
@@ -164,7 +184,7 @@ class MomentBytes(BaseModel):
     in_flight_bytes: NonNegativeInt = 0
 
     @classmethod
-    def assemble(cls, phase: Phase, label: str, allocated_bytes: int, gradient_bytes: int,
+    def assemble(cls, phase: Phase, label: MomentId, allocated_bytes: int, gradient_bytes: int,
                  activation_bytes: int, in_flight_bytes: int) -> MomentBytes:
         """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
         if gradient_bytes < 0 or activation_bytes < 0 or in_flight_bytes < 0:

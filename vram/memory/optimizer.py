@@ -19,8 +19,12 @@ from enum import Enum
 from types import MappingProxyType
 
 from vram.errors import VramError
-from vram.memory.params import ParamGroup, allocated_bytes
-from vram.setup import Optimizer, TrainingSetup
+from vram.memory.params import ParamGroup, allocated_bytes, trainable_params
+from vram.model.spec import ModelSpec
+from vram.result import LineItem
+from vram.setup import Offload, Optimizer, TrainingSetup
+from vram.sharding.shards import Shards
+from vram.stacks.profile import StackProfile
 from vram.units import BF16_BYTES, FP32_BYTES, INT8_BYTES, ceil_div
 
 #: bitsandbytes' blockwise quantization of optimizer state: one fp32 absmax per 256 values
@@ -318,3 +322,74 @@ def _unpaged_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int) -> 
         return spec.states * sum(count * bnb_8bit_tensor_bytes(numel) for numel, count in small)
     per_value = FP32_BYTES if spec.state_format is StateFormat.DENSE_FP32 else dense_bytes
     return spec.states * per_value * sum(numel * count for numel, count in small)
+
+
+# ------------------------------------------------------------------------------------------
+# The optimizer's part of one setup's memory
+# ------------------------------------------------------------------------------------------
+
+
+def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
+                       groups: list[ParamGroup]) -> int:
+    """Values in the largest trainable tensor (per-parameter optimizer loops size their
+    temporaries to it)."""
+    trainable = {g.key for g in groups if g.trainable}
+    sizes = [0]
+    if trainable & {"embedding", "head"}:
+        sizes.append(model.vocab_size * model.hidden_size)
+    if "linears" in trainable:
+        # an MoE expert bank is one 3-D parameter: all its copies at once
+        sizes.append(max(ln.d_in * ln.d_out * ln.copies
+                         for st in model.stacks for ln in st.linears))
+    if "lora" in trainable:
+        widest = max(max(ln.d_in, ln.d_out) for st in model.stacks for ln in st.linears)
+        sizes.append(setup.lora_rank * max(widest, model.vocab_size if "lm_head" in str(
+            setup.lora_targets) else 0))
+    return max(sizes)
+
+def _master_bytes(groups: list[ParamGroup], profile: StackProfile) -> int:
+    """A mixed recipe keeps an fp32 master copy of 16-bit trainable weights (DeepSpeed's
+    bf16/fp16 optimizers; see `vram.stacks.precision`)."""
+    return profile.precision.master * trainable_params(groups)
+
+@dataclass(frozen=True, slots=True)
+class OptimizerPart:
+    items: list[LineItem]
+    state: OptimizerState
+    paged_bytes: int
+    host_bytes: int
+    step_temp_bytes: int
+
+def optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingSetup,
+                    profile: StackProfile, shards: Shards) -> OptimizerPart:
+    master_full = _master_bytes(groups, profile)
+    state = optimizer_state(groups, setup, fused=profile.fused_optimizer,
+                            state_dtype_bytes=profile.precision.states,
+                            largest_param=_largest_trainable(model, setup, groups),
+                            galore_rank=projection_rank(model.hidden_size))
+    master = master_full // shards.optimizer
+    state_bytes = state.state_bytes // shards.optimizer
+    unpaged = state.unpaged_bytes // shards.optimizer
+    paged = state_bytes - unpaged if state.paged else 0
+    divided = f" ÷ {shards.optimizer}" if shards.optimizer > 1 else ""
+    if setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER):
+        return OptimizerPart([], state, 0, state_bytes + master, 0)
+    items = [LineItem(
+        key="optimizer.states", label=f"{setup.optimizer.value} state",
+        formula=state.formula + divided,
+        inputs={"trainable_params": trainable_params(groups), "shards": shards.optimizer},
+        bytes=unpaged if state.paged else state_bytes, source="see vram.memory.optimizer",
+        note="paged: kept in CUDA unified memory, invisible to PyTorch's counters (tensors "
+             "under 1e5 values stay device memory)" if state.paged else "",
+    )]
+    if master:
+        per_param = profile.precision.master
+        items.append(LineItem(
+            key="optimizer.master",
+            label=f"{'fp32' if per_param == FP32_BYTES else '16-bit'} master weights "
+                  "(the optimizer's own copy)",
+            formula=f"{per_param} B × trainable params" + divided, inputs={}, bytes=master,
+            source="DeepSpeed bf16/fp16 optimizer; DeepSpeed ZeRO clones its master partition "
+                   "(deepspeed/runtime/zero/stage3.py@v0.18.4#L988-L990)",
+        ))
+    return OptimizerPart(items, state, paged, 0, state.step_temp_bytes // shards.optimizer)

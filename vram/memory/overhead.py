@@ -8,6 +8,8 @@ performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffer
 
 from __future__ import annotations
 
+from vram.memory.optimizer import OptimizerState
+from vram.result import LineItem
 from vram.setup import TrainingSetup
 from vram.units import MIB
 
@@ -43,3 +45,30 @@ def cuda_context_bytes(setup: TrainingSetup | None = None) -> int:
 def nccl_bytes(setup: TrainingSetup) -> int:
     """NCCL buffers appear only with more than one GPU."""
     return NCCL_BYTES if setup.n_gpus > 1 else 0
+
+
+def slack_item(slack: int) -> LineItem:
+    return LineItem.assemble("overhead.allocator", "caching-allocator slack (fragmentation)",
+                             "reserved − allocated", {}, slack,
+                             "PyTorch CUDA caching allocator; see vram.memory.overhead")
+
+def fixed_overhead_items(setup: TrainingSetup, paged: int,
+                          state: OptimizerState) -> tuple[LineItem, ...]:
+    """The overhead beside the allocator's slack (which follows the peak): the CUDA context,
+    NCCL's buffers and paged optimizer state."""
+    items = [
+        LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
+                 formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
+                 source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
+    ]
+    nccl = nccl_bytes(setup)
+    if nccl:
+        items.append(LineItem(
+            key="overhead.nccl", label="NCCL communication buffers", formula="constant",
+            inputs={"gpus": setup.n_gpus}, bytes=nccl, source="NCCL default buffers"))
+    if paged:
+        items.append(LineItem(
+            key="overhead.paged", label="paged optimizer state (unified memory, on the GPU)",
+            formula=state.formula, inputs={}, bytes=paged,
+            source="bitsandbytes paged optimizers (cudaMallocManaged)"))
+    return tuple(items)

@@ -38,6 +38,9 @@ class Role(StrEnum):
     KV_UP = "kv_up"
 
 
+#: The attention's projections (self-attention; cross-attention has its own roles).
+ATTENTION_ROLES = (Role.Q, Role.K, Role.V, Role.QKV, Role.O)
+
 #: Which LoRA target names (PEFT naming) select which roles.
 TARGET_ROLES: dict[str, frozenset[Role]] = {
     "q_proj": frozenset({Role.Q, Role.CROSS_Q}),

@@ -48,7 +48,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vram.memory.params import ParamGroup, trainable_params
 from vram.setup import Offload, Sharding, TrainingSetup
+from vram.sharding.shards import Shards
+from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
 
 #: deepspeed/runtime/zero/config.py@v0.18.4#L112: reduce_bucket_size = 5e8 values.
@@ -156,3 +159,29 @@ def step_copies_bytes(partition_values: int, grad_dtype_bytes: int, master_dtype
     copy = grad_dtype_bytes * values
     cast = master_dtype_bytes * values if master_dtype_bytes != grad_dtype_bytes else 0
     return copy + cast
+
+
+@dataclass(frozen=True, slots=True)
+class ZeroBuffers:
+    """DeepSpeed ZeRO's own device buffers (`vram.sharding.deepspeed_zero`)."""
+
+    preallocated_gradients: bool = False
+    bucket_bytes: int = 0
+    step_copies_bytes: int = 0
+
+def zero_buffers(setup: TrainingSetup, groups: list[ParamGroup], shards: Shards, *,
+                 gradients_on_device: bool) -> ZeroBuffers:
+    """DeepSpeed's engine: the IPG reduce bucket(s) on the GPU (ZeRO-1/2/3, offloaded or
+    not); under ZeRO-3 with the gradients on the GPU, the flat gradient partition (allocated at
+    init) and the step's flattened and master-dtype gradient copies."""
+    trainable = trainable_params(groups)
+    if not runs_deepspeed_zero(setup) or not trainable:
+        return ZeroBuffers()
+    policy = profile_for(setup).precision
+    grad_dtype = policy.gradients
+    bucket = ipg_bucket_bytes(setup, grad_dtype)
+    if setup.sharding is not Sharding.ZERO3 or not gradients_on_device:
+        return ZeroBuffers(False, bucket)
+    master_dtype = policy.master or grad_dtype
+    partition = trainable // shards.gradients
+    return ZeroBuffers(True, bucket, step_copies_bytes(partition, grad_dtype, master_dtype))
