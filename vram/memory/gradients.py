@@ -25,6 +25,7 @@ def grad_bytes(group: ParamGroup) -> int:
         return int(group.n_params * STORAGE_BYTES[group.storage])
     return group.n_params * FP32
 
+
 @dataclass(frozen=True, slots=True)
 class GradientPart:
     total: int  # every gradient on this GPU
@@ -59,6 +60,7 @@ class GradientPart:
     bank_down: int = 0
     bank_experts: int = 0
 
+
 def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                          groups: list[ParamGroup], total: int, per_layer: int,
                          unit: int) -> GradientPart:
@@ -77,6 +79,7 @@ def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackP
     return GradientPart(total, head // setup.n_gpus, 0, built, per_layer, 0, 0, 0, unit,
                         tied=fsdp2.tied_pending_bytes(model, groups, profile),
                         pending=root // setup.n_gpus, fsdp2=units)
+
 
 def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
                    shards: Shards, profile: StackProfile) -> GradientPart:
@@ -128,6 +131,7 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
                         # a unit's gradients are whole until reduce-scattered
                         bank_gate_up=banks[Role.GATE_UP] // (1 if unit else n),
                         bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts)
+
 
 def bucket_gradient_items(setup: TrainingSetup, grads: GradientPart,
                            zero: ZeroBuffers) -> tuple[LineItem, ...]:

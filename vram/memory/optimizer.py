@@ -347,10 +347,12 @@ def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
             setup.lora_targets) else 0))
     return max(sizes)
 
+
 def _master_bytes(groups: list[ParamGroup], profile: StackProfile) -> int:
     """A mixed recipe keeps an fp32 master copy of 16-bit trainable weights (DeepSpeed's
     bf16/fp16 optimizers; see `vram.stacks.precision`)."""
     return profile.precision.master * trainable_params(groups)
+
 
 @dataclass(frozen=True, slots=True)
 class OptimizerPart:
@@ -359,6 +361,7 @@ class OptimizerPart:
     paged_bytes: int
     host_bytes: int
     step_temp_bytes: int
+
 
 def optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingSetup,
                     profile: StackProfile, shards: Shards) -> OptimizerPart:

@@ -52,6 +52,7 @@ def slack_item(slack: int) -> LineItem:
                              "reserved − allocated", {}, slack,
                              "PyTorch CUDA caching allocator; see vram.memory.overhead")
 
+
 def fixed_overhead_items(setup: TrainingSetup, paged: int,
                           state: OptimizerState) -> tuple[LineItem, ...]:
     """The overhead beside the allocator's slack (which follows the peak): the CUDA context,

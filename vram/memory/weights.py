@@ -23,6 +23,7 @@ from vram.stacks.profile import StackProfile, profile_for
 
 QUANTIZED = (Storage.NF4, Storage.NF4_DQ, Storage.INT8)
 
+
 def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                   groups: list[ParamGroup], shards: Shards) -> tuple[list[LineItem], int]:
     """The parameters on each GPU (and what offload moves to the host)."""
@@ -77,6 +78,7 @@ def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
         ))
     return items, host
 
+
 def _persistent_values_and_bytes(setup: TrainingSetup, groups: list[ParamGroup]
                                  ) -> tuple[int, int]:
     """Tensors under stage3_param_persistence_threshold values (norms, biases, small LoRA
@@ -90,6 +92,7 @@ def _persistent_values_and_bytes(setup: TrainingSetup, groups: list[ParamGroup]
                 values += numel * count
                 size += numel * count * STORAGE_BYTES[group.storage]
     return values, int(size)
+
 
 def _deepspeed_persistent_items(setup: TrainingSetup, groups: list[ParamGroup],
                                 shards: Shards) -> list[LineItem]:
@@ -117,6 +120,7 @@ _FORWARD_GATHERED = frozenset({MomentId.LAST_LAYER_FORWARD, MomentId.FORWARD_END
 
 #: Later in the backward only the module running and the prefetch are gathered.
 _ONE_MODULE_GATHERED = frozenset({MomentId.FIRST_LAYER_BACKWARD, MomentId.EMBEDDING_BACKWARD})
+
 
 def deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
                          ) -> dict[MomentId, list[LineItem]]:
@@ -155,6 +159,7 @@ def deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[Pa
     return {**dict.fromkeys(_FORWARD_GATHERED, forward),
             **dict.fromkeys(_ONE_MODULE_GATHERED, late)}
 
+
 def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]) -> int:
     """ZeRO-3 / FSDP gather one layer's full parameters while computing it and prefetch the
     next (FSDP forward/backward prefetch); the head, when it is its own unit, is gathered for
@@ -165,6 +170,7 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
                     if g.key in ("linears", "expert_banks", "norms")) // model.n_layers
     head = sum(g.bytes for g in groups if g.key == "head")
     return max(2 * per_layer, per_layer + head)
+
 
 class Stage(Enum):
     """Where in the step weight working copies are counted (what is alive differs)."""
@@ -180,6 +186,7 @@ class Stage(Enum):
     # Members are singletons: hash them by identity, in C (Enum's hashes the name in Python,
     # and every moment looks its stage up).
     __hash__ = object.__hash__
+
 
 def working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                    groups: list[ParamGroup], shards: Shards, stage: Stage) -> list[LineItem]:
@@ -214,6 +221,7 @@ def working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                else ""),
         ))
     return items
+
 
 def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                      groups: list[ParamGroup], stage: Stage) -> int:
@@ -259,15 +267,18 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
 
     return sum(kept(group) for group in dense)
 
+
 def _attention_params(model: ModelSpec) -> int:
     """Weights of every layer's attention projections."""
     return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
                if ln.role in ATTENTION_ROLES)
 
+
 def _down_params(model: ModelSpec) -> int:
     """Weights of every layer's dense down projection (MoE banks are counted apart)."""
     return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
                if ln.role is Role.DOWN and ln.copies == 1)
+
 
 def largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool = True) -> int:
     """The largest quantized matrix (bitsandbytes dequantizes one at a time)."""

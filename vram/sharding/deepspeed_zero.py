@@ -169,6 +169,7 @@ class ZeroBuffers:
     bucket_bytes: int = 0
     step_copies_bytes: int = 0
 
+
 def zero_buffers(setup: TrainingSetup, groups: list[ParamGroup], shards: Shards, *,
                  gradients_on_device: bool) -> ZeroBuffers:
     """DeepSpeed's engine: the IPG reduce bucket(s) on the GPU (ZeRO-1/2/3, offloaded or

@@ -19,6 +19,7 @@ class Shards:
     gradients: int
     optimizer: int
 
+
 def shards_of(setup: TrainingSetup) -> Shards:
     n = setup.n_gpus
     if setup.sharding is Sharding.ZERO3:

@@ -20,6 +20,7 @@ from vram.step.draft import Alive, ItemDraft, ItemGroup
 
 _bytes_of: Callable[[Alive], int] = attrgetter("bytes")
 
+
 @dataclass(slots=True)
 class Moment:
     """What is alive at one point of the step, beyond weights and optimizer state."""
@@ -61,6 +62,7 @@ class Moment:
                 sum(map(_bytes_of, self.in_flight_items)),
                 sum(map(_bytes_of, self.weight_items)))
 
+
 # Built on every estimate: not `frozen` (a frozen dataclass sets each field through
 # `object.__setattr__`, four times slower to build); nothing assigns to it once built.
 @dataclass(slots=True)
@@ -97,6 +99,7 @@ class StepContext:
 
 HEAD_SOURCE = "see vram.memory.head.head_activations"
 
+
 def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                   grads: GradientPart, working: dict[Stage, list[LineItem]],
                   step_temp: int) -> StepContext:
@@ -120,6 +123,7 @@ def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
         tied_pending=tied_pending(grads, model.vocab_size),
         reducing=reducing(grads, setup),
     )
+
 
 @dataclass(frozen=True, slots=True)
 class BankWrite:
@@ -148,6 +152,7 @@ class BankWrite:
             formula=formula, inputs={"tokens": plan.tokens},
             bytes=max(0, saved - freed + self.buffers - self.casts_released), source=source)
 
+
 def bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                 grads: GradientPart) -> BankWrite | None:
     """The MoE candidate for a layer's backward peak, when expert banks train in HF code."""
@@ -166,6 +171,7 @@ def bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
         casts = 2 * bank_params * 2 // experts
     return BankWrite(buffers, 0, casts, loop=True)
 
+
 def tied_pending(grads: GradientPart, vocab: int) -> list[Alive]:
     if not grads.tied:
         return []
@@ -174,6 +180,7 @@ def tied_pending(grads: GradientPart, vocab: int) -> list[Alive]:
         formula="vocab × hidden × grad bytes (in autograd's input buffer, not yet a .grad)",
         inputs={"vocab": vocab}, bytes=grads.tied,
         source="autograd InputBuffer: a leaf used twice gets one .grad when both arrive")]
+
 
 def reducing(grads: GradientPart, setup: TrainingSetup) -> list[Alive]:
     """With sharded gradients, the unit in backward holds its gradients whole until they are
@@ -187,6 +194,7 @@ def reducing(grads: GradientPart, setup: TrainingSetup) -> list[Alive]:
         source="FSDP / ZeRO-2,3 reduce-scatter after each unit's backward",
     )]
 
+
 def mask_items(setup: TrainingSetup, plan: act.ActivationPlan, *,
                 forward: bool) -> list[Alive]:
     """The causal mask the layers share, beside what they keep (`saved_layer_items`)."""
@@ -195,6 +203,7 @@ def mask_items(setup: TrainingSetup, plan: act.ActivationPlan, *,
         formula="batch × s × s × e (one per window kind)", inputs={"seq": setup.seq_len},
         bytes=plan.mask_bytes, source="transformers masking_utils: a 4-D additive mask",
     )] if plan.mask_bytes and (forward or setup.grad_ckpt) else []
+
 
 def saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                        ) -> list[Alive]:

@@ -65,6 +65,7 @@ def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
                      "approximate.")
     return tuple(notes)
 
+
 @dataclass(frozen=True, slots=True)
 class StatePart:
     """What does not depend on the batch or the sequence: the stack's behaviours, the
@@ -92,6 +93,7 @@ class StatePart:
     fixed_notes: tuple[str, ...]
     #: DeepSpeed ZeRO-3's gathered parameters by moment label (`deepspeed_live_items`).
     live_weight_items: dict[MomentId, list[LineItem]]
+
 
 def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     profile = profile_for(setup)
@@ -123,11 +125,13 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         fixed_notes=_fixed_notes(model, optimizer),
         live_weight_items=deepspeed_live_items(model, setup, groups))
 
+
 def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     """`_state_part`, remembered per model for setups equal but for batch and sequence
     (`TOKEN_FIELDS`: no part of `StatePart` reads them)."""
     return memoized(model, ("state", setup_key(setup, TOKEN_FIELDS)),
                     lambda: _state_part(model, setup))
+
 
 @dataclass(slots=True)
 class StepPeak:
@@ -139,6 +143,7 @@ class StepPeak:
     peak: Moment
     allocated: int
     reserved: int
+
 
 def _step_peak(model: ModelSpec, setup: TrainingSetup,
                figures: list[MomentBytes] | None) -> StepPeak:
@@ -174,6 +179,7 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
                                                 in_flight_bytes))
     return StepPeak(part, plan, peak, allocated, reserved)
 
+
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     """Per-GPU memory of one training step of `model` under `setup`."""
     figures: list[MomentBytes] = []
@@ -203,6 +209,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         moments=tuple(figures),
     )
 
+
 def estimate_peaks(model: ModelSpec, setup: TrainingSetup) -> PeakBytes:
     """The peaks `estimate(model, setup)` reports, computed the same way, without the
     breakdown (line items, buckets, moments, inference): for sweeps and searches that compare
@@ -217,6 +224,7 @@ def estimate_peaks(model: ModelSpec, setup: TrainingSetup) -> PeakBytes:
         phase=step.peak.phase, allocated_peak_bytes=step.allocated,
         reserved_peak_bytes=step.reserved,
         device_peak_bytes=step.allocated + slack + step.part.fixed_overhead_bytes)
+
 
 def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     """The gradients alive at the peak: the parameters' (as many as exist then), the buckets,
@@ -233,6 +241,7 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
     return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),
             *in_flight)
+
 
 def _notes(part: StatePart, peak: Moment) -> tuple[str, ...]:
     if peak.gradient_bytes < part.grads.total:

@@ -21,6 +21,7 @@ _FSDP2_IN_FLIGHT = {
     MomentId.EMBEDDING_BACKWARD: fsdp2.embedding_backward,
 }
 
+
 def with_fsdp2(c: StepContext, moments: list[Moment]) -> list[Moment]:
     """Under FSDP2, each moment with what is unsharded then, and one moment more: the last
     block's all-gather, with the blocks before it saved (three blocks' parameters alive)."""
@@ -37,6 +38,7 @@ def with_fsdp2(c: StepContext, moments: list[Moment]) -> list[Moment]:
     gather = _gather_moment(c, units, mask, saved)
     return [gather, *_with_inner_blocks(c, units, moments)]
 
+
 def _gather_moment(c: StepContext, units: fsdp2.Fsdp2Units, mask: list[Alive],
                    saved: int) -> Moment:
     """While the last block is all-gathered, with the blocks before it saved."""
@@ -49,6 +51,7 @@ def _gather_moment(c: StepContext, units: fsdp2.Fsdp2Units, mask: list[Alive],
                  inputs={"layers": layers}, bytes=saved, source="see vram.memory.activations"),
         *c.previous], in_flight_items=fsdp2.forward_gather(units))
 
+
 def _one_layer_kept(c: StepContext) -> LineItem:
     """What one layer keeps for its backward: its checkpointed input, or its saved tensors."""
     plan, layers = c.plan, max(1, c.model.n_layers)
@@ -56,6 +59,7 @@ def _one_layer_kept(c: StepContext) -> LineItem:
     return LineItem(key="activations.one_layer_kept", label="one more layer's kept tensors",
                     formula="checkpointed inputs / layers, or the largest layer's saved tensors",
                     inputs={"layers": layers}, bytes=kept, source="see vram.memory.activations")
+
 
 def _with_inner_blocks(c: StepContext, units: fsdp2.Fsdp2Units,
                        moments: list[Moment]) -> list[Moment]:

@@ -29,6 +29,7 @@ def step_moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
         _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
         _optimizer_step(c)])
 
+
 def _last_layer_forward(c: StepContext) -> list[Moment]:
     """Inside the last layer's forward: every layer's saved tensors, and the running layer's
     attention scores (eager/math attention materializes s × s scores). None without scores."""
@@ -43,6 +44,7 @@ def _last_layer_forward(c: StepContext) -> list[Moment]:
                   source="eager/math attention materializes s × s scores"),
         *c.previous])]
 
+
 def _forward_end(c: StepContext) -> Moment:
     """The end of the forward: every saved activation, the head's output and what it keeps."""
     plan = c.plan
@@ -51,6 +53,7 @@ def _forward_end(c: StepContext) -> Moment:
         ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                   inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=HEAD_SOURCE),
         *c.previous])
+
 
 def _output_cast(c: StepContext) -> list[Moment]:
     """Right after a stack casts the model's output to fp32 (Lightning Fabric); none else."""
@@ -64,6 +67,7 @@ def _output_cast(c: StepContext) -> list[Moment]:
                   source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
         *c.previous])]
 
+
 def _loss(c: StepContext) -> Moment:
     """The loss's forward and backward: logits, log-softmax and their gradients at their
     largest, with every layer's saved tensors still alive."""
@@ -73,6 +77,7 @@ def _loss(c: StepContext) -> Moment:
         ItemDraft(key="activations.loss", label="logits, loss and their gradients",
                   formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
                   source=HEAD_SOURCE)])
+
 
 def _top_layer_backward(c: StepContext) -> Moment:
     """The top layer's backward: the head's gradient exists while every layer's activations
@@ -99,6 +104,7 @@ def _top_layer_backward(c: StepContext) -> Moment:
             *c.layers, *c.working[Stage.TOP_LAYER], head_left,
             c.bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
             *c.tied_pending]))
+
 
 def _first_layer_backward(c: StepContext) -> Moment:
     """Late backward: every gradient exists but the embedding's and the one being written
@@ -129,6 +135,7 @@ def _first_layer_backward(c: StepContext) -> Moment:
             *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
             *c.tied_pending]))
 
+
 def _embedding_backward(c: StepContext) -> Moment:
     """The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
     becomes an untied embedding's .grad or is added (in place) into a tied one's."""
@@ -142,6 +149,7 @@ def _embedding_backward(c: StepContext) -> Moment:
                   bytes=grads.embedding, source="aten embedding_dense_backward"),
         *c.tied_pending])
 
+
 def _optimizer_step(c: StepContext) -> Moment:
     """The optimizer step: every gradient, and the step's temporaries."""
     items: list[Alive] = []
@@ -153,12 +161,14 @@ def _optimizer_step(c: StepContext) -> Moment:
     return Moment(Phase.OPTIMIZER_STEP, MomentId.OPTIMIZER_STEP,
                   0 if c.in_backward else c.grads.total, items)
 
+
 def with_bank_write(dense: Moment, plan: act.ActivationPlan, bank: Moment) -> Moment:
     """A layer's backward with trained MoE banks: the bank's gradient write replaces the MLP's
     start as a candidate; the attention's backward (when it is larger) stays one."""
     if not plan.backward_peak_in_attention:
         return bank
     return max(dense, bank, key=lambda m: m.gradients_total + m.activation_bytes)
+
 
 def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> ItemDraft:
     return ItemDraft(

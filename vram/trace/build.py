@@ -354,6 +354,7 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
             raise TraceUnsupported(f"model_type {model_type!r}: no gradient checkpointing")
         # transformers 5.x renamed it (the old name warns "deprecated ... removed in v6" and
         # calls the new one); the pinned trace extra has the new name, an older one the old.
+        # Always non-reentrant: a reentrant setup gets a note (`vram.trace.step`).
         kwargs = {"use_reentrant": False}
         enable: Any = getattr(model, "activation_checkpointing_enable", None)
         if enable is not None:

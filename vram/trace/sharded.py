@@ -38,15 +38,15 @@ import torch
 
 from vram.setup import Precision, TrainingSetup
 from vram.trace.build import Built, TraceUnsupported, build, with_depth
-from vram.trace.optim import make_optimizer, state_tensors
-from vram.trace.step import (
+from vram.trace.engine import (
+    HostScalarTracker,
     RawTrace,
-    _HostScalarTracker,
-    _install_labels,
-    _numel,
-    _swappable,
+    install_labels,
+    numel,
     run_steps,
+    swappable,
 )
+from vram.trace.optim import make_optimizer, state_tensors
 
 GATHERED, REDUCING = "gathered", "reducing"
 
@@ -127,7 +127,7 @@ def _fsdp_params(states: list[Any]) -> Iterator[Any]:
             yield from group.fsdp_params
 
 
-class ShardedTracker(_HostScalarTracker):
+class ShardedTracker(HostScalarTracker):
     """`StorageTracker` for FSDP2: storage resizes, DTensor and nested fake modes."""
 
     def __init__(self) -> None:
@@ -274,10 +274,10 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
     with fake_process_group(setup.n_gpus) as mesh:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tracker.outer_mode = mode
-        with mode, _swappable(mode):
+        with mode, swappable(mode):
             built = build(cfg, setup)
             built.autocast = None  # the policy all-gathers 16-bit parameters: no autocast
-            params_total = sum(_numel(p) for p in built.model.parameters())
+            params_total = sum(numel(p) for p in built.model.parameters())
             params_trainable = sum(p.numel() for p in built.model.parameters()
                                    if p.requires_grad)
             states = shard(built, setup, mesh)
@@ -312,7 +312,7 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
                 return classes
 
             tracker.classifier = classify
-            _install_labels(built, tracker, label_before_hooks=True)
+            install_labels(built, tracker, label_before_hooks=True)
             with _tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker):
                 run_steps(built, setup, tracker, optimizer)
     return RawTrace(

@@ -29,6 +29,7 @@ class Term:
     #: (its inputs): checkpointing's saved-tensor hooks never see them.
     ctx_kept_per_token: int = 0
 
+
 @dataclass(frozen=True, slots=True)
 class MoeBackward:
     """Where an MoE layer's backward peaks: when the gate/up bank's gradient is written.
@@ -46,6 +47,7 @@ class MoeBackward:
     freed_minus_inflight_per_token: int
     #: The eager per-expert loop (True) or grouped_mm (False).
     loop: bool
+
 
 @dataclass(frozen=True, slots=True)
 class LayerContext:
@@ -85,6 +87,7 @@ class LayerContext:
         """Expert MLPs each token runs (1 for a dense MLP)."""
         return self.stack.experts_per_token or 1
 
+
 def layer_context(model: ModelSpec, stack: Stack, setup: TrainingSetup,
                   profile: StackProfile) -> LayerContext:
     n = profile.precision
@@ -102,6 +105,7 @@ def layer_context(model: ModelSpec, stack: Stack, setup: TrainingSetup,
         kernel=attention_kernel(model, stack, setup, profile),
         hf=runs_transformers_code(profile),
     )
+
 
 def hidden_width(stack: Stack) -> int:
     for linear in stack.linears:

@@ -62,6 +62,7 @@ class LayerActivations:
         """Bytes held by MatMul4Bit as ctx attributes: non-reentrant checkpointing keeps them."""
         return sum(t.ctx_kept_per_token for t in self.terms)
 
+
 def layer_activations(
     model: ModelSpec, stack: Stack, setup: TrainingSetup, profile: StackProfile,
 ) -> LayerActivations:

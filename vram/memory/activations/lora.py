@@ -17,6 +17,7 @@ _INPUT_GROUP: dict[Role, str] = {
     Role.CROSS_K: "encoder_out", Role.CROSS_V: "encoder_out",
 }
 
+
 def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> int:
     """LitGPT's LoRAQKVLinear adapting some but not all of q, k, v scatters B's output into
     the fused width with `index_copy_`, whose backward keeps that output (its `source`): the
@@ -29,6 +30,7 @@ def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> i
     if len(selected) == len(widths):
         return 0
     return sum(widths[role] for role in selected)
+
 
 def _lora_branch_bytes_per_token(setup: TrainingSetup, lora_bytes: int, d_in: int,
                                  n: PrecisionPolicy) -> int:
@@ -44,6 +46,7 @@ def _lora_branch_bytes_per_token(setup: TrainingSetup, lora_bytes: int, d_in: in
     kept = 2 if n.autocast else lora_bytes  # autocast's casts are 16-bit
     mask = d_in if setup.lora_dropout > 0 else 0
     return kept * d_in + mask + kept * r
+
 
 def lora_term(c: LayerContext) -> Term | None:
     """Every adapted Linear's LoRA branch (see `_lora_branch_bytes_per_token`); without

@@ -54,6 +54,7 @@ class ActivationPlan:
     moe_freed_minus_inflight_bytes: int | None = None
     moe_loop: bool = False
 
+
 @dataclass(frozen=True, slots=True)
 class PlanPerToken:
     """What `plan` multiplies by the micro-batch's tokens (the masks: by its sequences). It
@@ -71,6 +72,7 @@ class PlanPerToken:
     moe: MoeBackward | None
     mask_per_sequence: int
 
+
 def selective_kept_per_token(model: ModelSpec, stack: Stack, setup: TrainingSetup,
                              profile: StackProfile, n: PrecisionPolicy) -> int:
     """Per token and layer, what selective (per-op) checkpointing keeps beside the block's
@@ -86,6 +88,7 @@ def selective_kept_per_token(model: ModelSpec, stack: Stack, setup: TrainingSetu
     if not attention_kernel(model, stack, setup, profile).explicit_scores:
         attention = n.compute * stack.n_heads * stack.head_dim + FP32 * stack.n_heads
     return int(n.compute * kept) + attention
+
 
 def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
                     profile: StackProfile) -> PlanPerToken:
@@ -113,6 +116,7 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
         previous_step=_previous_step_bytes_per_token(model, setup, profile, layers),
         moe=next((layer.moe for layer in layers if layer.moe is not None), None),
         mask_per_sequence=mask_bytes_per_sequence(model, setup, profile, n))
+
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
     """Activation memory of one micro-batch: the per-token figures (remembered per model for
@@ -150,6 +154,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         head_kept_bytes=head.kept_per_token * tokens, head_cast_bytes=head.cast_per_token * tokens,
         head_peak_bytes=head.loss_peak_per_token * tokens, offloaded_bytes=offloaded,
     )
+
 
 def _previous_step_bytes_per_token(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                          layers: list[LayerActivations]) -> int:

@@ -46,12 +46,14 @@ def _norm_bytes_per_token(stack: Stack, n: PrecisionPolicy, profile: StackProfil
     # it keeps the fp32 cast of a 16-bit residual, not the residual itself
     return (FP32 if n.autocast else n.residual) * h + 2 * FP32
 
+
 def norms_term(c: LayerContext) -> Term:
     """Every norm of the layer (see `_norm_bytes_per_token`; weights train in a full
     fine-tune)."""
     one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
     norms = one * c.stack.n_norms
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
+
 
 def _input_bytes_per_hidden_unit(n: PrecisionPolicy, n_linears: int) -> int:
     """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
@@ -65,6 +67,7 @@ def _input_bytes_per_hidden_unit(n: PrecisionPolicy, n_linears: int) -> int:
     if n.autocast:
         return n.compute * n_linears
     return n.compute if n.residual == n.compute else n.residual
+
 
 def linear_inputs_term(c: LayerContext) -> Term | None:
     """The inputs of the Linears that read the norms (attention in, MLP in), when they keep
@@ -86,6 +89,7 @@ def linear_inputs_term(c: LayerContext) -> Term | None:
                 "e·h per norm output (one copy per call under autocast)", kept,
                 ctx_kept_per_token=kept if c.bnb_kept else 0)
 
+
 @dataclass(frozen=True, slots=True)
 class AttentionLayout:
     """The dtypes and widths of one layer's attention tensors under its kernel."""
@@ -103,6 +107,7 @@ class AttentionLayout:
     #: Bytes per score of the probabilities' copy eager attention keeps (cast or dropped).
     probs_copy_bytes: int
     attn_dropout: bool
+
 
 def attention_layout(c: LayerContext) -> AttentionLayout:
     """LitGPT and torchtune expand k/v in their own code before SDPA; HF repeats them on the
@@ -139,6 +144,7 @@ def attention_layout(c: LayerContext) -> AttentionLayout:
                            v_width=c.o_width if expand else c.v_out, qkv_bytes=qkv_bytes,
                            softmax_bytes=softmax, probs_copy_bytes=probs_copy,
                            attn_dropout=dropout)
+
 
 def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     """q, k, v and the attention output, and what the kernel keeps beyond them: the s×s
@@ -185,10 +191,12 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
         attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
     return Term("attention", label, formula, attn, ctx_kept_per_token=ctx_kept)
 
+
 def activation_in_fp32(c: LayerContext) -> bool:
     """`gelu_new` as Transformers writes it, under autocast: it runs in fp32 (below)."""
     return c.stack.act_pow_fp32 and c.n.autocast and not (
         c.profile.fused_activations or c.profile.compiled)
+
 
 def _activation_bytes(c: LayerContext, e: int, act_kept: int) -> int:
     """Bytes per I-wide unit the MLP activation keeps for backward. `gelu_new` under autocast:
@@ -198,6 +206,7 @@ def _activation_bytes(c: LayerContext, e: int, act_kept: int) -> int:
     if activation_in_fp32(c) and act_kept:
         return 3 * FP32 + e
     return act_kept * e
+
 
 def mlp_term(c: LayerContext) -> Term:
     """What the activation keeps, act(gate) and up (kept by their product; gated MLPs), and the
@@ -247,11 +256,13 @@ def mlp_term(c: LayerContext) -> Term:
     return Term("mlp", f"MLP ({stack.mlp_kind.value})", formula, mlp,
                 ctx_kept_per_token=ctx_kept)
 
+
 def _dense_banks_in_quantized_model(c: LayerContext) -> bool:
     """QLoRA on an MoE whose expert banks bitsandbytes left unquantized (3-D parameters, see
     `vram.memory.params.leaves_bank_unquantized`)."""
     return c.setup.effective_quant is not Quant.NONE and any(
         leaves_bank_unquantized(linear, c.profile) for linear in c.stack.linears)
+
 
 def mla_term(c: LayerContext) -> Term | None:
     """DeepSeek-V2's multi-head latent attention beyond q, k, v and the output
@@ -272,6 +283,7 @@ def mla_term(c: LayerContext) -> Term | None:
                 "k_nope half, k_pe", "Σ latents (4·r [+ e·r] [+ e·r]) + e·heads·d_nope + e·d_rope",
                 latents + e * nope + rope)
 
+
 def _latent_bytes_per_token(c: LayerContext, rank: int) -> int:
     """One MLA latent: its RMSNorm's fp32 copy (and the normalized latent when the norm's
     weight trains), and the up-projection's input when it keeps it."""
@@ -280,10 +292,12 @@ def _latent_bytes_per_token(c: LayerContext, rank: int) -> int:
         kept += (FP32 if c.n.residual == FP32 else c.e) * rank
     return kept + (c.e * rank if c.keeps_inputs else 0)
 
+
 def _rope_width(stack: Stack) -> int:
     """MLA's rotary part of each q/k head: kv_a_proj_with_mqa's output beyond the latent."""
     kv_a = next(ln for ln in stack.linears if ln.role is Role.K)
     return kv_a.d_out - stack.kv_lora_rank
+
 
 def dropout_term(c: LayerContext) -> Term | None:
     """Dropout on the two residual branches keeps a 1-byte mask each (CUDA's fused dropout)."""
@@ -291,6 +305,7 @@ def dropout_term(c: LayerContext) -> Term | None:
         return None
     return Term("dropout", "dropout masks on the residual branches", "1 byte × h per dropout",
                 2 * c.hidden)
+
 
 def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:
     """Transformers' `grouped_mm` experts need bf16 operands: bf16 weights without autocast.

@@ -41,10 +41,12 @@ def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
         transient += stack.n_heads * s * a.softmax_bytes
     return transient
 
+
 @dataclass(frozen=True, slots=True)
 class BackwardPeak:
     transient_per_token: int
     in_attention: bool
+
 
 def _mlp_backward_copies(c: LayerContext) -> int:
     """[tokens, I] tensors a layer's MLP backward adds above what it saved. At a gated MLP's
@@ -60,6 +62,7 @@ def _mlp_backward_copies(c: LayerContext) -> int:
     plain_gated = (stack.mlp_kind is MlpKind.GATED and not stack.n_experts
                    and not (profile.fused_activations or profile.compiled))
     return 3 if plain_gated and not c.keeps_inputs else 2
+
 
 def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
                   norms_per_token: int) -> BackwardPeak:
@@ -95,6 +98,7 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
         mlp_norm = norms_per_token
     after_mlp = attention_transient - mlp_per_token - mlp_norm
     return BackwardPeak(max(mlp_transient, after_mlp), after_mlp > mlp_transient)
+
 
 def moe_bank_backward(c: LayerContext, mlp_per_token: int) -> MoeBackward | None:
     """Per token, at the gate/up bank's gradient write (see `MoeBackward`; found by the trace),
