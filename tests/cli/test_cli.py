@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from vram.cli import build_parser, main, setup_from_args
+from vram.cli import build_parser, main
+from vram.cli.flags import setup_from_args
 from vram.io.knobs import setup_knobs
 from vram.setup import TrainingSetup
 

@@ -12,11 +12,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from vram.cli.flags import add_setup_flags, setup_from_args
 from vram.errors import VramError
 from vram.io.readers import cli_hook
 from vram.setup import TrainingSetup
 
-Handler = Callable[[argparse.Namespace], int]
+Handler = Callable[[argparse.Namespace, argparse.ArgumentParser], int]
 
 
 def register_handlers() -> dict[str, Handler]:
@@ -24,7 +25,7 @@ def register_handlers() -> dict[str, Handler]:
     return {"plan": _plan, "validate-speed": _validate_speed}
 
 
-def register(commands: Any, add_setup_flags: Callable[..., None]) -> None:
+def register(commands: Any) -> None:
     """Add the subcommands to `commands` (argparse subparsers)."""
     plan = commands.add_parser("plan", help="fit my GPUs, the largest batch and sequence, "
                                "the levers that make it fit, time and cost of the run")
@@ -70,8 +71,7 @@ def tokens_from(args: argparse.Namespace, setup: TrainingSetup, n_gpus: int) -> 
     return None
 
 
-def _plan(args: argparse.Namespace) -> int:
-    from vram.cli import build_parser, setup_from_args
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from vram.gpus import load_gpus
     from vram.model.catalog import load_model
     from vram.plan.hardware import Hardware, find_gpu
@@ -79,7 +79,7 @@ def _plan(args: argparse.Namespace) -> int:
     from vram.plan.report import plan_json, plan_text
 
     if args.from_file:
-        model, setup, _ = cli_hook.from_file(args, build_parser(), args.argv)
+        model, setup, _ = cli_hook.from_file(args, parser, args.argv)
     elif args.model:
         model, setup = load_model(args.model), setup_from_args(args)
     else:
@@ -103,7 +103,7 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _validate_speed(args: argparse.Namespace) -> int:
+def _validate_speed(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from vram.plan.calibration import read_runs, report_lines
 
     print("\n".join(report_lines(read_runs(args.table))))

@@ -66,7 +66,7 @@ def _first_error(exc: Exception) -> str:
     return str(exc)
 
 
-def setup_from_args(args: argparse.Namespace) -> RLSetup:
+def rl_setup_from_args(args: argparse.Namespace) -> RLSetup:
     """The RLSetup the flags describe; a bad one raises VramError naming the field."""
     gpus = args.gpu_count
     sharding = args.sharding or ("none" if gpus == 1 else "zero2")
@@ -124,8 +124,8 @@ RL_FLAG_FIELDS: dict[str, str] = {
 }
 
 
-def _from_file(args: argparse.Namespace) -> tuple[ModelSpec, RLSetup]:
-    from vram.cli import build_parser
+def _from_file(args: argparse.Namespace,
+               parser: argparse.ArgumentParser) -> tuple[ModelSpec, RLSetup]:
     from vram.io.readers import load_training_config
     from vram.io.readers.cli_hook import explicit_dests
     from vram.rl.from_config import rl_setup_from_config
@@ -138,7 +138,7 @@ def _from_file(args: argparse.Namespace) -> tuple[ModelSpec, RLSetup]:
     else:
         raise VramError(f"--model: {loaded.model_problem or 'the file names no model'}")
     setup = rl_setup_from_config(loaded)
-    typed = explicit_dests(build_parser(), getattr(args, "argv", []))
+    typed = explicit_dests(parser, getattr(args, "argv", []))
     update = {field: getattr(args, dest) for dest, field in RL_FLAG_FIELDS.items()
               if dest in typed}
     if update:
@@ -152,14 +152,14 @@ def _from_file(args: argparse.Namespace) -> tuple[ModelSpec, RLSetup]:
     return model, setup
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     memory = gpu_memory(args.gpu)
     if args.from_file:
-        model, setup = _from_file(args)
+        model, setup = _from_file(args, parser)
     else:
         if not args.model:
             raise VramError("--model: required (or give a TRL GRPO/DPO config with --from)")
-        setup = setup_from_args(args)
+        setup = rl_setup_from_args(args)
         model = load_model(args.model)
     result = estimate(model, setup, memory)
     if args.json:
