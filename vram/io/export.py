@@ -82,7 +82,7 @@ def _parallel(setup: TrainingSetup, out: dict[str, Any], notes: list[str], *,
     DeepSpeed otherwise."""
     if setup.sharding in (Sharding.NONE, Sharding.DDP):
         return
-    fsdp_ok = setup.sharding in (Sharding.ZERO2, Sharding.ZERO3) and (
+    fsdp_ok = setup.sharding.shards_gradients and (
         setup.offload is not Offload.OPTIMIZER)
     # the engine the estimate assumed: the knobs, else the stack's (FSDP1 for the HF stacks)
     version_value = resolve(setup).run.fsdp_version

@@ -27,7 +27,7 @@ import annotated_types
 from pydantic import ValidationError
 
 from vram.errors import VramError
-from vram.setup import ALL_LINEAR, LORA_TARGET_NAMES, Knob, TrainingSetup
+from vram.setup import LORA_TARGETS, Knob, TrainingSetup, parse_lora_targets
 from vram.stacks.resolve import resolve
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
@@ -37,9 +37,6 @@ AUTO = "auto"
 MAX_NUMBER_CHARS = 32
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-#: LoRA targets in their canonical order.
-TARGET_ORDER: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                 "down_proj", "lm_head")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +87,7 @@ class SetupKnob:
             names = [str(c) for c in self.choices] + ([AUTO] if self.optional else [])
             return "one of: " + ", ".join(names)
         if self.kind == "targets":
-            return ", ".join(TARGET_ORDER) + ", or all-linear"
+            return ", ".join(LORA_TARGETS) + ", or all-linear"
         if self.low is not None and self.high is not None:
             low, high = _num(self.low), _num(self.high)
             return f"at least {low} and below {high}" if self.high_open else f"{low} to {high}"
@@ -119,7 +116,7 @@ class SetupKnob:
         if self.kind == "choice":
             return self._choice(value)
         if self.kind == "targets":
-            return parse_targets(value)
+            return parse_lora_targets(value)
         return value
 
     def text(self, value: object) -> str:
@@ -172,20 +169,6 @@ def _num(number: float) -> str:
 
 def _shown(text: str) -> str:
     return repr(text[:40])
-
-
-def parse_targets(text: str) -> tuple[str, ...] | str:
-    """``q_proj,v_proj`` or ``q_proj;v_proj`` -> a canonical tuple; ``all-linear`` stays."""
-    parts = [p.strip().lower() for p in text.replace(";", ",").split(",") if p.strip()]
-    if not parts:
-        raise ValueError("give at least one module, or all-linear")
-    if ALL_LINEAR in parts:
-        return ALL_LINEAR
-    unknown = [p for p in parts if p not in LORA_TARGET_NAMES]
-    if unknown:
-        raise ValueError(f"{_shown(unknown[0])} is not one of: "
-                         f"{', '.join(TARGET_ORDER)}, or all-linear")
-    return tuple(name for name in TARGET_ORDER if name in parts)
 
 
 def _bound(value: object) -> int | float:

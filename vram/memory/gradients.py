@@ -87,7 +87,7 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
     full = sum(grad_bytes(g) for g in trainable)
     by_key = {g.key: grad_bytes(g) for g in trainable}
     # Only an LM head multiplies by a tied embedding; a classifier's embedding is used once.
-    tied_lm = model.tied_embeddings and model.head_kind.value == "lm"
+    tied_lm = model.lm_head_tied
     head = by_key.get("head", by_key.get("embedding", 0) if tied_lm else 0)
     untied_embedding = by_key.get("embedding", 0) if not tied_lm else 0
     layer_grads = by_key.get("linears", 0) + by_key.get("norms", 0) + by_key.get("lora", 0)

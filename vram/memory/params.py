@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from vram.model.architecture import FUSED_PARTS, TARGET_ROLES, Linear, ModelSpec, Role
+from vram.model.spec import FUSED_PARTS, TARGET_ROLES, HeadKind, Linear, ModelSpec, Role
 from vram.setup import ALL_LINEAR, Method, Quant, TrainingSetup
 from vram.stacks.profile import StackProfile
 from vram.units import BF16_BYTES, FP32_BYTES, INT8_BYTES, ceil_div
@@ -198,7 +198,7 @@ def _head_group(model: ModelSpec, profile: StackProfile, q_storage: Storage | No
     quantizes it."""
     h, vocab = model.hidden_size, model.vocab_size
     head_weight = model.head_params
-    if profile.unties_head and model.tied_embeddings and model.head_kind.value == "lm":
+    if profile.unties_head and model.lm_head_tied:
         head_weight = vocab * h
     if not head_weight:
         return []
@@ -280,7 +280,7 @@ def _adapter_group(model: ModelSpec, setup: TrainingSetup,
                 lora_matrices += [Matrices(r, linear.d_in, count),
                                   Matrices(b_numel // r, r, count)]
                 lora_tensors += [(a_numel, count), (b_numel, count)]
-    if head_targeted(setup) and model.head_kind.value == "lm":
+    if head_targeted(setup) and model.head_kind is HeadKind.LM:
         lora += r * (h + vocab)
         lora_matrices += [Matrices(r, h), Matrices(vocab, r)]
         lora_tensors += [(r * h, 1), (r * vocab, 1)]

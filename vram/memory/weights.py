@@ -237,7 +237,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
         return 0
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
-        ("embedding",) if model.tied_embeddings and model.head_kind.value == "lm" else ())
+        ("embedding",) if model.lm_head_tied else ())
     if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):
         head_keys = ()  # the head's backward ran: its cast is gone
     if stage is Stage.LAYERS_FORWARD:

@@ -223,6 +223,12 @@ class ModelSpec(BaseModel):
     approximate: bool = False
 
     @property
+    def lm_head_tied(self) -> bool:
+        """The LM head multiplies by the embedding's matrix (a classifier's embedding is used
+        once, tied or not)."""
+        return self.tied_embeddings and self.head_kind is HeadKind.LM
+
+    @property
     def head_params(self) -> int:
         """The output layer's own parameters (zero when it is tied to the embedding)."""
         if self.head_kind is HeadKind.CLASSIFIER:

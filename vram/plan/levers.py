@@ -138,13 +138,12 @@ def _zero3(s: TrainingSetup) -> Change | None:
     return {"sharding": Sharding.ZERO3}
 
 
-_SHARDED = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
 
 
 def _offload_optimizer(s: TrainingSetup) -> Change | None:
     if s.offload is not Offload.NONE:
         return None
-    sharding = s.sharding if s.sharding in _SHARDED else (
+    sharding = s.sharding if s.sharding.shards_optimizer else (
         Sharding.ZERO3 if s.n_gpus == 1 else Sharding.ZERO2)
     return {"offload": Offload.OPTIMIZER, "sharding": sharding}
 

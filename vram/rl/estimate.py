@@ -17,7 +17,7 @@ from vram.rl import engine as eng
 from vram.rl import kv_cache
 from vram.rl.policy_step import StepMoment, no_grad_logits_bytes, policy_moments
 from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
-from vram.rl.setup import OFFLINE, Algo, Reference, RLSetup, Rollout
+from vram.rl.setup import OFFLINE, Algo, Engine, Reference, RLSetup, Rollout
 from vram.setup import TrainingSetup
 from vram.step.estimate import estimate as sft_estimate
 from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
@@ -185,7 +185,7 @@ def _rollout(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int, resident_a
     free_at_start = gpu_memory_bytes - (context_bytes if server else resident_at_start)
     requested = eng.requested_bytes(setup.engine, setup.gpu_memory_utilization,
                                     gpu_memory_bytes, free_at_start)
-    if setup.engine.value == "vllm" and requested > free_at_start:
+    if setup.engine is Engine.VLLM and requested > free_at_start:
         r.warnings.append(
             f"gpu_memory_utilization: {setup.gpu_memory_utilization} asks vLLM for "
             f"{requested / 2**30:.1f} GiB but only {free_at_start / 2**30:.1f} GiB is free "

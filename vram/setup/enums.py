@@ -93,6 +93,15 @@ class Offload(StrEnum):
     PARAMS_OPTIMIZER = "params+optimizer"
     ACTIVATIONS = "activations"
 
+    def runs_with(self, sharding: Sharding) -> bool:
+        """Offloading the optimizer state needs it sharded (a ZeRO stage); offloading the
+        parameters too needs them sharded (ZeRO-3 / FSDP full shard)."""
+        if self is Offload.OPTIMIZER:
+            return sharding.shards_optimizer
+        if self is Offload.PARAMS_OPTIMIZER:
+            return sharding.shards_weights
+        return True
+
 
 class Framework(StrEnum):
     HF_TRAINER = "hf-trainer"

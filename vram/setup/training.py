@@ -79,11 +79,28 @@ SHARDING_ALIASES: dict[str, Sharding] = {
 FSDP_SHARDING_NAMES = frozenset({"fsdp-full", "fsdp", "fsdp-grad-op", "fsdp-no-shard"})
 CASE_FILE_DEEPSPEED_NAMES = frozenset({"zero1", "zero2", "zero3"})
 
-#: LoRA target names (PEFT / Hugging Face naming) that `vram` understands.
-LORA_TARGET_NAMES: frozenset[str] = frozenset(
-    {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head"}
-)
+#: LoRA target names (PEFT / Hugging Face naming) that `vram` understands, in the one
+#: canonical order (equal setups compare equal, URLs are stable).
+LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                 "up_proj", "down_proj", "lm_head")
+LORA_TARGET_NAMES: frozenset[str] = frozenset(LORA_TARGETS)
 ALL_LINEAR: Literal["all-linear"] = "all-linear"
+
+
+def parse_lora_targets(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...] | str:
+    """``q_proj,v_proj`` (or ``;``-separated, or a list) -> the canonical tuple; ``all-linear``
+    stays. An unknown or empty list is a `ValueError` naming what is allowed."""
+    raw = value.replace(";", ",").split(",") if isinstance(value, str) else list(value)
+    parts = [str(p).strip().lower() for p in raw if str(p).strip()]
+    if not parts:
+        raise ValueError("give at least one LoRA target module, or all-linear")
+    if ALL_LINEAR in parts:
+        return ALL_LINEAR
+    unknown = [p for p in parts if p not in LORA_TARGET_NAMES]
+    if unknown:
+        raise ValueError(f"{unknown[0][:40]!r} is not one of: {', '.join(LORA_TARGETS)}, "
+                         "or all-linear")
+    return tuple(name for name in LORA_TARGETS if name in parts)
 
 MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 4 * 1024 * 1024
@@ -460,33 +477,11 @@ class TrainingSetup(BaseModel):
 
     @field_validator("lora_targets", mode="before")
     @classmethod
-    def _targets_from_text(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.lower() == ALL_LINEAR:
-                return ALL_LINEAR
-            parts = [p.strip() for p in text.replace(";", ",").split(",") if p.strip()]
-            return tuple(parts)
-        if isinstance(value, list):
-            return tuple(value)
+    def _targets(cls, value: object) -> object:
+        if isinstance(value, str | list | tuple) and all(
+                isinstance(part, str) for part in value):
+            return parse_lora_targets(value)
         return value
-
-    @field_validator("lora_targets")
-    @classmethod
-    def _known_targets(cls, value: tuple[str, ...] | str) -> tuple[str, ...] | str:
-        if value == ALL_LINEAR:
-            return value
-        assert isinstance(value, tuple)
-        if not value:
-            raise ValueError("give at least one LoRA target module, or 'all-linear'")
-        unknown = sorted(set(value) - LORA_TARGET_NAMES)
-        if unknown:
-            allowed = ", ".join(sorted(LORA_TARGET_NAMES))
-            raise ValueError(f"unknown module {unknown[0]!r}; allowed: {allowed}, or all-linear")
-        # One canonical order, so equal setups compare equal and URLs are stable.
-        order = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                 "lm_head"]
-        return tuple(name for name in order if name in value)
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainingSetup:
@@ -505,10 +500,10 @@ class TrainingSetup(BaseModel):
             raise ValueError(
                 f"sharding: {self.n_gpus} GPUs need a strategy (ddp, zero1, zero2 or zero3)"
             )
-        sharded = self.sharding in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
-        if self.offload is Offload.OPTIMIZER and not sharded:
+        if self.offload is Offload.OPTIMIZER and not self.offload.runs_with(self.sharding):
             raise ValueError("offload: optimizer offload needs ZeRO/FSDP sharding (zero1-3)")
-        if self.offload is Offload.PARAMS_OPTIMIZER and self.sharding is not Sharding.ZERO3:
+        if self.offload is Offload.PARAMS_OPTIMIZER and not self.offload.runs_with(
+                self.sharding):
             raise ValueError("offload: params+optimizer offload needs zero3 (FSDP full shard)")
         if self.ckpt_selective and not self.grad_ckpt:
             raise ValueError("ckpt_selective: selective checkpointing is checkpointing; "

@@ -140,7 +140,7 @@ def tied_pending_bytes(model: ModelSpec, groups: list[ParamGroup],
     """A tied embedding's head gradient waits in autograd's input buffer unsharded, in the
     all-gather dtype (not a shard: the unsharded parameter is what autograd sees)."""
     embedding = next((g for g in groups if g.key == "embedding" and g.trainable), None)
-    if embedding is None or not model.tied_embeddings or model.head_kind.value != "lm":
+    if embedding is None or not model.lm_head_tied:
         return 0
     return embedding.n_params * gather_bytes(embedding, profile)
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.setup import Method, Precision, Sharding, TrainingSetup
+from vram.setup import Method, Precision, TrainingSetup
 from vram.units import BF16_BYTES, FP32_BYTES, Dtype
 
 MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)
-ZERO = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +90,7 @@ def runs_half_model(setup: TrainingSetup) -> bool:
     """DeepSpeed-style ZeRO with a mixed recipe runs a 16-bit model, the fp32 master copy living
     with the optimizer, rather than autocast over fp32 weights (DeepSpeed bf16_optimizer.py,
     fp16/fused_optimizer.py; FSDP's MixedPrecision(param_dtype=bf16) likewise)."""
-    return is_mixed(setup) and setup.sharding in ZERO
+    return is_mixed(setup) and setup.sharding.shards_optimizer
 
 
 def _trained_weight_bytes(setup: TrainingSetup) -> int:

@@ -26,9 +26,6 @@ from typing import Literal, cast
 from vram.setup import Method, Offload, Precision, Sharding, TrainingSetup
 from vram.stacks.table import StackRow, stack_row
 
-#: ZeRO stages, each of which DeepSpeed's engine runs (FSDP has no stage 1).
-ZERO_STAGES = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
-
 #: FSDP chosen on a stack whose own sharding is DeepSpeed: PyTorch's current API,
 #: `fully_shard` (torch/distributed/fsdp/__init__.py@v2.13.0 exports it beside the wrapper).
 FSDP_VERSION_OUTSIDE_FSDP_STACKS: Literal[1, 2] = 2
@@ -116,7 +113,7 @@ def _fsdp_version(setup: TrainingSetup, stack: Literal[1, 2] | None) -> Literal[
 def _sharding_engine(setup: TrainingSetup,
                      version: Literal[1, 2] | None) -> Literal["deepspeed", "fsdp"] | None:
     """Who runs ZeRO sharding: DeepSpeed's engine when no FSDP version applies."""
-    if setup.sharding not in ZERO_STAGES:
+    if not setup.sharding.shards_optimizer:
         return None
     return "deepspeed" if version is None else "fsdp"
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
+from vram.setup import ALL_LINEAR, Attention, Method, Precision, TrainingSetup
 from vram.stacks.precision import lora_base_16bit
 from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
@@ -217,7 +217,7 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
             f"model_type {model_type!r}: transformers cannot build it ({exc})") from exc
     auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM,
             "classifier": AutoModelForSequenceClassification}[kind]
-    if setup.attention.value == "flash":
+    if setup.attention is Attention.FLASH:
         from vram.trace.attention import register_fused
 
         try:
@@ -225,7 +225,7 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
                                     attn_implementation=register_fused())
         except (ValueError, KeyError):  # no attention interface (Falcon): SDPA, flash-routed
             pass
-    attn = "eager" if setup.attention.value == "eager" else "sdpa"
+    attn = "eager" if setup.attention is Attention.EAGER else "sdpa"
     try:
         model = auto.from_config(hf_config, dtype=weight_dtype(setup), attn_implementation=attn)
     except ValueError as exc:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vram.setup import Optimizer, TrainingSetup
+from vram.setup import Offload, Optimizer, Sharding, TrainingSetup
 from vram.stacks.resolve import resolve
 from vram.trace.build import TraceUnsupported, build, depth, layer_period, with_depth
 from vram.trace.engine import (
@@ -130,10 +130,10 @@ def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
     notes = []
     if traces_fsdp2(setup):
         notes.append(f"rank 0 of FSDP2 over {setup.n_gpus} GPUs (a fake process group)")
-    elif setup.sharding.value != "none" or setup.n_gpus > 1:
+    elif setup.sharding is not Sharding.NONE or setup.n_gpus > 1:
         notes.append(f"sharding {setup.sharding.value} over {setup.n_gpus} GPUs is not traced: "
                      "figures are for one unsharded GPU")
-    if setup.offload.value != "none":
+    if setup.offload is not Offload.NONE:
         notes.append(f"offload {setup.offload.value} is not traced")
     if setup.grad_ckpt and resolve(setup).run.ckpt_reentrant:
         notes.append("checkpointing is traced non-reentrant (use_reentrant=False); this setup's "
