@@ -1,7 +1,8 @@
 """Cached reads of the data files, and the model a state dict points at.
 
 Streamlit reruns the whole page script on every widget change, so file reads are cached here
-(practice 8); `vram.estimate` is not, it takes microseconds.
+(practice 8). The estimate takes microseconds; `ui.results` remembers a state's estimate and
+fit together, because the fit over the whole GPU catalog is what costs.
 """
 
 from __future__ import annotations

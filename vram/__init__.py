@@ -15,7 +15,9 @@ from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
 from vram.io.readers import LoadedTrainingConfig, load_training_config
 from vram.model.architecture import ModelSpec, model_from_config, model_from_param_count
 from vram.model.catalog import CatalogEntry, load_model, model_catalog, teaching_models
-from vram.plan import Hardware, Plan, plan  # `vram.plan` is the function; the package is
+
+# `vram.plan` is the function; its modules stay importable as vram.plan.<module>.
+from vram.plan import Hardware, Plan, plan
 from vram.result import (
     Bucket,
     BucketName,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cache
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,12 +24,22 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool
 
 _Model = TypeVar("_Model", bound=BaseModel)
-# The slots pydantic's own `model_construct` fills (it bypasses frozen), written through their
-# descriptors (C calls, no attribute lookup by name).
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _slot_setters() -> tuple[Any, Any, Any, Any] | None:
+    """The setters of the slots pydantic's own `model_construct` fills (it bypasses frozen),
+    through their descriptors (C calls, no attribute lookup by name); None where a pydantic
+    release has moved them, and `_assembled` then calls the public `model_construct`."""
+    slots = BaseModel.__dict__
+    names = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__",
+             "__pydantic_private__")
+    if not all(hasattr(slots.get(name), "__set__") for name in names):
+        return None
+    set_dict, set_fields, set_extra, set_private = (slots[name].__set__ for name in names)
+    return set_dict, set_fields, set_extra, set_private
+
+
+_SETTERS = _slot_setters()
 
 
 def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
@@ -38,13 +48,16 @@ def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
     its per-field Python loop, which is slower than validating. Only for values `vram` computed
     itself, of the fields' exact types (the `assemble` methods below; a test compares them
     with validated instances); input from people is always validated."""
+    if _SETTERS is None:
+        return kind.model_construct(None, **fields)
+    set_dict, set_fields_set, set_extra, set_private = _SETTERS
     instance = kind.__new__(kind)
-    _set_dict(instance, fields)
+    set_dict(instance, fields)
     # every field is given; one set per class can be shared: these models are frozen, and
     # pydantic copies the set before `model_copy(update=...)` adds to it
-    _set_fields_set(instance, _all_fields(kind))
-    _set_extra(instance, None)
-    _set_private(instance, None)
+    set_fields_set(instance, _all_fields(kind))
+    set_extra(instance, None)
+    set_private(instance, None)
     return instance
 
 
@@ -116,17 +129,10 @@ class LineItem(BaseModel):
         validating them was a third of its time); `bytes` must be a non-negative int."""
         if bytes < 0:
             _refuse_negative(key, bytes)
-        # `_assembled`, written out: an estimate's most built object
-        item = cls.__new__(cls)
-        _set_dict(item, {"key": key, "label": label, "formula": formula, "inputs": inputs,
-                         "bytes": bytes, "source": source, "note": note})
-        _set_fields_set(item, _LINE_ITEM_FIELDS)
-        _set_extra(item, None)
-        _set_private(item, None)
-        return item
+        return _assembled(cls, {"key": key, "label": label, "formula": formula,
+                                "inputs": inputs, "bytes": bytes, "source": source,
+                                "note": note})
 
-
-_LINE_ITEM_FIELDS = _all_fields(LineItem)
 
 
 class Bucket(BaseModel):
@@ -189,19 +195,12 @@ class MomentBytes(BaseModel):
         """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
         if gradient_bytes < 0 or activation_bytes < 0 or in_flight_bytes < 0:
             raise ValueError(f"{label}: bytes must be >= 0")
-        # `_assembled`, written out: six or more per estimate
-        moment = cls.__new__(cls)
-        _set_dict(moment, {"phase": phase, "label": label, "allocated_bytes": allocated_bytes,
-                           "gradient_bytes": gradient_bytes,
-                           "activation_bytes": activation_bytes,
-                           "in_flight_bytes": in_flight_bytes})
-        _set_fields_set(moment, _MOMENT_FIELDS)
-        _set_extra(moment, None)
-        _set_private(moment, None)
-        return moment
+        return _assembled(cls, {"phase": phase, "label": label,
+                                "allocated_bytes": allocated_bytes,
+                                "gradient_bytes": gradient_bytes,
+                                "activation_bytes": activation_bytes,
+                                "in_flight_bytes": in_flight_bytes})
 
-
-_MOMENT_FIELDS = _all_fields(MomentBytes)
 
 
 class PeakBytes(BaseModel):

@@ -90,3 +90,16 @@ def test_negative_bytes_are_refused_by_name() -> None:
         LineItem.assemble("activations.x", "x", "f", {}, -1)
     with pytest.raises(ValueError, match="the loss: bytes must be >= 0"):
         MomentBytes.assemble(Phase.BACKWARD, MomentId.LOSS, 10, -2, 3, 0)
+
+
+def test_without_pydantics_slot_setters_the_public_model_construct_builds_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a pydantic release moves the slots `_assembled` writes, it falls back to
+    `model_construct`: the same estimate, field by field."""
+    import vram.result
+
+    model = load_model("llama-3.1-8b")
+    setup = TrainingSetup(method="qlora", grad_ckpt=True, seq_len=4096)
+    fast = estimate(model, setup).model_dump()
+    monkeypatch.setattr(vram.result, "_SETTERS", None)
+    assert estimate(model.model_copy(), setup).model_dump() == fast

@@ -36,7 +36,7 @@ def test_one_table_names_every_supported_family() -> None:
 
 
 def test_the_estimator_never_tests_a_family_name() -> None:
-    """Behaviour is a flag on the spec (`Stack` fields), not `model.family == "..."`."""
+    """Behaviour is a flag on the spec (`LayerStack` fields), not `model.family == "..."`."""
     offenders = [
         f"{path.name}:{n}" for path in VRAM.rglob("*.py") if "families" not in path.parts
         for n, line in enumerate(path.read_text().splitlines(), 1)

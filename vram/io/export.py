@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from vram.memory.optimizer import optimizer_spec
 from vram.model.catalog import catalog_entry
 from vram.setup import (
     ALL_LINEAR,
@@ -26,17 +27,6 @@ from vram.setup import (
 )
 from vram.stacks.resolve import resolve
 
-#: setup optimizer -> Transformers `optim` / axolotl `optimizer` name.
-OPTIMIZER_NAMES: dict[str, str] = {
-    "adamw": "adamw_torch_fused",
-    "adamw-8bit": "adamw_bnb_8bit",
-    "paged-adamw": "paged_adamw_32bit",
-    "paged-adamw-8bit": "paged_adamw_8bit",
-    "sgd": "sgd",
-    "adafactor": "adafactor",
-    "lion": "lion_32bit",
-    "adamw-4bit": "adamw_torch_4bit",
-}
 _ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}
 _STAGE = {Sharding.ZERO1: 1, Sharding.ZERO2: 2, Sharding.ZERO3: 3}
 
@@ -48,7 +38,7 @@ def hub_id(model: str) -> str:
 
 
 def _optimizer(setup: TrainingSetup, notes: list[str]) -> str:
-    name = OPTIMIZER_NAMES.get(setup.optimizer.value)
+    name = optimizer_spec(setup.optimizer).hf_optim  # Transformers' `optim` / axolotl's
     if name is None:
         notes.append(f"optimizer {setup.optimizer.value} has no Transformers optim name; "
                      "written as adamw_torch_fused")

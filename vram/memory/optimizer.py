@@ -100,6 +100,9 @@ class OptimizerSpec:
     steps_in_backward: bool
     formula: str
     source: str
+    #: Its name in Transformers' `TrainingArguments.optim` (axolotl, LLaMA-Factory and TRL
+    #: pass it through): what `vram.io.export` writes and the readers read. None: it has none.
+    hf_optim: str | None = None
 
 
 _ADAMW = "torch/optim/adamw.py@v2.4.0 (exp_avg, exp_avg_sq; foreach sqrt(exp_avg_sq))"
@@ -113,11 +116,13 @@ _ONE_FORMULA = "1 state × dtype bytes × trainable params"
 OPTIMIZERS: MappingProxyType[Optimizer, OptimizerSpec] = MappingProxyType({
     Optimizer.ADAMW: OptimizerSpec(
         2, StateFormat.DENSE, StepTemporaries.FOREACH_STATE, paged=False,
-        steps_in_backward=False, formula=_ADAM_FORMULA, source=_ADAMW),
+        steps_in_backward=False, formula=_ADAM_FORMULA, source=_ADAMW,
+        hf_optim="adamw_torch_fused"),
     Optimizer.PAGED_ADAMW: OptimizerSpec(
         2, StateFormat.DENSE_FP32, StepTemporaries.NONE, paged=True,
         steps_in_backward=False, formula="2 states × 4 B (fp32) × trainable params",
-        source="bitsandbytes/optim/adamw.py@0.44.1 PagedAdamW (optim_bits=32, is_paged)"),
+        source="bitsandbytes/optim/adamw.py@0.44.1 PagedAdamW (optim_bits=32, is_paged)",
+        hf_optim="paged_adamw_32bit"),
     Optimizer.ADAMW_IN_BACKWARD: OptimizerSpec(
         2, StateFormat.DENSE, StepTemporaries.NONE, paged=False, steps_in_backward=True,
         formula=_ADAM_FORMULA,
@@ -125,40 +130,47 @@ OPTIMIZERS: MappingProxyType[Optimizer, OptimizerSpec] = MappingProxyType({
                "grad_hook steps and frees each gradient)"),
     Optimizer.ADAMW_8BIT: OptimizerSpec(
         2, StateFormat.BLOCKWISE_8BIT, StepTemporaries.NONE, paged=False,
-        steps_in_backward=False, formula=_BNB_FORMULA, source=_BNB),
+        steps_in_backward=False, formula=_BNB_FORMULA, source=_BNB,
+        hf_optim="adamw_bnb_8bit"),
     Optimizer.PAGED_ADAMW_8BIT: OptimizerSpec(
         2, StateFormat.BLOCKWISE_8BIT, StepTemporaries.NONE, paged=True,
-        steps_in_backward=False, formula=_BNB_FORMULA, source=_BNB + " PagedAdamW8bit"),
+        steps_in_backward=False, formula=_BNB_FORMULA, source=_BNB + " PagedAdamW8bit",
+        hf_optim="paged_adamw_8bit"),
     Optimizer.SGD: OptimizerSpec(
         0, StateFormat.DENSE, StepTemporaries.NONE, paged=False, steps_in_backward=False,
-        formula="plain SGD keeps no state", source="torch/optim/sgd.py@v2.4.0 momentum=0"),
+        formula="plain SGD keeps no state", source="torch/optim/sgd.py@v2.4.0 momentum=0",
+        hf_optim="sgd"),
     Optimizer.SGD_MOMENTUM: OptimizerSpec(
         1, StateFormat.DENSE, StepTemporaries.NONE, paged=False, steps_in_backward=False,
         formula=_ONE_FORMULA, source="torch/optim/sgd.py@v2.4.0 momentum_buffer"),
     Optimizer.LION: OptimizerSpec(
         1, StateFormat.DENSE, StepTemporaries.FOREACH_STATE, paged=False,
         steps_in_backward=False, formula=_ONE_FORMULA,
-        source="lucidrains/lion-pytorch lion_pytorch.py@0.2.2 (exp_avg); Chen et al. 2023"),
+        source="lucidrains/lion-pytorch lion_pytorch.py@0.2.2 (exp_avg); Chen et al. 2023",
+        hf_optim="lion_32bit"),
     Optimizer.ADAFACTOR: OptimizerSpec(
         1, StateFormat.FACTORED, StepTemporaries.LARGEST_PARAM_FP32, paged=False,
         steps_in_backward=False,
         formula=("4 bytes × (rows + columns) per matrix (factored second moment), "
                  "each vector in 512-byte allocator blocks"),
-        source="transformers/optimization.py@v4.46.0 Adafactor (beta1=None: no first moment)"),
+        source="transformers/optimization.py@v4.46.0 Adafactor (beta1=None: no first moment)",
+        hf_optim="adafactor"),
     Optimizer.ADAMW_4BIT: OptimizerSpec(
         2, StateFormat.BLOCKWISE_4BIT, StepTemporaries.NONE, paged=False,
         steps_in_backward=False,
         formula=("2 states × (0.5 byte + 4 bytes per 128-value block); states like the "
                  "parameter for tensors under 4096 values"),
         source=("torchao/optim/adam.py@0372e5f AdamW4bit (block_size=128; one compiled "
-                "single-parameter step, no full-size temporaries)")),
+                "single-parameter step, no full-size temporaries)"),
+        hf_optim="adamw_torch_4bit"),
     Optimizer.GALORE_ADAMW8BIT_PER_LAYER: OptimizerSpec(
         2, StateFormat.GALORE_8BIT, StepTemporaries.NONE, paged=False, steps_in_backward=True,
         formula=("Linear weights: 2 states × r × max(d_in, d_out) in 8 bits + the r × "
                  "min(d_in, d_out) projection; other params: 8-bit Adam; r = hidden / 4"),
         source=("jiaweizzhao/GaLore torchrun_main.py@8460814 galore_adamw8bit_per_layer "
                 "(GaLoreAdamW8bit per parameter, stepped in register_post_accumulate_grad_"
-                "hook); galore_torch/galore_projector.py@8460814")),
+                "hook); galore_torch/galore_projector.py@8460814"),
+        hf_optim="galore_adamw_8bit_layerwise"),
 })
 
 

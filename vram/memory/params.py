@@ -9,7 +9,8 @@ these groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import StrEnum
+from enum import Enum, StrEnum
+from typing import Final, Literal
 
 from vram.model.spec import FUSED_PARTS, TARGET_ROLES, HeadKind, Linear, ModelSpec, Role
 from vram.setup import ALL_LINEAR, Method, Quant, TrainingSetup
@@ -124,20 +125,31 @@ def _part_roles(linear: Linear) -> tuple[Role, ...]:
     return (linear.role,)
 
 
-def targeted_roles(setup: TrainingSetup) -> frozenset[Role] | None:
-    """The roles LoRA adapts; None means every Linear ('all-linear')."""
+class _Every(Enum):
+    LINEAR = "every Linear"
+
+
+#: LoRA adapts every Linear of the decoder ('all-linear'); beside it, a set of roles (an empty
+#: set: none at all).
+EVERY_LINEAR: Final = _Every.LINEAR
+#: What LoRA adapts: EVERY_LINEAR, or these roles.
+Roles = frozenset[Role] | Literal[_Every.LINEAR]
+
+
+def targeted_roles(setup: TrainingSetup) -> Roles:
+    """The roles LoRA adapts: EVERY_LINEAR for 'all-linear', else the targets' roles."""
     if setup.lora_targets == ALL_LINEAR:
-        return None
+        return EVERY_LINEAR
     roles: set[Role] = set()
     for name in setup.lora_targets:
         roles |= TARGET_ROLES.get(name, frozenset())
     return frozenset(roles)
 
 
-def is_targeted(linear: Linear, roles: frozenset[Role] | None) -> bool:
+def is_targeted(linear: Linear, roles: Roles) -> bool:
     if linear.role is Role.ROUTER:
         return False
-    if roles is None:
+    if roles is EVERY_LINEAR:
         return True
     if linear.role in FUSED_PARTS:
         return bool(FUSED_PARTS[linear.role] & roles)
@@ -290,10 +302,10 @@ def _adapter_group(model: ModelSpec, setup: TrainingSetup,
 
 
 def _fused_roles(
-    linear: Linear, roles: frozenset[Role] | None, profile: StackProfile
+    linear: Linear, roles: Roles, profile: StackProfile
 ) -> frozenset[Role] | None:
-    """Slices of a fused projection (LitGPT) or the whole fused module (PEFT)."""
-    if linear.role not in FUSED_PARTS or roles is None:
+    """Slices of a fused projection (LitGPT), or None: the whole fused module (PEFT)."""
+    if linear.role not in FUSED_PARTS or roles is EVERY_LINEAR:
         return None
     return roles if profile.adapts_fused_slices else None
 

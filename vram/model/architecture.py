@@ -23,18 +23,31 @@ from vram.model.spec import (
     FUSED_PARTS,
     TARGET_ROLES,
     HeadKind,
+    LayerStack,
     Linear,
     MlpKind,
     ModelSpec,
     NormKind,
     Role,
-    Stack,
 )
 
 __all__ = [
-    "FUSED_PARTS", "MAX_CONFIG_BYTES", "SUPPORTED_FAMILIES", "TARGET_ROLES", "HeadKind",
-    "Linear", "MlpKind", "ModelSpec", "NormKind", "Role", "Stack", "config_for_param_count",
-    "model_from_config", "model_from_config_file", "model_from_param_count", "read_config_text",
+    "FUSED_PARTS",
+    "MAX_CONFIG_BYTES",
+    "SUPPORTED_FAMILIES",
+    "TARGET_ROLES",
+    "HeadKind",
+    "LayerStack",
+    "Linear",
+    "MlpKind",
+    "ModelSpec",
+    "NormKind",
+    "Role",
+    "config_for_param_count",
+    "model_from_config",
+    "model_from_config_file",
+    "model_from_param_count",
+    "read_config_text",
 ]
 
 

@@ -94,7 +94,7 @@ class NormKind(StrEnum):
     LAYER = "layer"
 
 
-class Stack(BaseModel):
+class LayerStack(BaseModel):
     """`count` identical layers."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -201,7 +201,7 @@ class ModelSpec(BaseModel):
     family: str
     hidden_size: int
     vocab_size: int
-    stacks: tuple[Stack, ...]
+    stacks: tuple[LayerStack, ...]
     #: Token embedding parameters (vocab x hidden), shared between encoder and decoder.
     embedding_params: int
     #: Learned position / token-type embeddings and embedding norms.
@@ -257,7 +257,7 @@ class ModelSpec(BaseModel):
         return sum(stack.count for stack in self.stacks)
 
     @property
-    def decoder(self) -> Stack:
+    def decoder(self) -> LayerStack:
         """The stack that produces the output (the last one)."""
         return self.stacks[-1]
 

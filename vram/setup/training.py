@@ -111,6 +111,20 @@ MAX_CONTEXT_MIB = 64 * 1024
 ADAPTERS: tuple[str, ...] = ("lora", "qlora")
 
 
+def _lenient_version(value: object, pattern: re.Pattern[str], what: str) -> object:
+    """A version's leading numbers as `pattern` reads them, zero-padded groups joined by dots;
+    a case file's "not stated (...)" or "unknown" is None (the knob's default)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower()
+    found = pattern.match(text)
+    if found:
+        return ".".join(str(int(part)) for part in found.groups(default="0"))
+    if not text or text.startswith(("not stated", "unknown", "auto")):
+        return None
+    raise ValueError(f"{value[:40]!r} is not {what}")
+
+
 class TrainingSetup(BaseModel):
     """How the model is trained: method, numerics, batch shape, parallelism and stack.
 
@@ -430,32 +444,14 @@ class TrainingSetup(BaseModel):
     @field_validator("torch_version", mode="before")
     @classmethod
     def _torch_major_minor(cls, value: object) -> object:
-        # Lenient: "2.1.0", "2.6.0a0 nightly (...)", "2.4.0.dev20240427" -> "2.1", "2.6", "2.4";
-        # a case file's "not stated (...)" -> None.
-        if not isinstance(value, str):
-            return value
-        text = value.strip().lower()
-        found = TORCH_VERSION.match(text)
-        if found:
-            return f"{int(found.group(1))}.{int(found.group(2))}"
-        if not text or text.startswith(("not stated", "unknown", "auto")):
-            return None
-        raise ValueError(f"{value[:40]!r} is not a PyTorch version such as 2.1")
+        # "2.1.0", "2.6.0a0 nightly (...)", "2.4.0.dev20240427" -> "2.1", "2.6", "2.4"
+        return _lenient_version(value, TORCH_VERSION, "a PyTorch version such as 2.1")
 
     @field_validator("bitsandbytes_version", mode="before")
     @classmethod
     def _bnb_version(cls, value: object) -> object:
-        # Lenient like torch_version: "0.41.1", "0.43.0.post1" -> "0.41.1", "0.43.0";
-        # "not stated (...)" -> None.
-        if not isinstance(value, str):
-            return value
-        text = value.strip().lower()
-        found = BNB_VERSION.match(text)
-        if found:
-            return ".".join(str(int(part)) for part in found.groups(default="0"))
-        if not text or text.startswith(("not stated", "unknown", "auto")):
-            return None
-        raise ValueError(f"{value[:40]!r} is not a bitsandbytes version such as 0.41.1")
+        # "0.41.1", "0.43.0.post1" -> "0.41.1", "0.43.0" (patch 0 when absent)
+        return _lenient_version(value, BNB_VERSION, "a bitsandbytes version such as 0.41.1")
 
     @model_validator(mode="before")
     @classmethod

@@ -36,8 +36,7 @@ class ItemDraft:
                                  self.bytes, self.source)
 
 
-# Built on every estimate: not `frozen` (a frozen dataclass sets each field through
-# `object.__setattr__`, four times slower to build); nothing assigns to it once built.
+# Built on every estimate: not frozen either (see `ItemDraft`).
 @dataclass(slots=True)
 class ItemGroup:
     """Items counted by their total: `items()` builds them only for the peak moment (a layer

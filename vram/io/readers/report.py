@@ -79,9 +79,8 @@ class MappingReport(_Frozen):
 class ReadResult(_Frozen):
     """A reader's answer: the model as the file names it, and the setup fields it implies.
 
-    `fields` uses the case-file vocabulary and may hold fields or values that the current
-    `TrainingSetup` does not accept yet (`ckpt_reentrant`, `fsdp_version`, ...); `setup_fields`
-    is the part that it does accept, ready for `TrainingSetup.model_validate`.
+    `fields` is everything the file implies, in the case-file vocabulary; `setup_fields` is
+    the part `TrainingSetup` holds, ready for `TrainingSetup.model_validate`.
     """
 
     format: Format

@@ -7,36 +7,32 @@ to None is read but not modelled yet; the reader says so in its report.
 
 from __future__ import annotations
 
+from vram.memory.optimizer import OPTIMIZERS
 from vram.setup import LORA_TARGET_NAMES
 
-#: transformers OptimizerNames (and axolotl's extra names) -> setup optimizer.
+#: transformers OptimizerNames (and axolotl's extra names) -> setup optimizer: each optimizer's
+#: own `hf_optim` (`vram.memory.optimizer`), then the other names it goes by, and the names of
+#: optimizers not modelled yet (None).
 HF_OPTIMIZERS: dict[str, str | None] = {
+    **{spec.hf_optim: optimizer.value for optimizer, spec in OPTIMIZERS.items()
+       if spec.hf_optim},
     "adamw_torch": "adamw",
-    "adamw_torch_fused": "adamw",
     "adamw_hf": "adamw",
     "adamw_apex_fused": "adamw",
     "adamw_torch_xla": "adamw",
     "adamw_torch_npu_fused": "adamw",
     "adam": "adamw",
-    "adamw_bnb_8bit": "adamw-8bit",
     "adamw_8bit": "adamw-8bit",
     "adam8bit": "adamw-8bit",
     "ademamix_8bit": None,
-    "paged_adamw_32bit": "paged-adamw",
     "paged_adamw": "paged-adamw",
-    "paged_adamw_8bit": "paged-adamw-8bit",
     "paged_adam_8bit": "paged-adamw-8bit",
-    "adamw_torch_4bit": "adamw-4bit",
     "adamw_torch_8bit": "adamw-8bit",
-    "sgd": "sgd",
-    "adafactor": "adafactor",
-    "lion_32bit": "lion",
     "lion_8bit": None,
     "paged_lion_32bit": "lion",
     "paged_lion_8bit": None,
     "galore_adamw": None,
     "galore_adamw_8bit": None,
-    "galore_adamw_8bit_layerwise": "galore-adamw8bit-per-layer",
     "apollo_adamw": None,
     "adopt_adamw": "adamw",  # ADOPT keeps Adam's two moments (axolotl's `adopt_adamw`)
     "schedule_free_adamw": None,

@@ -10,8 +10,8 @@ from vram.memory.activations.kernel import (
     Kernel,
     attention_kernel,
 )
-from vram.memory.params import targeted_roles
-from vram.model.spec import ModelSpec, Role, Stack
+from vram.memory.params import Roles, targeted_roles
+from vram.model.spec import LayerStack, ModelSpec, Role
 from vram.setup import Method, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile, runs_transformers_code
@@ -54,7 +54,7 @@ class LayerContext:
     """The facts of one layer under one setup that its parts share (read-only)."""
 
     model: ModelSpec
-    stack: Stack
+    stack: LayerStack
     setup: TrainingSetup
     profile: StackProfile
     n: PrecisionPolicy
@@ -65,8 +65,8 @@ class LayerContext:
     keeps_inputs: bool
     #: Frozen 4-bit Linears keep their inputs as MatMul4Bit ctx attributes.
     bnb_kept: bool
-    #: The roles LoRA adapts (None: every Linear).
-    roles: frozenset[Role] | None
+    #: What LoRA adapts (`EVERY_LINEAR`, or roles; an empty set without adapters).
+    roles: Roles
     hidden: int
     #: Bytes of one activation element in the compute dtype (`e` in the formulas).
     e: int
@@ -88,7 +88,7 @@ class LayerContext:
         return self.stack.experts_per_token or 1
 
 
-def layer_context(model: ModelSpec, stack: Stack, setup: TrainingSetup,
+def layer_context(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
                   profile: StackProfile) -> LayerContext:
     n = profile.precision
     full = setup.method is Method.FULL
@@ -107,7 +107,7 @@ def layer_context(model: ModelSpec, stack: Stack, setup: TrainingSetup,
     )
 
 
-def hidden_width(stack: Stack) -> int:
+def hidden_width(stack: LayerStack) -> int:
     for linear in stack.linears:
         if linear.role in (Role.Q, Role.QKV):
             return linear.d_in

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from vram.model.spec import ModelSpec, Stack
+from vram.model.spec import LayerStack, ModelSpec
 from vram.setup import Attention, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile, runs_transformers_code
@@ -31,7 +31,7 @@ class Kernel(StrEnum):
         return self in (Kernel.EAGER, Kernel.MATH)
 
 
-def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
+def attention_kernel(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
                      profile: StackProfile) -> Kernel:
     """Which kernel runs, following PyTorch's CUDA dispatch and each stack's code.
 
@@ -39,14 +39,14 @@ def attention_kernel(model: ModelSpec, stack: Stack, setup: TrainingSetup,
       (Gemma2PreTrainedModel._supports_sdpa = False) and LitGPT computes scores itself; only
       flash-attn 2 soft-caps in a fused kernel.
     - A family whose Transformers code always passes a 4-D mask and k/v with fewer heads and
-      no `enable_gqa` (Falcon: `Stack.hf_sdpa_runs_math`) makes CUDA's flash and efficient
+      no `enable_gqa` (Falcon: `LayerStack.hf_sdpa_runs_math`) makes CUDA's flash and efficient
       kernels refuse it, and SDPA falls back to math.
     - A sliding window shorter than the sequence needs a mask: SDPA's efficient kernel, with
       k/v repeated to every head first (HF's repeat_kv).
     - fp32 rules flash out; the efficient kernel then runs, except for grouped k/v passed
       unexpanded (HF with enable_gqa), which only math accepts.
     - torch's nn.MultiheadAttention with `need_weights=True` computes softmax(q·kᵀ) itself
-      (`Stack.torch_multihead_attention`), whatever the setup asks for.
+      (`LayerStack.torch_multihead_attention`), whatever the setup asks for.
     """
     if setup.attention is Attention.EAGER or stack.torch_multihead_attention:
         return Kernel.EAGER

@@ -18,10 +18,10 @@ from vram.memory.activations.terms import (
 )
 from vram.memory.activations.transients import (
     backward_peak,
-    forward_transient_per_token,
+    forward_working_set_per_token,
     moe_bank_backward,
 )
-from vram.model.spec import ModelSpec, Stack
+from vram.model.spec import LayerStack, ModelSpec
 from vram.setup import TrainingSetup
 from vram.stacks.profile import StackProfile
 
@@ -64,7 +64,7 @@ class LayerActivations:
 
 
 def layer_activations(
-    model: ModelSpec, stack: Stack, setup: TrainingSetup, profile: StackProfile,
+    model: ModelSpec, stack: LayerStack, setup: TrainingSetup, profile: StackProfile,
 ) -> LayerActivations:
     """Bytes one layer of `stack` keeps per token (attention scores per token × sequence)."""
     c = layer_context(model, stack, setup, profile)
@@ -79,6 +79,6 @@ def layer_activations(
         stack=stack.name, count=stack.count, terms=tuple(t for t in parts if t is not None),
         backward_transient_per_token=peak.transient_per_token,
         backward_peak_in_attention=peak.in_attention,
-        forward_transient_per_token=forward_transient_per_token(c, layout),
+        forward_transient_per_token=forward_working_set_per_token(c, layout),
         moe=moe_bank_backward(c, mlp.bytes_per_token),
     )

@@ -5,7 +5,7 @@ the zero-padded output of a fused projection's slices.
 from __future__ import annotations
 
 from vram.memory.activations.context import LayerContext, Term
-from vram.memory.params import is_targeted
+from vram.memory.params import EVERY_LINEAR, Roles, is_targeted
 from vram.model.spec import Role
 from vram.setup import TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
@@ -18,12 +18,12 @@ _INPUT_GROUP: dict[Role, str] = {
 }
 
 
-def _zero_pad_width(roles: frozenset[Role] | None, q_out: int, kv_out: int) -> int:
+def _zero_pad_width(roles: Roles, q_out: int, kv_out: int) -> int:
     """LitGPT's LoRAQKVLinear adapting some but not all of q, k, v scatters B's output into
     the fused width with `index_copy_`, whose backward keeps that output (its `source`): the
     selected slices' width per token (litgpt/lora.py LoRAQKVLinear.zero_pad; with all three
     selected it returns early). Learned from tracing LitGPT's own model code."""
-    if roles is None:  # every Linear is adapted
+    if roles is EVERY_LINEAR:
         return 0
     widths = {Role.Q: q_out, Role.K: kv_out, Role.V: kv_out}
     selected = [role for role in widths if role in roles]

@@ -14,15 +14,14 @@ from vram.memory.activations.kernel import (
 )
 from vram.memory.activations.layer import LayerActivations, layer_activations
 from vram.memory.head import HeadActivations, head_activations
-from vram.model.spec import ModelSpec, Stack
+from vram.model.spec import LayerStack, ModelSpec
 from vram.setup import Offload, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile
 from vram.units import FP32_BYTES as FP32
 
 
-# Built on every estimate: not `frozen` (a frozen dataclass sets each field through
-# `object.__setattr__`, four times slower to build); nothing assigns to it once built.
+# Built on every estimate: not frozen (see `vram.step.draft.ItemDraft`).
 @dataclass(slots=True)
 class ActivationPlan:
     """Activation bytes for the whole micro-batch at the moments that can be the peak."""
@@ -73,7 +72,7 @@ class PlanPerToken:
     mask_per_sequence: int
 
 
-def selective_kept_per_token(model: ModelSpec, stack: Stack, setup: TrainingSetup,
+def selective_kept_per_token(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
                              profile: StackProfile, n: PrecisionPolicy) -> int:
     """Per token and layer, what selective (per-op) checkpointing keeps beside the block's
     input: the outputs of the 1st, 3rd, 5th, ... matmul of the block and the fused attention

@@ -13,14 +13,14 @@ from vram.memory.activations.kernel import (
     needs_mask,
 )
 from vram.memory.params import leaves_bank_unquantized
-from vram.model.spec import MlpKind, NormKind, Role, Stack
+from vram.model.spec import LayerStack, MlpKind, NormKind, Role
 from vram.setup import Attention, Quant, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile, runs_transformers_code
 from vram.units import FP32_BYTES as FP32
 
 
-def _norm_bytes_per_token(stack: Stack, n: PrecisionPolicy, profile: StackProfile, *,
+def _norm_bytes_per_token(stack: LayerStack, n: PrecisionPolicy, profile: StackProfile, *,
                           weight_trains: bool) -> int:
     """One norm, per token.
 
@@ -293,7 +293,7 @@ def _latent_bytes_per_token(c: LayerContext, rank: int) -> int:
     return kept + (c.e * rank if c.keeps_inputs else 0)
 
 
-def _rope_width(stack: Stack) -> int:
+def _rope_width(stack: LayerStack) -> int:
     """MLA's rotary part of each q/k head: kv_a_proj_with_mqa's output beyond the latent."""
     kv_a = next(ln for ln in stack.linears if ln.role is Role.K)
     return kv_a.d_out - stack.kv_lora_rank

@@ -15,7 +15,7 @@ from vram.model.spec import MlpKind
 from vram.units import FP32_BYTES as FP32
 
 
-def forward_transient_per_token(c: LayerContext, a: AttentionLayout) -> int:
+def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
     """Eager/math attention's q·kᵀ scores and masked scores while the layer runs (with
     checkpointing, also the probabilities it then drops, and Falcon's previous layer's)."""
     if not a.kernel.explicit_scores:

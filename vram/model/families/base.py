@@ -1,7 +1,7 @@
 """What every family provides, and the Linear layouts families share.
 
 A family turns a config (read through `ConfigReader`) into a `ModelSpec`. Each family states
-how its code behaves as flags on the spec (`Stack` fields), never as a model-type test in the
+how its code behaves as flags on the spec (`LayerStack` fields), never as a model-type test in the
 estimator.
 """
 
@@ -26,7 +26,7 @@ _ACT_SAVED: dict[str, int] = {"gelu_new": 4, "gelu_fast": 4, "quick_gelu": 2}
 
 
 def act_saved(r: ConfigReader, key: str = "hidden_act", default: str = "silu") -> int:
-    """I-wide tensors the MLP activation keeps for backward (see `Stack.act_saved`)."""
+    """I-wide tensors the MLP activation keeps for backward (see `LayerStack.act_saved`)."""
     return _ACT_SAVED.get(r.str(key, default), 1)
 
 

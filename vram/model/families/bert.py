@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import attention_linears, plain_mlp
-from vram.model.spec import HeadKind, MlpKind, ModelSpec, NormKind, Stack
+from vram.model.spec import HeadKind, LayerStack, MlpKind, ModelSpec, NormKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ def _bert(name: str, r: ConfigReader) -> ModelSpec:
                             "dense"), qkv_bias=True, o_bias=True),
         *plain_mlp(h, inter, True, ("intermediate.dense", "output.dense")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="encoder", count=r.int("num_hidden_layers"), linears=linears, other_params=4 * h,
         n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter, causal=False,

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import gated_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,10 +71,10 @@ def _deepseek_v2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
     # DeepseekV2Config's default is 0 (every layer routed); the reader's ints start at 1
     n_dense = 0 if not r.config.get("first_k_dense_replace") else min(
         r.int("first_k_dense_replace"), n_layers)
-    stacks: list[Stack] = []
+    stacks: list[LayerStack] = []
     if n_dense:
         inter = r.int("intermediate_size")
-        stacks.append(Stack(name="dense", count=n_dense, other_params=other,
+        stacks.append(LayerStack(name="dense", count=n_dense, other_params=other,
                             linears=(*attention, *gated_mlp(h, inter)),
                             intermediate_size=inter, **shape))
     if n_layers > n_dense:
@@ -95,7 +95,7 @@ def _deepseek_v2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
                                          "mlp.shared_experts.up_proj",
                                          "mlp.shared_experts.down_proj")),
         )
-        stacks.append(Stack(name="moe", count=n_layers - n_dense, other_params=other,
+        stacks.append(LayerStack(name="moe", count=n_layers - n_dense, other_params=other,
                             linears=(*attention, *experts), intermediate_size=width,
                             n_experts=n_experts, experts_per_token=top_k,
                             shared_expert_width=shared, **shape))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import fused_qkv, plain_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,7 @@ def _falcon(name: str, r: ConfigReader) -> ModelSpec:
     )
     parallel = r.bool("parallel_attn", True)
     n_norms = 2 if (new_arch or not parallel) else 1
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("num_hidden_layers", "n_layer"), linears=linears,
         other_params=n_norms * 2 * h, n_norms=n_norms, norm_kind=NormKind.LAYER,
         n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, mlp_kind=MlpKind.PLAIN,

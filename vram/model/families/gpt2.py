@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import act_pow_fp32, act_saved, fused_qkv, plain_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 #: The config's `norm` value for DeepSpeed's post-LayerNorm SimpleTransformer blocks.
 POST_LAYER_NORM = "post-LayerNorm"
@@ -57,7 +57,7 @@ def _gpt2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
         Linear(name="attn.c_proj", role=Role.O, d_in=h, d_out=h, bias=True),
         *plain_mlp(h, inter, True, ("mlp.c_fc", "mlp.c_proj")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=n_layers, linears=linears, other_params=2 * 2 * h, n_norms=2,
         norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads, head_dim=head_dim,
         mlp_kind=MlpKind.PLAIN, intermediate_size=inter,
@@ -86,7 +86,7 @@ def _post_norm_multihead(name: str, model_type: str, r: ConfigReader) -> ModelSp
         Linear(name="attention.out_proj", role=Role.O, d_in=h, d_out=h, bias=True),
         *plain_mlp(h, inter, True, ("ff.0", "ff.2")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=n_layers, linears=linears, other_params=2 * 2 * h, n_norms=2,
         norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads, head_dim=head_dim,
         mlp_kind=MlpKind.PLAIN, intermediate_size=inter,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import act_saved, fused_qkv, plain_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +38,7 @@ def _gpt_bigcode(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
         Linear(name="attn.c_proj", role=Role.O, d_in=h, d_out=h, bias=True),
         *plain_mlp(h, inter, True, ("mlp.c_fc", "mlp.c_proj")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("n_layer", "num_hidden_layers"), linears=linears,
         other_params=2 * 2 * h, n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads,
         n_kv_heads=n_kv, head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,

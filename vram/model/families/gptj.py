@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import act_pow_fp32, act_saved, attention_linears, plain_mlp
-from vram.model.spec import MlpKind, ModelSpec, NormKind, Stack
+from vram.model.spec import LayerStack, MlpKind, ModelSpec, NormKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ def _gptj(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
                            qkv_bias=False, o_bias=False),
         *plain_mlp(h, inter, True, ("fc_in", "fc_out")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("n_layer", "num_hidden_layers"), linears=linears,
         other_params=2 * h, n_norms=1, norm_kind=NormKind.LAYER, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,

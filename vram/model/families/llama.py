@@ -13,7 +13,7 @@ from enum import Enum
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import attention_linears, gated_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 class QkNorm(Enum):
@@ -52,7 +52,7 @@ class LlamaVariant:
     parametric_norms: bool = True
     moe: MoeLayout | None = None
     tied_default: bool = False
-    #: Gemma's RMSNorm scales in fp32 (see `Stack.norm_scales_in_fp32`).
+    #: Gemma's RMSNorm scales in fp32 (see `LayerStack.norm_scales_in_fp32`).
     norm_scales_in_fp32: bool = False
     #: Gemma 2 soft-caps attention logits and final logits.
     softcap: bool = False
@@ -172,7 +172,7 @@ def _llama_like(name: str, model_type: str, v: LlamaVariant, r: ConfigReader) ->
     tied = r.bool("tie_word_embeddings", v.tied_default)
     sliding = r.int("sliding_window", default=0) if r.has("sliding_window") else 0
     softcap = v.softcap and r.float("attn_logit_softcapping", 50.0) > 0
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=n_layers, linears=tuple(linears), other_params=other,
         n_norms=v.n_norms, norm_kind=norm_kind, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, mlp_kind=MlpKind.GATED, intermediate_size=inter,

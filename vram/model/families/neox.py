@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import fused_qkv, plain_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +33,7 @@ def _gpt_neox(name: str, r: ConfigReader) -> ModelSpec:
         Linear(name="dense", role=Role.O, d_in=h, d_out=h, bias=bias),
         *plain_mlp(h, inter, True, ("dense_h_to_4h", "dense_4h_to_h")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("num_hidden_layers"), linears=linears, other_params=4 * h,
         n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,
@@ -59,7 +59,7 @@ def _bloom(name: str, r: ConfigReader) -> ModelSpec:
         Linear(name="dense", role=Role.O, d_in=h, d_out=h, bias=True),
         *plain_mlp(h, inter, True, ("dense_h_to_4h", "dense_4h_to_h")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("n_layer", "num_hidden_layers"), linears=linears,
         other_params=4 * h, n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import act_saved, attention_linears, plain_mlp
-from vram.model.spec import MlpKind, ModelSpec, NormKind, Stack
+from vram.model.spec import LayerStack, MlpKind, ModelSpec, NormKind
 
 #: OPTLearnedPositionalEmbedding: `num_embeddings + self.offset` rows, offset 2.
 POSITION_OFFSET = 2
@@ -47,7 +47,7 @@ def _opt(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
                            qkv_bias=bias, o_bias=bias),
         *plain_mlp(h, inter, bias, ("fc1", "fc2")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("num_hidden_layers"), linears=linears,
         other_params=2 * norm_params, n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,

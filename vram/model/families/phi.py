@@ -12,7 +12,7 @@ from vram.model.families.base import (
     fused_qkv,
     plain_mlp,
 )
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ def _phi3(name: str, r: ConfigReader) -> ModelSpec:
                parts=(inter, inter)),
         Linear(name="down_proj", role=Role.DOWN, d_in=inter, d_out=h),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("num_hidden_layers"), linears=linears, other_params=2 * h,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
         mlp_kind=MlpKind.GATED, intermediate_size=inter,
@@ -69,7 +69,7 @@ def _phi(name: str, r: ConfigReader) -> ModelSpec:
                             "dense"), qkv_bias=True, o_bias=True),
         *plain_mlp(h, inter, True, ("fc1", "fc2")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("num_hidden_layers"), linears=linears, other_params=2 * h,
         n_norms=1, norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_kv,
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,

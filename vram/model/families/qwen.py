@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import fused_qkv, gated_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ def _qwen(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
         # intermediate = w1(x) * silu(w2(x)): w2 is the gate, w1 the up projection
         *gated_mlp(h, inter, bias, names=("mlp.w2", "mlp.w1", "mlp.c_proj")),
     )
-    stack = Stack(
+    stack = LayerStack(
         name="decoder", count=r.int("num_hidden_layers"), linears=linears, other_params=2 * h,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads,
         head_dim=head_dim, mlp_kind=MlpKind.GATED, intermediate_size=inter,

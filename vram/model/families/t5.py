@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import act_pow_fp32, act_saved, gated_mlp, plain_mlp
-from vram.model.spec import Linear, MlpKind, ModelSpec, NormKind, Role, Stack
+from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ def _t5(name: str, family: str, r: ConfigReader) -> ModelSpec:
     dropout = r.float("dropout_rate", 0.1)  # T5Config default
     act_kept = act_saved(r, "dense_act_fn", "gelu_new" if gated else "relu")
     act_pow = act_pow_fp32(r, "dense_act_fn", "gelu_new" if gated else "relu")
-    encoder = Stack(
+    encoder = LayerStack(
         name="encoder", count=n_enc, linears=(*attention(""), *ff), other_params=2 * d,
         n_norms=2, norm_kind=NormKind.RMS, n_heads=n_heads, n_kv_heads=n_heads, head_dim=d_kv,
         mlp_kind=mlp_kind, intermediate_size=d_ff, causal=False, attn_dropout=dropout,
@@ -57,7 +57,7 @@ def _t5(name: str, family: str, r: ConfigReader) -> ModelSpec:
         act_pow_fp32=act_pow,
         softmax_upcast=False,
     )
-    decoder = Stack(
+    decoder = LayerStack(
         name="decoder", count=n_dec, linears=(*attention(""), *attention("cross_"), *ff),
         other_params=3 * d, n_norms=3, norm_kind=NormKind.RMS, n_heads=n_heads,
         n_kv_heads=n_heads, head_dim=d_kv, mlp_kind=mlp_kind, intermediate_size=d_ff,
