@@ -10,12 +10,10 @@ from __future__ import annotations
 from vram.memory.optimizer import OPTIMIZERS
 from vram.setup import LORA_TARGET_NAMES
 
-#: transformers OptimizerNames (and axolotl's extra names) -> setup optimizer: each optimizer's
-#: own `hf_optim` (`vram.memory.optimizer`), then the other names it goes by, and the names of
-#: optimizers not modelled yet (None).
+#: transformers OptimizerNames (and axolotl's extra names) -> setup optimizer: the other names
+#: an optimizer goes by, the names of optimizers not modelled yet (None), and last, so that
+#: they win, each modelled optimizer's own `hf_optim` (`vram.memory.optimizer`).
 HF_OPTIMIZERS: dict[str, str | None] = {
-    **{spec.hf_optim: optimizer.value for optimizer, spec in OPTIMIZERS.items()
-       if spec.hf_optim},
     "adamw_torch": "adamw",
     "adamw_hf": "adamw",
     "adamw_apex_fused": "adamw",
@@ -41,6 +39,8 @@ HF_OPTIMIZERS: dict[str, str | None] = {
     "muon": None,
     "grokadamw": None,
     "rmsprop": None,
+    **{spec.hf_optim: optimizer.value for optimizer, spec in OPTIMIZERS.items()
+       if spec.hf_optim},
 }
 
 #: torchtune `optimizer._component_` -> setup optimizer.
