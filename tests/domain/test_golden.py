@@ -7,7 +7,7 @@ import pytest
 from vram import TrainingSetup, estimate, load_model, model_from_config
 from vram.memory.activations import layer_activations
 from vram.memory.optimizer import optimizer_state
-from vram.memory.params import Storage, param_groups, quantized_bytes
+from vram.model.params import Storage, param_groups, quantized_bytes
 from vram.stacks.profile import profile_for
 
 GB = 10**9

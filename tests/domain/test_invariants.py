@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vram import Estimate, TrainingSetup, estimate, load_model
-from vram.memory.params import param_groups
+from vram.model.params import param_groups
 from vram.stacks.profile import profile_for
 
 MODELS = [

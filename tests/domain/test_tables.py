@@ -21,8 +21,8 @@ from vram.memory.optimizer import (
     projection_rank,
     torchao_4bit_tensor_bytes,
 )
-from vram.memory.params import Matrices, ParamGroup, Storage, param_groups
-from vram.memory.params import allocated_bytes as allocated
+from vram.model.params import Matrices, ParamGroup, Storage, param_groups
+from vram.model.params import allocated_bytes as allocated
 from vram.setup import Framework, Loss, Optimizer
 from vram.sharding.deepspeed_zero import runs_deepspeed_zero
 from vram.stacks.docs import stacks_markdown

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vram.memory.optimizer import steps_in_backward
-from vram.memory.params import STORAGE_BYTES, ParamGroup, Storage
+from vram.model.params import STORAGE_BYTES, ParamGroup, Storage
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem
 from vram.setup import Offload, Sharding, TrainingSetup

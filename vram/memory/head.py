@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vram.memory.params import head_targeted
+from vram.model.params import head_targeted
 from vram.model.spec import HeadKind, ModelSpec
 from vram.setup import Method, TrainingSetup
 from vram.stacks.profile import StackProfile

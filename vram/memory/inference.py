@@ -9,8 +9,8 @@ token's logits.
 from __future__ import annotations
 
 from vram.memo import memoized
-from vram.memory.params import STORAGE_BYTES, Storage, quantized_bytes
 from vram.model.architecture import ModelSpec
+from vram.model.params import STORAGE_BYTES, Storage, quantized_bytes
 from vram.result import InferenceEstimate, LineItem
 from vram.setup import Quant, TrainingSetup
 from vram.units import FP32_BYTES as FP32

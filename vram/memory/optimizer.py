@@ -19,7 +19,7 @@ from enum import Enum
 from types import MappingProxyType
 
 from vram.errors import VramError
-from vram.memory.params import ParamGroup, allocated_bytes, trainable_params
+from vram.model.params import ParamGroup, allocated_bytes, trainable_params
 from vram.model.spec import ModelSpec
 from vram.result import LineItem
 from vram.setup import Offload, Optimizer, TrainingSetup

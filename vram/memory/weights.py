@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from vram.memory.params import STORAGE_BYTES, ParamGroup, Storage, leaves_bank_unquantized
+from vram.model.params import STORAGE_BYTES, ParamGroup, Storage, leaves_bank_unquantized
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem, MomentId
 from vram.setup import Offload, Sharding, TrainingSetup

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.memory.params import ParamGroup, trainable_params
+from vram.model.params import ParamGroup, trainable_params
 from vram.setup import Offload, Sharding, TrainingSetup
 from vram.sharding.shards import Shards
 from vram.stacks.profile import profile_for

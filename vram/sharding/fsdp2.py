@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.memory.params import STORAGE_BYTES, ParamGroup
 from vram.model.architecture import ModelSpec
+from vram.model.params import STORAGE_BYTES, ParamGroup
 from vram.result import LineItem
 from vram.setup import TrainingSetup
 from vram.stacks.profile import StackProfile

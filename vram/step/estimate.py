@@ -25,7 +25,6 @@ from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_
 from vram.memory.inference import inference_estimate
 from vram.memory.optimizer import OptimizerPart, optimizer_part
 from vram.memory.overhead import allocator_slack_bytes, fixed_overhead_items, slack_item
-from vram.memory.params import ParamGroup, param_groups, trainable_params
 from vram.memory.weights import (
     QUANTIZED,
     Stage,
@@ -33,6 +32,7 @@ from vram.memory.weights import (
     weight_items,
     working_items,
 )
+from vram.model.params import ParamGroup, param_groups, trainable_params
 from vram.model.spec import ModelSpec
 from vram.result import (
     Bucket,

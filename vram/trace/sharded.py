@@ -154,7 +154,7 @@ class ShardedTracker(HostScalarTracker):
 
     def resized(self, storage: torch.UntypedStorage) -> None:
         """FSDP2 allocates and frees unsharded parameters by resizing their storage."""
-        from vram.memory.params import allocated_bytes
+        from vram.model.params import allocated_bytes
 
         key = self.key(storage)
         info = self.live.get(key)

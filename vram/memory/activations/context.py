@@ -10,7 +10,7 @@ from vram.memory.activations.kernel import (
     Kernel,
     attention_kernel,
 )
-from vram.memory.params import Roles, targeted_roles
+from vram.model.params import Roles, targeted_roles
 from vram.model.spec import LayerStack, ModelSpec, Role
 from vram.setup import Method, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy

@@ -5,7 +5,7 @@ the zero-padded output of a fused projection's slices.
 from __future__ import annotations
 
 from vram.memory.activations.context import LayerContext, Term
-from vram.memory.params import EVERY_LINEAR, Roles, is_targeted
+from vram.model.params import EVERY_LINEAR, Roles, is_targeted
 from vram.model.spec import Role
 from vram.setup import TrainingSetup
 from vram.stacks.precision import PrecisionPolicy

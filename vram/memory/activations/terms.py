@@ -12,7 +12,7 @@ from vram.memory.activations.kernel import (
     Kernel,
     needs_mask,
 )
-from vram.memory.params import leaves_bank_unquantized
+from vram.model.params import leaves_bank_unquantized
 from vram.model.spec import LayerStack, MlpKind, NormKind, Role
 from vram.setup import Attention, Quant, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
@@ -259,7 +259,7 @@ def mlp_term(c: LayerContext) -> Term:
 
 def _dense_banks_in_quantized_model(c: LayerContext) -> bool:
     """QLoRA on an MoE whose expert banks bitsandbytes left unquantized (3-D parameters, see
-    `vram.memory.params.leaves_bank_unquantized`)."""
+    `vram.model.params.leaves_bank_unquantized`)."""
     return c.setup.effective_quant is not Quant.NONE and any(
         leaves_bank_unquantized(linear, c.profile) for linear in c.stack.linears)
 
