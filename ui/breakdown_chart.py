@@ -42,7 +42,7 @@ from ui.charts import (
     wrap_label,
 )
 from vram.result import Estimate
-from vram.through_step import BucketThroughStep, through_step
+from vram.step.through_step import BucketThroughStep, through_step
 
 #: Bar geometry in x-axis units: the peak's bar spans [-BAR_HALF, BAR_HALF], the faded bar of
 #: the step [STEP_X - BAR_HALF, STEP_X + BAR_HALF]; bucket labels start at LABEL_X, the axis

@@ -13,7 +13,7 @@ from ui import charts, data
 from ui.charts import Unit, format_bytes
 from vram.gpus import ClassFit, FitReport
 from vram.result import Estimate
-from vram.through_step import peak_text
+from vram.step.through_step import peak_text
 
 
 def gpu_price(usd_per_hour: float | None) -> str:

@@ -14,7 +14,7 @@ import streamlit as st
 from ui import charts
 from ui.charts import Unit, format_bytes
 from vram.result import BucketName, Estimate, LineItem
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """

@@ -28,7 +28,7 @@ from ui.charts import Unit
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
 from vram.result import BUCKET_ORDER, Estimate
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 
 
 def padded(values: Sequence[float | None], fmt: str, missing: str = "") -> list[str]:

@@ -15,15 +15,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
-from vram.estimate import estimate, estimate_peaks
 from vram.files import read_csv_rows
 from vram.memo import memoized
-from vram.overhead import cuda_context_bytes
+from vram.memory.overhead import cuda_context_bytes
+from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
 from vram.result import BucketName
-from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
+from vram.setup import MAX_CONTEXT_MIB, Offload, Precision, Sharding, TrainingSetup
+from vram.step.estimate import estimate, estimate_peaks
 from vram.units import MIB, ceil_div
 
 GPUS_ENV = "VRAM_GPUS_CSV"
@@ -163,11 +163,8 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
         sharding = Sharding.NONE if setup.sharding is not Sharding.ZERO3 else Sharding.ZERO3
     else:
         sharding = setup.sharding if setup.sharding is not Sharding.NONE else Sharding.ZERO3
-    offload = setup.offload
-    if sharding is not Sharding.ZERO3 and offload.value == "params+optimizer":
-        offload = setup.offload.__class__("none")
-    if sharding in (Sharding.NONE, Sharding.DDP) and offload.value == "optimizer":
-        offload = setup.offload.__class__("none")
+    # the setup's own rule (`TrainingSetup`): an offload the new sharding cannot run is dropped
+    offload = setup.offload if setup.offload.runs_with(sharding) else Offload.NONE
     return setup.model_copy(update={"n_gpus": count, "sharding": sharding, "offload": offload})
 
 
@@ -320,7 +317,7 @@ class ClassFit(BaseModel):
 def _whole_run(setup: TrainingSetup) -> TrainingSetup:
     """The run on one GPU with nothing sharded or offloaded: all of its memory in one place."""
     return setup.model_copy(update={"n_gpus": 1, "sharding": Sharding.NONE,
-                                    "offload": setup.offload.__class__("none")})
+                                    "offload": Offload.NONE})
 
 
 def class_fit(model: ModelSpec, setup: TrainingSetup, report: FitReport,

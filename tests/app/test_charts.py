@@ -13,7 +13,7 @@ import vram
 from ui import breakdown_chart, charts, compare_chart, label_layout, step_charts
 from vram.result import BUCKET_ORDER
 from vram.setup import TrainingSetup
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 
 GIB = 2**30
 
