@@ -8,7 +8,7 @@ own list and prices with the environment variable `VRAM_GPUS_CSV`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -212,12 +212,15 @@ def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
                     lambda: estimate_peaks(model, setup).device_peak_bytes)
 
 
-def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:
+def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None, *,
+        device_peak: Callable[[ModelSpec, TrainingSetup], int] | None = None) -> FitReport:
     """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall.
 
     A GPU that cannot compute in the setup's precision (bf16 on a T4) is neither a fit nor a
-    miss: it is listed in `unsupported`, where fp16 would run.
+    miss: it is listed in `unsupported`, where fp16 would run. `device_peak` replaces the
+    estimate's device peak of a (model, setup) (a what-if: vram.step.what_if).
     """
+    peak_of = device_peak or _device_peak
     catalog = tuple(gpus) if gpus is not None else load_gpus()
     unsupported = tuple(sorted((g for g in catalog if not runs_precision(g, setup.precision)),
                                key=lambda g: g.memory_bytes))
@@ -232,7 +235,7 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
         for count in _counts(gpu, setup):
             if count not in runs:
                 run = _setup_for(setup, count)
-                runs[count] = (run, _device_peak(model, run))
+                runs[count] = (run, peak_of(model, run))
             run, peak = runs[count]
             if first is not None and peak + context > gpu.memory_bytes:
                 continue  # neither the first option nor a fit: no need to build it

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.result import BUCKET_ORDER, BucketName, Estimate, MomentBytes
+from vram.result import BUCKET_ORDER, BucketName, Estimate, MomentBytes, MomentId
 
 
 @dataclass(frozen=True)
@@ -29,16 +29,15 @@ class BucketThroughStep:
 
 #: A moment's label as the object of "at ...": "end of forward" reads "at the end of the
 #: forward pass"; the others read as they are ("at the loss", "at the optimizer step").
-_MOMENT_PHRASES: dict[str, str] = {"end of forward": "the end of the forward pass"}
+_MOMENT_PHRASES: dict[MomentId, str] = {MomentId.FORWARD_END: "the end of the forward pass"}
 
 #: What a moment is in the step, where its label does not say (the loss opens the backward).
-_MOMENT_PHASES: dict[str, str] = {"the loss": "the backward pass"}
+_MOMENT_PHASES: dict[MomentId, str] = {MomentId.LOSS: "the backward pass"}
 
 
-def moment_phrase(label: str) -> str:
-    """A moment's label as a reader's phrase: "end of forward" -> "the end of the forward
-    pass"."""
-    return _MOMENT_PHRASES.get(label, label)
+def moment_phrase(moment: MomentId) -> str:
+    """A moment as a reader's phrase: "end of forward" -> "the end of the forward pass"."""
+    return _MOMENT_PHRASES.get(moment, moment.value)
 
 
 def peak_text(est: Estimate) -> str:
