@@ -133,3 +133,28 @@ def test_cli_json_gains_what_if() -> None:
     assert what["cheapest"][0]["count"] >= 1
     assert w.ratios_text(w.parse_ratios(["activations=2", "optimizer=4"])) == (
         "optimizer=4,activations=2")
+
+
+def test_what_compression_buys_on_one_gpu_is_proved_by_two_estimates() -> None:
+    """8B full with checkpointing does not fit one H100 (0 everywhere); with the optimizer
+    state 4x smaller a micro-batch of 3, 7,557 tokens, and a 8.1B model fit (5.0B before).
+    Each answer fits and the next one up does not."""
+    from vram.plan.compressed import MODEL_STEP, compressed_limits
+
+    model = vram.load_model("llama-3.1-8b")
+    setup = vram.TrainingSetup(method="full", grad_ckpt=True)
+    h100 = next(g for g in vram.load_gpus() if g.id == "h100-sxm")
+    ratios = {B.OPTIMIZER: Fraction(4)}
+    limits = compressed_limits(model, setup, ratios, h100)
+    assert (limits.micro_batch_before.value, limits.seq_len_before.value) == (0, 0)
+    assert (limits.micro_batch.value, limits.seq_len.value) == (3, 7557)
+    assert (limits.model_params, limits.model_params_before) == (81 * MODEL_STEP,
+                                                                50 * MODEL_STEP)
+
+    def peak(**change: int) -> int:
+        return w.what_if(vram.estimate(model, setup.model_copy(update=change)),
+                         ratios).device_peak_bytes
+
+    usable = limits.usable_bytes
+    assert peak(micro_batch=3) <= usable < peak(micro_batch=4)
+    assert peak(seq_len=7557) <= usable < peak(seq_len=7558)
