@@ -23,6 +23,7 @@ from ui import (
     tables,
     text,
     verify,
+    what_if_panel,
 )
 
 st.set_page_config(page_title="vram · training memory calculator", page_icon="🧮", layout="wide")
@@ -76,6 +77,7 @@ def main() -> None:
         present=on,
     )
     plan_panel.panel(model, est.setup, unit)
+    what_if_panel.panel(est, state, unit)
     render.show_math(est, unit)
     verify.panel(est, results.model_config(state), unit)
     render.download(lambda: results.download_json(state))

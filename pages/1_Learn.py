@@ -106,6 +106,20 @@ def _run(state: dict[str, object]) -> vram.Estimate | None:
     return vram.estimate(model, setup)
 
 
+def what_if_example(unit: charts.Unit) -> None:
+    """8B full with checkpointing, with 8-bit optimizer states and FP8 activations, live."""
+    est = _run(learn.WHAT_IF_STATE)
+    if est is None:
+        return
+    compress, what = learn.what_if_example(est)
+    st.markdown(
+        f"For example, {text.plain(est.model_name)} fully fine-tuned (AdamW, bf16 mixed, "
+        f"checkpointing on) peaks at **{charts.format_bytes(est.device_peak_bytes, unit)}**; "
+        f"with 8-bit optimizer states and FP8 activations, "
+        f"**{charts.format_bytes(what.device_peak_bytes, unit)}** (at {what.moment}). "
+        f"[Open it in the calculator]({learn.what_if_link(data.registry(), compress)})")
+
+
 def exercises() -> None:
     for n, ex in enumerate(learn.EXERCISES, start=1):
         with st.container(border=True):
@@ -163,6 +177,9 @@ Below, the same model three ways, computed live:
     seeds(unit)
     st.header("The levers: which technique shrinks which bucket")
     st.markdown(learn.LEVERS_MARKDOWN)
+    st.header("What if the training state were compressed?")
+    st.markdown(learn.WHAT_IF_MARKDOWN)
+    what_if_example(unit)
     st.header("Common wrong beliefs")
     st.markdown(learn.BELIEFS_MARKDOWN)
     st.header("Try it yourself")

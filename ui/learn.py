@@ -14,6 +14,7 @@ from ui import params
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
 from vram.step.through_step import through_step
+from vram.step.what_if import PRESETS, WhatIf, ratios_text, what_if
 from vram.units import GB
 
 
@@ -432,3 +433,34 @@ def model_state_bytes(est: Estimate) -> int:
     (the most each holds through the step, so gradients are all there)."""
     wanted = {BucketName.WEIGHTS, BucketName.GRADIENTS, BucketName.OPTIMIZER}
     return sum(r.most_bytes for r in through_step(est) if r.name in wanted)
+
+
+WHAT_IF_MARKDOWN = """
+Every bucket above is bytes per value times values. The levers shrink the values (LoRA trains
+fewer, sharding spreads them) or the bytes (8-bit states, 4-bit weights). A representation
+that finds the pattern in the training state and stores the pattern instead, a low-rank
+optimizer state, fewer bits per activation, stores the same values in fewer bytes, and the
+same GPU holds a bigger run. The calculator's **What if a bucket were compressed?** asks what
+that buys before anyone builds it: pick a bucket and how many times smaller it is stored (or a
+published method), and it shows the new peak (it can move to another moment of the step), the
+cheapest GPUs, and the largest batch, sequence and model that then fit one GPU.
+"""
+
+#: The Learn page's what-if example: 8B full with checkpointing, 8-bit optimizer states and
+#: FP8 activations (two of the presets).
+WHAT_IF_STATE: dict[str, Any] = {"method": "full", "opt": "adamw", "prec": "bf16-mixed",
+                                 **TEACHING_STATE}
+WHAT_IF_PRESETS = ("optimizer-8bit", "activations-fp8")
+
+
+def what_if_example(est: Estimate) -> tuple[str, WhatIf]:
+    """The example's `compress` text and what it gives (vram.step.what_if)."""
+    chosen = {p.bucket: p.ratio_for(est) for p in PRESETS if p.key in WHAT_IF_PRESETS}
+    return ratios_text(chosen), what_if(est, chosen)
+
+
+def what_if_link(reg: params.Registry, compress: str) -> str:
+    """The calculator with the example and its panel open (relative, like `seed_link`)."""
+    by_key = {param.key: param for param in reg.params}
+    query = {key: by_key[key].dump(value) for key, value in WHAT_IF_STATE.items()}
+    return "./?" + urllib.parse.urlencode({**query, "whatif": "1", "compress": compress})

@@ -24,6 +24,7 @@ from vram.io.knobs import (
 )
 from vram.io.knobs import build_setup as build_knob_setup
 from vram.setup import ALL_LINEAR, LORA_TARGETS, Sharding, TrainingSetup
+from vram.step.what_if import CompressError, parse_ratios, ratios_text
 
 State = dict[str, Any]
 
@@ -254,12 +255,28 @@ def _dump_names(value: list[str]) -> str:
     return ",".join(value)
 
 
+def _compress(text: str) -> str:
+    """The what-if's buckets, as the CLI's --compress takes them: "optimizer=4,activations=2"
+    (the bucket's values stored that many times smaller)."""
+    try:
+        return ratios_text(parse_ratios([t for t in text.split(",") if t.strip()]))
+    except CompressError as exc:
+        raise ValueError(str(exc)) from None
+
+
+#: The what-if panel's keys: open or not, the buckets compressed, the GPU it is measured on.
+WHAT_IF_KEYS = ("whatif", "compress", "wgpu")
+
+
 def registry(model_slugs: tuple[str, ...], default_model: str, *,
-             gpu_vendors: tuple[str, ...] = (), gpu_segments: tuple[str, ...] = ()) -> Registry:
+             gpu_vendors: tuple[str, ...] = (), gpu_segments: tuple[str, ...] = (),
+             gpu_ids: tuple[str, ...] = (), lesson_gpu: str = "") -> Registry:
     """The parameters: the model, every setup knob (from its declaration on `TrainingSetup`),
     then the view's own; `model_slugs` are the catalog's, in the order the list shows them;
-    `gpu_vendors` and `gpu_segments` are the GPU list's (the GPU page filters by them)."""
+    `gpu_vendors` and `gpu_segments` are the GPU list's (the GPU page filters by them), and
+    `gpu_ids` its GPUs (the what-if measures on one, the lesson's by default)."""
     model_options = (*model_slugs, UPLOAD, BY_SIZE)
+    default_gpu = lesson_gpu if lesson_gpu in gpu_ids else (gpu_ids[0] if gpu_ids else "")
     return Registry(
         params=(
             Param("model", default_model, _choice(model_options), title="Model"),
@@ -272,6 +289,10 @@ def registry(model_slugs: tuple[str, ...], default_model: str, *,
             Param("math", False, _bool, _dump_bool, title="Show the math"),
             Param("unit", "GB", _choice(("gb", "gib")), title="Units"),
             Param("present", False, _bool, _dump_bool, title="Presentation mode"),
+            Param("whatif", False, _bool, _dump_bool, title="What if a bucket were compressed"),
+            Param("compress", "", _compress, title="Buckets compressed (BUCKET=RATIO)"),
+            Param("wgpu", default_gpu, _choice(gpu_ids) if gpu_ids else str,
+                  title="The what-if's GPU"),
         ),
         model_options=model_options,
     )
@@ -320,7 +341,8 @@ def to_query(reg: Registry, state: Mapping[str, Any]) -> dict[str, str]:
 def dump_pin(reg: Registry, state: Mapping[str, Any]) -> str:
     """A pinned setup as compact JSON of the non-default values (unit excluded)."""
     query = to_query(reg, state)
-    query.pop("unit", None)
+    for key in ("unit", "present", *WHAT_IF_KEYS):  # how it is shown, not the setup
+        query.pop(key, None)
     return json.dumps(query, separators=(",", ":"), sort_keys=True)
 
 

@@ -27,11 +27,13 @@ from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
 from vram import gpus
-from vram.gpus import ClassFit, FitReport
+from vram.gpus import ClassFit, FitOption, FitReport
 from vram.io import report
+from vram.plan.compressed import CompressedLimits, compressed_limits
 from vram.plan.flops import checkpointing_compute
 from vram.plan.hardware import Hardware
 from vram.plan.planner import Plan
+from vram.step.what_if import WhatIf, parse_ratios, what_if, what_if_fit
 
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
 server.tune_gc()
@@ -42,7 +44,8 @@ MAX_STATES = 256
 
 #: State that changes how a page looks, not the estimate or the fit: left out of the key, so
 #: switching units or opening the math reuses the result.
-DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins", "present"})
+DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins", "present",
+                          *params.WHAT_IF_KEYS})
 
 StateKey = tuple[tuple[str, Any], ...]
 
@@ -150,17 +153,64 @@ def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
     return _inference(state_key(state), _gpu_list_path(), unit)
 
 
+@dataclass(frozen=True)
+class WhatIfResult:
+    """The step with some buckets compressed: its peak, its fit and the fewest 80 GB GPUs."""
+
+    what: WhatIf
+    report: FitReport
+    lesson: FitOption | None
+
+
 @functools.lru_cache(maxsize=MAX_STATES)
-def _download_json(key: StateKey, gpu_list: str | None) -> str:
+def _what_if(key: StateKey, gpu_list: str | None, compress: str) -> WhatIfResult:
+    res = _result(key, gpu_list)
+    assert res.model is not None and res.setup is not None and res.estimate is not None
+    ratios = parse_ratios(compress.split(","))
+    fitted = what_if_fit(res.model, res.setup, ratios, data.gpus_from(gpu_list))
+    return WhatIfResult(what_if(res.estimate, ratios), fitted, gpus.fewest_in_class(fitted))
+
+
+def what_if_result(state: Mapping[str, Any]) -> WhatIfResult | None:
+    """The what-if of the state's `compress` (None when nothing is compressed)."""
+    compress = str(state.get("compress") or "")
+    if not compress:
+        return None
+    return _what_if(state_key(state), _gpu_list_path(), compress)
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _limits(key: StateKey, gpu_list: str | None, compress: str,
+            gpu_id: str) -> CompressedLimits | None:
+    res = _result(key, gpu_list)
+    gpu = next((g for g in data.gpus_from(gpu_list) if g.id == gpu_id), None)
+    if res.model is None or res.setup is None or gpu is None:
+        return None
+    ratios = parse_ratios([t for t in compress.split(",") if t])
+    return compressed_limits(res.model, res.setup, ratios, gpu)
+
+
+def limits(state: Mapping[str, Any]) -> CompressedLimits | None:
+    """The largest batch, sequence and model that fit the what-if's GPU, compressed and not
+    (three searches of dozens of estimates: cached by their inputs)."""
+    return _limits(state_key(state), _gpu_list_path(), str(state.get("compress") or ""),
+                   str(state.get("wgpu") or ""))
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _download_json(key: StateKey, gpu_list: str | None, compress: str) -> str:
     res = _result(key, gpu_list)
     assert res.estimate is not None and res.report is not None
-    return report.estimate_json_text(res.estimate, res.report)
+    found = _what_if(key, gpu_list, compress) if compress else None
+    return report.estimate_json_text(res.estimate, res.report,
+                                     (found.what, found.report) if found else None)
 
 
 def download_json(state: Mapping[str, Any]) -> str:
     """The JSON file the page offers: byte for byte what ``python -m vram estimate --json``
-    prints for the same state (one serializer, vram.io.report)."""
-    return _download_json(state_key(state), _gpu_list_path())
+    prints for the same state (one serializer, vram.io.report), with its `what_if` when
+    buckets are compressed (``--compress``)."""
+    return _download_json(state_key(state), _gpu_list_path(), str(state.get("compress") or ""))
 
 
 @functools.lru_cache(maxsize=MAX_STATES)

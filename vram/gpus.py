@@ -317,6 +317,12 @@ class ClassFit(BaseModel):
         return self.whole_run_bytes / self.class_memory_bytes
 
 
+def fewest_in_class(report: FitReport, class_gib: int = LESSON_CLASS_GIB) -> FitOption | None:
+    """The fewest GPUs of the class that hold the run in `report`, the cheapest of those."""
+    fits = [o for o in report.fits if in_class(o.gpu, class_gib)]
+    return min(fits, key=lambda o: o.count) if fits else None  # fits are cheapest first
+
+
 def _whole_run(setup: TrainingSetup) -> TrainingSetup:
     """The run on one GPU with nothing sharded or offloaded: all of its memory in one place."""
     return setup.model_copy(update={"n_gpus": 1, "sharding": Sharding.NONE,
@@ -332,8 +338,7 @@ def class_fit(model: ModelSpec, setup: TrainingSetup, report: FitReport,
     members = [g for g in catalog if in_class(g, class_gib) and g not in report.unsupported]
     if not members:
         return None
-    fits = [o for o in report.fits if in_class(o.gpu, class_gib)]
-    needed = min(fits, key=lambda o: o.count) if fits else None  # fits are cheapest first
+    needed = fewest_in_class(report, class_gib)
     card = needed.gpu if needed else max(members, key=lambda g: g.memory_bytes)
     whole = _device_peak(model, _whole_run(setup)) + context_difference(card, setup)
     capacity = max(1, ceil_div(whole, card.memory_bytes))

@@ -155,3 +155,17 @@ def test_a_wrong_peak_names_the_bucket_where_the_gap_is() -> None:
     assert "factor of 4" in quarter.message  # 107 GB short: no one bucket
     checked = learn.check(_ex("ex3"), 1.0, _run)
     assert checked is not None and not checked[0].ok
+
+
+def test_learn_asks_what_compression_would_buy() -> None:
+    """The Learn page's what-if: 8B full with checkpointing, 8-bit optimizer states and FP8
+    activations, from the presets; its link opens the calculator's panel with them."""
+    est = _estimate(learn.WHAT_IF_STATE)
+    compress, what = learn.what_if_example(est)
+    assert compress.startswith("optimizer=3.93") and compress.endswith(",activations=2")
+    assert what.device_peak_bytes < est.device_peak_bytes
+    link = learn.what_if_link(data.registry(), compress)
+    query = dict(urllib.parse.parse_qsl(link.removeprefix("./?")))
+    assert query["whatif"] == "1" and query["compress"] == compress
+    values, errors = params.parse_query(data.registry(), query)
+    assert not errors and values["compress"] == compress and values["ckpt"] is True
