@@ -82,16 +82,17 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
         best = (priced or list(report.fits))[0]
         full, compact = data.short_gpu_name(best.gpu.name), charts.compact_gpu_name(best.gpu.name)
         cheapest.metric(
-            "Cheapest GPUs that hold it",
+            "Cheapest per hour",
             f"{best.count}× {compact}",
             # the full name below the big one when that is shortened
             delta=(f"{full} · " if compact != full else "") + gpu_price(best.usd_per_hour),
             delta_color="off",
             delta_arrow="off",
-            help="Cheapest by the total price per hour of the GPUs needed.",
+            help="Cheapest by the price per hour of all the GPUs needed (Make it fit ranks "
+                 "by the price of the whole run).",
         )
     else:
-        cheapest.metric("Cheapest GPUs that hold it", "none in the list")
+        cheapest.metric("Cheapest per hour", "none in the list")
     if found is None:
         lesson.metric("80 GB GPUs", "none in the list",
                       help="The lessons count in 80 GB GPUs; the GPU list has none.")

@@ -134,12 +134,12 @@ def _verdict(found: results.WhatIfResult, unit: Unit) -> None:
                      "of the step with these buckets smaller; the peak may move.")
     best = next((o for o in fitted.fits if o.usd_per_hour is not None), None)
     if best is not None:
-        cheapest.metric("Cheapest GPUs that then hold it",
+        cheapest.metric("Cheapest per hour, then",
                         f"{best.count}× {data.short_gpu_name(best.gpu.name)}",
                         delta=headline.gpu_price(best.usd_per_hour), delta_color="off",
                         delta_arrow="off")
     else:
-        cheapest.metric("Cheapest GPUs that then hold it", "none in the list")
+        cheapest.metric("Cheapest per hour, then", "none in the list")
     if found.lesson is not None:
         value = f"{found.lesson.count}× 80 GB"
         line = "fits one 80 GB GPU" if found.lesson.count == 1 else "as the fit shards it"

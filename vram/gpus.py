@@ -151,8 +151,15 @@ class FitReport(BaseModel):
     unsupported: tuple[Gpu, ...] = ()
 
     @property
-    def cheapest(self) -> FitOption | None:
+    def cheapest_per_hour(self) -> FitOption | None:
+        """The option with the lowest price per hour for all its GPUs: fit's ranking. The
+        planner ranks by the price of the whole run (`Plan.cheapest_run`)."""
         return self.fits[0] if self.fits else None
+
+    @property
+    def cheapest(self) -> FitOption | None:
+        """`cheapest_per_hour` (the name the README's examples use)."""
+        return self.cheapest_per_hour
 
 
 def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
@@ -214,7 +221,8 @@ def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
 
 def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None, *,
         device_peak: Callable[[ModelSpec, TrainingSetup], int] | None = None) -> FitReport:
-    """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall.
+    """For each GPU, the fewest that hold the run; fits cheapest per hour first (the price of
+    all the GPUs an hour; the planner ranks by the whole run's price), misses by shortfall.
 
     A GPU that cannot compute in the setup's precision (bf16 on a T4) is neither a fit nor a
     miss: it is listed in `unsupported`, where fp16 would run. `device_peak` replaces the

@@ -42,7 +42,7 @@ def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
     assert app.selectbox(key="model").value == DEFAULT_MODEL
     assert _peak(app) == _expected_peak()
     # the default run's cheapest card, its name shortened for the big type, in full below it
-    cheapest = next(m for m in app.metric if m.label == "Cheapest GPUs that hold it")
+    cheapest = next(m for m in app.metric if m.label == "Cheapest per hour")
     assert cheapest.value == "1× RTX 6000"
     assert str(cheapest.delta).startswith("RTX 6000 Ada Generation · $")
     # why the peak holds no gradients yet is said once, in the through-step caption

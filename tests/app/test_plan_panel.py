@@ -32,7 +32,12 @@ def test_my_gpu_from_the_link_gives_the_plan(app: AppTest) -> None:
     value, delta = _metric(app, "On 1× RTX 4090")  # the GPU's name, not its catalog id
     assert value == "does not fit"
     assert delta == f"short by {format_bytes(expected.shortfall_bytes, 'GB')}"
-    assert _metric(app, "Longest sequence (tokens)")[0] == f"{expected.max_seq_len.value:,}"
+    assert _metric(app, "Longest sequence, as set up")[0] == f"{expected.max_seq_len.value:,}"
+    # the limits are the run as set up, the cost the run after the path, and each says so
+    if expected.path:
+        assert _metric(app, "This run, after the path")[0]
+    if expected.max_micro_batch.value == 0:
+        assert _metric(app, "Largest micro-batch, as set up")[1] == "none fits before the path"
     assert any(expected.path_summary in m.value for m in app.markdown)
     assert app.session_state["mygpu"] == "rtx-4090" and app.session_state["tokens"] == 1000.0
     # the link keeps the panel's keys beside the registry's

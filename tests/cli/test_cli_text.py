@@ -46,3 +46,18 @@ def test_many_gpus_compare_the_whole_run_with_inference() -> None:
     whole = est.device_peak_bytes * 32 / est.inference.total_bytes
     assert f"{whole:.1f}x across its 32 GPUs" in line
     assert whole > 1 > est.training_to_inference or whole > est.training_to_inference
+
+
+def test_every_flag_of_every_command_says_what_it_does() -> None:
+    """`--help` of each subcommand: no flag without a line of help (gpus and models --json,
+    export --to and plan --nodes had none)."""
+    import argparse
+
+    from vram.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    bare = [(name, a.option_strings) for name, command in sub.choices.items()
+            for a in command._actions
+            if a.option_strings and not a.help and a.dest != "help"]
+    assert not bare, bare

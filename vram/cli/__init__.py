@@ -42,9 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                        "extrapolation)")
     cli_hook.add_export_command(subcommands, add_setup_flags)
     gpus = subcommands.add_parser("gpus", help="list the GPU catalog")
-    gpus.add_argument("--json", action="store_true")
+    gpus.add_argument("--json", action="store_true",
+                      help="print the catalog as one JSON list (memory in bytes)")
     models = subcommands.add_parser("models", help="list the model catalog")
-    models.add_argument("--json", action="store_true")
+    models.add_argument("--json", action="store_true",
+                        help="print the catalog as one JSON list (parameters, Hub ids)")
     validate = subcommands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
     plan_cli.register(subcommands)  # plan, validate-speed

@@ -153,7 +153,7 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     for note in result.notes:
         lines.append(f"note: {note}")
     if report is not None:
-        lines += ["", "cheapest setups that hold it:"]
+        lines += ["", "cheapest per hour that hold it (all the GPUs):"]
         for option in report.fits[:8]:
             price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
             lines.append(f"  {option.count} x {option.gpu.name:<32} {price:>12}   "
