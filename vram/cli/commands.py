@@ -27,7 +27,7 @@ from vram.result import Estimate
 from vram.setup import TrainingSetup
 from vram.step.estimate import estimate
 from vram.step.what_if import CompressError, WhatIf, parse_ratios, what_if, what_if_fit
-from vram.units import format_gib
+from vram.units import size_text
 
 
 def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -100,8 +100,8 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(json.dumps(payload, indent=2))
     else:
         for name, value in payload.get("buckets", {}).items():
-            print(f"{name:<12} {format_gib(value, 10)}")
-        print(f"{'peak':<12} {format_gib(payload['allocated_peak_bytes'], 10)} "
+            print(f"{name:<12} {size_text(value)}")
+        print(f"{'peak':<12} {size_text(payload['allocated_peak_bytes'])} "
               f"(allocated, {payload.get('phase', '')})")
     return 0
 

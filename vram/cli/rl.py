@@ -19,6 +19,7 @@ from vram.rl import estimate
 from vram.rl.result import RLEstimate
 from vram.rl.setup import Algo, Engine, Reference, RLSetup, Rollout
 from vram.setup import Method, Optimizer, Precision, Sharding, TrainingSetup
+from vram.units import both, size_text
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -116,19 +117,19 @@ def gpu_memory(gpu_id: str) -> int:
 
 
 def table(result: RLEstimate) -> str:
+    """The phases' buckets, GiB and GB side by side (as `estimate` prints them)."""
     lines = [f"{result.model_name}, {result.setup.algo.value}: peak "
-             f"{result.device_peak_bytes / 2**30:.2f} GiB per GPU in the "
-             f"{result.peak_phase.value} phase (GPU holds "
-             f"{result.gpu_memory_bytes / 2**30:.2f} GiB)"]
+             f"{both(result.device_peak_bytes, 2)} per GPU in the "
+             f"{result.peak_phase.value} phase (GPU holds {both(result.gpu_memory_bytes, 2)})"]
     for phase in (result.generation, result.training):
         lines.append(f"\n{phase.name.value} ({phase.gpu_group} GPUs)")
         for name, value in phase.buckets.items():
-            lines.append(f"  {name:<16} {value / 2**30:10.2f} GiB")
-        lines.append(f"  {'total':<16} {phase.device_peak_bytes / 2**30:10.2f} GiB")
-    lines.append(f"\nhost RAM {result.host_bytes / 2**30:.2f} GiB")
+            lines.append(f"  {name:<16} {size_text(value)}")
+        lines.append(f"  {'total':<16} {size_text(phase.device_peak_bytes)}")
+    lines.append(f"\nhost RAM {both(result.host_bytes, 2)}")
     if result.peak_by_sleep:
         lines.append("peak by sleep level: " + ", ".join(
-            f"{level}: {peak / 2**30:.2f} GiB" for level, peak in result.peak_by_sleep.items()))
+            f"{level}: {both(peak, 2)}" for level, peak in result.peak_by_sleep.items()))
     lines += [f"warning: {w}" for w in result.warnings]
     lines += [f"advice: {a}" for a in result.advice]
     return "\n".join(lines)

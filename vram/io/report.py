@@ -16,7 +16,7 @@ from vram.result import Estimate
 from vram.setup import Sharding, TrainingSetup
 from vram.step.through_step import peak_moment
 from vram.step.what_if import WhatIf
-from vram.units import format_gib, size_text
+from vram.units import format_gb, format_gib, size_text
 
 
 def _cheapest(report: FitReport) -> list[dict[str, Any]]:
@@ -136,7 +136,7 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
             if item.bytes:
                 *first, last = _label_lines(item.label)
                 lines.extend(f"  {line}" for line in first)
-                lines.append(f"  {last:<53}{format_gib(item.bytes, 9)}")
+                lines.append(f"  {last:<53}{size_text(item.bytes)}")
     lines += [
         "",
         f"{'allocated peak':<22}{size_text(result.allocated_peak_bytes)}   "
@@ -157,7 +157,7 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
         for option in report.fits[:8]:
             price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
             lines.append(f"  {option.count} x {option.gpu.name:<32} {price:>12}   "
-                         f"headroom {format_gib(option.headroom_bytes, 6, 1)}")
+                         f"headroom {size_text(option.headroom_bytes)}")
         if not report.fits:
             lines.append("  none in the catalog")
         if report.unsupported:
@@ -174,10 +174,11 @@ def _peak_text(result: Estimate) -> str:
 
 
 def gpus_table(gpus: Sequence[Gpu]) -> str:
-    lines = [f"{'id':<18} {'name':<34} {'memory':>10} {'bf16 TFLOP/s':>13} {'$/h':>7}"]
+    lines = [f"{'id':<18} {'name':<34} {'memory (GiB, GB)':>23} {'bf16 TFLOP/s':>13} "
+             f"{'$/h':>7}"]
     for gpu in gpus:
         tflops = f"{gpu.bf16_dense_tflops:.0f}" if gpu.bf16_dense_tflops else "-"
         price = f"{gpu.usd_per_hour:.2f}" if gpu.usd_per_hour else "-"
-        lines.append(f"{gpu.id:<18} {gpu.name[:34]:<34} {format_gib(gpu.memory_bytes, 6, 1)} "
-                     f"{tflops:>13} {price:>7}")
+        memory = f"{format_gib(gpu.memory_bytes, 7, 1)} {format_gb(gpu.memory_bytes, 7, 1)}"
+        lines.append(f"{gpu.id:<18} {gpu.name[:34]:<34} {memory:>23} {tflops:>13} {price:>7}")
     return "\n".join(lines)
