@@ -117,7 +117,7 @@ def what_if_example(unit: charts.Unit) -> None:
         f"checkpointing on) peaks at **{charts.format_bytes(est.device_peak_bytes, unit)}**; "
         f"with 8-bit optimizer states and FP8 activations, "
         f"**{charts.format_bytes(what.device_peak_bytes, unit)}** (at {what.moment}). "
-        f"[Open it in the calculator]({learn.what_if_link(data.registry(), compress)})")
+        f"[Open this what-if in the calculator]({learn.what_if_link(data.registry(), compress)})")
 
 
 def exercises() -> None:
