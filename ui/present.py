@@ -43,6 +43,7 @@ _CSS = """
   font-size: 1.25rem !important;
 }
 /* Charts keep the projector's layout on a narrow screen: scrolled, never cut. */
+[data-testid="stFullScreenFrame"]:has([data-testid="stPlotlyChart"]),
 [data-testid="stPlotlyChart"] { min-width: %(min_figure_px)spx; }
 [data-testid="stElementContainer"]:has([data-testid="stPlotlyChart"]) { overflow-x: auto; }
 </style>

@@ -283,23 +283,37 @@ def gpu_table(gpus: Sequence[Gpu], report: FitReport | None, unit: Unit, *,
     return pa.Table.from_pylist(rows) if rows else pa.table({"GPU": pa.array([], pa.string())})
 
 
+#: The GPU table's column widths (px): together they fit the 760 px a 1280 px screen gives
+#: the page beside the sidebar, so no column hides behind a sideways scroll.
+GPU_WIDTHS: dict[str, int] = {"GPU": 154, "holds it": 62, "GPUs needed": 52, "$/h, all": 64,
+                              "headroom": 110, "memory": 96, "$/GPU-hour": 76,
+                              "bf16 TFLOPS": 92, "GB/s": 56}
+
+
 def gpu_dataframe(table: pa.Table, unit: Unit, *, present: bool = False) -> None:
     if present:
         show(table, present=True)
         return
-    right = {name: st.column_config.TextColumn(alignment="right")
-             for name in ("GPUs needed", f"headroom ({unit})", "$/GPU-hour", "bf16 TFLOPS")}
+
+    def text(name: str, label: str | None = None, help: str | None = None) -> Any:
+        return st.column_config.TextColumn(label, width=GPU_WIDTHS[name], help=help,
+                                           alignment="right")
+
     st.dataframe(
         table, hide_index=True, width="stretch",
         column_config={
-            **right,
-            "GPU": st.column_config.TextColumn(width="medium", pinned=True),
-            "GPUs needed": st.column_config.TextColumn("GPUs", alignment="right",
-                                                       help="GPUs needed to hold the run"),
-            "$/h, all": st.column_config.TextColumn(
-                alignment="right", help="$ per hour for all the GPUs needed"),
-            "GB/s": st.column_config.TextColumn(alignment="right",
-                                                help="memory bandwidth (GB/s)"),
+            "GPU": st.column_config.TextColumn(width=GPU_WIDTHS["GPU"], pinned=True),
+            "holds it": st.column_config.TextColumn(width=GPU_WIDTHS["holds it"]),
+            "GPUs needed": text("GPUs needed", "GPUs", "GPUs needed to hold the run"),
+            "$/h, all": text("$/h, all", help="$ per hour for all the GPUs needed"),
+            f"headroom ({unit})": text("headroom", f"headroom ({unit})",
+                                       "memory left per GPU; negative: short by"),
+            f"memory ({unit})": st.column_config.NumberColumn(
+                f"memory ({unit})", width=GPU_WIDTHS["memory"], format="%.1f",
+                help="as the driver reports it"),
+            "$/GPU-hour": text("$/GPU-hour", "$/GPU-h", "typical on-demand $ per GPU-hour"),
+            "bf16 TFLOPS": text("bf16 TFLOPS", help="dense bf16 TFLOPS"),
+            "GB/s": text("GB/s", help="memory bandwidth (GB/s)"),
         },
         height=min(800, 40 + 36 * max(1, len(table))),
         row_height=34,
