@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/catalog_counts.py
 
-Rows of `data/models/catalog.csv` and `catalog_pending.csv` whose `params_source` starts with
+Rows of `data/models/catalog.csv` whose `params_source` starts with
 "transformers 5.24.0 meta-device count" were counted by building the row's config.json with
 `AutoConfig.for_model` and instantiating the class a fine-tuner loads on the meta device
 (`benchmarks/family_defaults.py`: image-text-to-text where the type has one, else causal LM),
@@ -37,7 +37,7 @@ def count(slug: str) -> int:
 def main() -> None:
     warnings.filterwarnings("ignore")
     moved = []
-    for name in ("catalog.csv", "catalog_pending.csv"):
+    for name in ("catalog.csv",):
         with (MODELS / name).open(newline="") as handle:
             for row in csv.DictReader(handle):
                 if not row["params_source"].startswith(PREFIX):
