@@ -198,6 +198,10 @@ class LayerStack(BaseModel):
     #: A Mamba-2 mixer runs beside the attention in every layer and the two outputs are
     #: summed (Falcon-H1).
     parallel_ssm: bool = False
+    #: One learned logit per head joins every softmax (gpt-oss `sinks`): Transformers' code has
+    #: no SDPA path for it (`GptOssPreTrainedModel._supports_sdpa = False`), so `sdpa` runs
+    #: its eager attention (flash-attn kernels take the sinks as `s_aux`).
+    attention_sinks: bool = False
     #: Elements per token the mixer's kernel saves for its backward beyond its projections'
     #: inputs, (in the compute dtype, in fp32): `docs/hybrid-layers.md`, set by the family.
     mixer_saved: tuple[int, int] = (0, 0)

@@ -52,7 +52,7 @@ def attention_kernel(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
         return Kernel.EAGER
     if setup.attention is Attention.FLASH:
         return Kernel.FLASH
-    if stack.attn_softcap:
+    if stack.attn_softcap or stack.attention_sinks:
         return Kernel.EAGER
     hf = runs_transformers_code(profile)
     if hf and stack.hf_sdpa_runs_math:

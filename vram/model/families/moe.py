@@ -58,9 +58,10 @@ def _model(name: str, model_type: str, r: ConfigReader, stacks: tuple[LayerStack
 
 def _routed_stack(kind: str, count: int, part: Part, heads: Heads, h: int, *, n: int, top_k: int,
                   width: int, shared: int = 0, qk_norm: bool = False,
-                  window: int | None = None, extra: int = 0) -> LayerStack:
+                  window: int | None = None, extra: int = 0, sinks: bool = False) -> LayerStack:
     shape = Shape(heads=heads, intermediate_size=width, n_experts=n, experts_per_token=top_k,
-                  shared_expert_width=shared, qk_norm=qk_norm, attention_window=window)
+                  shared_expert_width=shared, qk_norm=qk_norm, attention_window=window,
+                  attention_sinks=sinks)
     return stack(kind, count, part, shape, 2 * h + extra)
 
 
@@ -83,7 +84,7 @@ def gpt_oss(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
     def build(kind: str, count: int) -> LayerStack:
         local = window if kind == "sliding_attention" else None
         return _routed_stack(kind, count, att + ffn, heads, h, n=n, top_k=k, width=w,
-                             window=local)
+                             window=local, sinks=True)
     return _model(name, model_type, r, by_kind(kinds, build), False, window)
 
 

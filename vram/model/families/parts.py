@@ -60,6 +60,7 @@ class Shape:
     norm_kind: NormKind = NormKind.RMS
     parallel_ssm: bool = False
     attention_window: int | None = None
+    attention_sinks: bool = False
 
 
 def linear(name: str, role: Role, d_in: int, d_out: int, bias: bool = False, *,
@@ -211,6 +212,7 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         shared_expert_width=shape.shared_expert_width, qk_norm=shape.qk_norm,
         mixer=shape.mixer, parallel_ssm=shape.parallel_ssm,
         attention_window=shape.attention_window, mixer_saved=part.saved,
+        attention_sinks=shape.attention_sinks,
     )
 
 
