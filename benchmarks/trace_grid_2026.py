@@ -18,12 +18,11 @@ import argparse
 import itertools
 import json
 import random
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trace_grid import TOLERANCE, Row, kept, relative_error, same_moment
+from benchmarks.trace_grid import Row, kept, relative_error, run, same_moment
 from vram import TrainingSetup, estimate, load_model
 from vram.model.catalog import load_config
 
@@ -112,33 +111,7 @@ def main() -> None:
     ordered = [row for group in itertools.zip_longest(*per_family.values()) for row in group
                if row is not None]
     chosen = [(f, fields) for f, fields in ordered[: args.sample] if kept(f, fields, args.only)]
-    lines = [f"{'family':<14} {'method':<6} {'optimizer':<11} {'precision':<10} {'b':>2} "
-             f"{'seq':>5} {'ckpt':<5} {'attn':<6} " + " ".join(f"{k[:6]:>7}" for k in TOLERANCE)
-             + "  phase  ok"]
-    rows: list[Row] = []
-    for family, fields in chosen:
-        try:
-            row = compare(family, fields)
-        except Exception as exc:
-            lines.append(f"{family:<14} {fields} -> not traced: {str(exc)[:90]}")
-            print(lines[-1], file=sys.stderr, flush=True)
-            continue
-        rows.append(row)
-        f = row.fields
-        lines.append(
-            f"{family:<14} {f['method']!s:<6} {f['optimizer']!s:<11} {f['precision']!s:<10} "
-            f"{f['micro_batch']!s:>2} {f['seq_len']!s:>5} {f['grad_ckpt']!s:<5} "
-            f"{f['attention']!s:<6} "
-            + " ".join(f"{100 * row.errors[k]:+6.1f}%" for k in TOLERANCE)
-            + f"  {'same' if row.phase_match else 'DIFF'}  {'yes' if row.passes() else 'NO'}")
-        print(lines[-1], file=sys.stderr, flush=True)
-    lines.append("")
-    for key, tol in TOLERANCE.items():
-        within = sum(1 for r in rows if abs(r.errors[key]) <= tol)
-        lines.append(f"{key:<12} within {100 * tol:.0f}%: {within}/{len(rows)}")
-    passed = sum(1 for r in rows if r.passes())
-    lines.append(f"setups={len(rows)} all_within_tolerance={passed} "
-                 f"phase_agrees={sum(r.phase_match for r in rows)}")
+    lines = run(chosen, compare)
     print("\n".join(lines))
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
