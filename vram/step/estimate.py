@@ -61,8 +61,8 @@ def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
             f"Paged optimizer state ({optimizer.paged_bytes:,} B) lives in unified memory: "
             "nvidia-smi can show it, torch.cuda.max_memory_allocated() does not.")
     if model.approximate:
-        notes.append("The architecture was derived from a parameter count: figures are "
-                     "approximate.")
+        notes.append(model.approximate_why or "The architecture was derived from a parameter "
+                     "count: figures are approximate.")
     return tuple(notes)
 
 
