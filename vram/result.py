@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cache
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NamedTuple, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -203,6 +203,69 @@ class MomentBytes(BaseModel):
 
 
 
+class Band(NamedTuple):
+    """The low and high bound of one figure (`vram.step.bounds`)."""
+
+    low_bytes: int
+    high_bytes: int
+
+
+class Bounds(BaseModel):
+    """Where each figure lies, at the rate the calibration measured on held-out runs
+    (`vram.step.bounds`, `data/bounds.toml`): the measured figure falls in the band in about
+    `rate` of runs. `allocated`, `reserved` and `device` give each figure's `Band`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rate: float
+    allocated_low_bytes: NonNegativeInt
+    allocated_high_bytes: NonNegativeInt
+    reserved_low_bytes: NonNegativeInt
+    reserved_high_bytes: NonNegativeInt
+    device_low_bytes: NonNegativeInt
+    device_high_bytes: NonNegativeInt
+    #: The CUDA context's share of the device band (below, above): dropped where the GPU's own
+    #: context is known (`vram.gpus`).
+    context_low_bytes: NonNegativeInt = 0
+    context_high_bytes: NonNegativeInt = 0
+
+    @classmethod
+    def assemble(cls, rate: float, allocated_low_bytes: int, allocated_high_bytes: int,
+                 reserved_low_bytes: int, reserved_high_bytes: int, device_low_bytes: int,
+                 device_high_bytes: int, context_low_bytes: int,
+                 context_high_bytes: int) -> Bounds:
+        """Bounds `vram.step.bounds` computed (ints, 0 <= low <= high, checked there)."""
+        return _assembled(cls, {
+            "rate": rate, "allocated_low_bytes": allocated_low_bytes,
+            "allocated_high_bytes": allocated_high_bytes,
+            "reserved_low_bytes": reserved_low_bytes, "reserved_high_bytes": reserved_high_bytes,
+            "device_low_bytes": device_low_bytes, "device_high_bytes": device_high_bytes,
+            "context_low_bytes": context_low_bytes, "context_high_bytes": context_high_bytes})
+
+    @property
+    def allocated(self) -> Band:
+        return Band(self.allocated_low_bytes, self.allocated_high_bytes)
+
+    @property
+    def reserved(self) -> Band:
+        return Band(self.reserved_low_bytes, self.reserved_high_bytes)
+
+    @property
+    def device(self) -> Band:
+        return Band(self.device_low_bytes, self.device_high_bytes)
+
+    def band(self, metric: str) -> Band:
+        """The band of the figure a tool reports: allocated (or active), reserved or device."""
+        if metric in ("allocated", "active"):
+            return self.allocated
+        if metric == "reserved":
+            return self.reserved
+        if metric == "device":
+            return self.device
+        raise ValueError(
+            f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")
+
+
 class PeakBytes(BaseModel):
     """The peaks of one training step, per GPU, as `estimate` reports them, without the
     breakdown (`vram.estimate_peaks`)."""
@@ -213,13 +276,14 @@ class PeakBytes(BaseModel):
     allocated_peak_bytes: NonNegativeInt
     reserved_peak_bytes: NonNegativeInt
     device_peak_bytes: NonNegativeInt
+    bounds: Bounds
 
     @classmethod
     def assemble(cls, *, phase: Phase, allocated_peak_bytes: int, reserved_peak_bytes: int,
-                 device_peak_bytes: int) -> PeakBytes:
+                 device_peak_bytes: int, bounds: Bounds) -> PeakBytes:
         return _assembled(cls, {"phase": phase, "allocated_peak_bytes": allocated_peak_bytes,
                                 "reserved_peak_bytes": reserved_peak_bytes,
-                                "device_peak_bytes": device_peak_bytes})
+                                "device_peak_bytes": device_peak_bytes, "bounds": bounds})
 
 
 class Estimate(BaseModel):
@@ -235,6 +299,8 @@ class Estimate(BaseModel):
     allocated_peak_bytes: NonNegativeInt
     reserved_peak_bytes: NonNegativeInt
     device_peak_bytes: NonNegativeInt
+    #: The low and high bound of each of the three figures (`vram.step.bounds`).
+    bounds: Bounds
     host_bytes: NonNegativeInt = 0
     paged_bytes: NonNegativeInt = 0
     #: Weights + every gradient + every optimizer state (paged included), per GPU: the model
@@ -249,8 +315,9 @@ class Estimate(BaseModel):
     @classmethod
     def assemble(cls, *, model_name: str, setup: TrainingSetup, params: ParamCounts,
                  buckets: tuple[Bucket, ...], phase: Phase, allocated_peak_bytes: int,
-                 reserved_peak_bytes: int, device_peak_bytes: int, host_bytes: int,
-                 paged_bytes: int, state_bytes: int, inference: InferenceEstimate,
+                 reserved_peak_bytes: int, device_peak_bytes: int, bounds: Bounds,
+                 host_bytes: int, paged_bytes: int, state_bytes: int,
+                 inference: InferenceEstimate,
                  approximate: bool, notes: tuple[str, ...],
                  moments: tuple[MomentBytes, ...]) -> Estimate:
         """An `Estimate` of parts `vram` built (a validated setup, `assemble`d or validated
@@ -259,7 +326,8 @@ class Estimate(BaseModel):
             "model_name": model_name, "setup": setup, "params": params, "buckets": buckets,
             "phase": phase, "allocated_peak_bytes": allocated_peak_bytes,
             "reserved_peak_bytes": reserved_peak_bytes, "device_peak_bytes": device_peak_bytes,
-            "host_bytes": host_bytes, "paged_bytes": paged_bytes, "state_bytes": state_bytes,
+            "bounds": bounds, "host_bytes": host_bytes, "paged_bytes": paged_bytes,
+            "state_bytes": state_bytes,
             "inference": inference, "approximate": approximate, "notes": notes,
             "moments": moments})
 

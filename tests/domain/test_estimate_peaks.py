@@ -33,7 +33,7 @@ setups = st.fixed_dictionaries({
 def peaks_of(result: Estimate) -> PeakBytes:
     return PeakBytes(phase=result.phase, allocated_peak_bytes=result.allocated_peak_bytes,
                      reserved_peak_bytes=result.reserved_peak_bytes,
-                     device_peak_bytes=result.device_peak_bytes)
+                     device_peak_bytes=result.device_peak_bytes, bounds=result.bounds)
 
 
 @settings(max_examples=300, deadline=None)

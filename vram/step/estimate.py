@@ -24,7 +24,12 @@ from vram.memory import activations as act
 from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_part
 from vram.memory.inference import inference_estimate
 from vram.memory.optimizer import OptimizerPart, optimizer_part
-from vram.memory.overhead import allocator_slack_bytes, fixed_overhead_items, slack_item
+from vram.memory.overhead import (
+    allocator_slack_bytes,
+    cuda_context_bytes,
+    fixed_overhead_items,
+    slack_item,
+)
 from vram.memory.weights import (
     QUANTIZED,
     Stage,
@@ -48,6 +53,7 @@ from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
 from vram.sharding.shards import Shards, shards_of
 from vram.stacks.profile import StackProfile, profile_for
+from vram.step.bounds import Peaks, Shares, bounds_from, shares_for
 from vram.step.context import Moment
 from vram.step.draft import line_items
 from vram.step.moments import step_moments
@@ -90,6 +96,9 @@ class StatePart:
     bucket_gradient_items: tuple[LineItem, ...]
     fixed_overhead: tuple[LineItem, ...]
     fixed_overhead_bytes: int
+    #: The CUDA context the device figure counts, and the bounds' terms that are on.
+    context_bytes: int
+    bounds_shares: Shares
     fixed_notes: tuple[str, ...]
     #: DeepSpeed ZeRO-3's gathered parameters by moment label (`deepspeed_live_items`).
     live_weight_items: dict[MomentId, list[LineItem]]
@@ -122,6 +131,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         bucket_gradient_items=bucket_gradient_items(setup, grads, zero),
         fixed_overhead=fixed_overhead,
         fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
+        context_bytes=cuda_context_bytes(setup), bounds_shares=shares_for(model, setup),
         fixed_notes=_fixed_notes(model, optimizer),
         live_weight_items=deepspeed_live_items(model, setup, groups))
 
@@ -143,6 +153,15 @@ class StepPeak:
     peak: Moment
     allocated: int
     reserved: int
+    #: The activations at the peak moment, and the most they hold at any moment.
+    activations: int
+    activations_max: int
+
+    def peaks(self, device: int) -> Peaks:
+        """What the bounds are built from, with the device figure."""
+        return Peaks(allocated=self.allocated, reserved=self.reserved, device=device,
+                     activations=self.activations, activations_max=self.activations_max,
+                     paged=self.part.optimizer.paged_bytes, context=self.part.context_bytes)
 
 
 def _step_peak(model: ModelSpec, setup: TrainingSetup,
@@ -164,12 +183,14 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
 
     static = part.static_bytes
     peak, allocated, reserved = moments[0], -1, 0
+    activations = activations_max = 0
     for moment in moments:
         gradient_bytes, activation_bytes, in_flight_bytes, weight_bytes = moment.figures()
         total = static + gradient_bytes + activation_bytes + weight_bytes + in_flight_bytes
         # The first of equal moments wins: the allocator reaches a peak at its first moment.
         if total > allocated:
-            peak, allocated = moment, total
+            peak, allocated, activations = moment, total, activation_bytes
+        activations_max = max(activations_max, activation_bytes)
         # The caching allocator keeps what it reserved in backward through the optimizer step,
         # so the reserved peak is the largest (allocated + slack) over the moments.
         reserved = max(reserved, total + allocator_slack_bytes(total, activation_bytes))
@@ -177,7 +198,7 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
-    return StepPeak(part, plan, peak, allocated, reserved)
+    return StepPeak(part, plan, peak, allocated, reserved, activations, activations_max)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -186,6 +207,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     step = _step_peak(model, setup, figures)
     part, peak, allocated, reserved = step.part, step.peak, step.allocated, step.reserved
     overhead = (slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
+    device = allocated + sum(i.bytes for i in overhead)
     extra_weights = [*peak.weight_items,
                      *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
     weights = part.weights if not extra_weights else Bucket.assemble(
@@ -200,8 +222,8 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     return Estimate.assemble(
         model_name=model.name, setup=setup, params=part.params,
         buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
-        reserved_peak_bytes=reserved,
-        device_peak_bytes=allocated + sum(i.bytes for i in overhead),
+        reserved_peak_bytes=reserved, device_peak_bytes=device,
+        bounds=bounds_from(part.bounds_shares, setup, step.peaks(device)),
         host_bytes=part.host_bytes + step.plan.offloaded_bytes,
         paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=part.state_bytes, approximate=model.approximate,
@@ -220,10 +242,11 @@ def estimate_peaks(model: ModelSpec, setup: TrainingSetup) -> PeakBytes:
     """
     step = _step_peak(model, setup, None)
     slack = max(0, step.reserved - step.allocated)
+    device = step.allocated + slack + step.part.fixed_overhead_bytes
     return PeakBytes.assemble(
         phase=step.peak.phase, allocated_peak_bytes=step.allocated,
-        reserved_peak_bytes=step.reserved,
-        device_peak_bytes=step.allocated + slack + step.part.fixed_overhead_bytes)
+        reserved_peak_bytes=step.reserved, device_peak_bytes=device,
+        bounds=bounds_from(step.part.bounds_shares, setup, step.peaks(device)))
 
 
 def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
