@@ -137,24 +137,38 @@ def _context(est: Estimate) -> int:
     return sum(i.bytes for i in est.bucket("overhead").items if i.key == "overhead.context")
 
 
-def case_runs(path: Path = CASES) -> list[Run]:
-    """The scored rows of a case file, each with the figure it measured."""
-    runs = []
+@dataclass(frozen=True)
+class Measured:
+    """One measured run as the estimate sees it: its setup and the figures it measured."""
+
+    run_id: str
+    source: str
+    model: ModelSpec
+    setup: TrainingSetup
+    measured: dict[Figure, int]
+    expandable: bool = False
+
+
+def case_setups(path: Path = CASES) -> list[Measured]:
+    """The scored rows of a case file, each with the figure it measured (`active` is the
+    allocated figure)."""
+    found = []
     with path.open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle):
             if not _is_scored(row):
                 continue
             figure = Figure.ALLOCATED if row["metric"] == "active" else Figure(row["metric"])
-            model = model_from_config_file(path.parent / row["model"])
-            runs.append(_run(row["id"], "cases", model, setup_from_row(row),
-                             {figure: int(row["measured_bytes"])}))
-    return runs
+            found.append(Measured(row["id"], "cases",
+                                  model_from_config_file(path.parent / row["model"]),
+                                  setup_from_row(row), {figure: int(row["measured_bytes"])}))
+    return found
 
 
-def h200_runs(folder: Path = H200_RAW) -> list[Run]:
-    """The H200 steps that ran: allocated, reserved and the per-process device figure."""
+def h200_setups(folder: Path = H200_RAW) -> list[Measured]:
+    """The H200 steps that ran: allocated, reserved and the per-process device figure, with
+    the versions that ran and the H200's CUDA context from the GPU list."""
     context = next(g for g in load_gpus() if g.id == "h200").cuda_context_mib
-    runs = []
+    found = []
     for path in sorted(folder.glob("grid*/rows_*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
@@ -165,10 +179,18 @@ def h200_runs(folder: Path = H200_RAW) -> list[Run]:
                         Figure.RESERVED: row["reserved_peak"]}
             if row.get("nvml_proc_max"):
                 measured[Figure.DEVICE] = row["nvml_proc_max"]
-            runs.append(_run(f"{path.parent.name}:{row['id']}", "h200", model_of(row), setup,
-                             measured, "expandable_segments:true"
-                             in str(row.get("alloc_conf", "")).lower()))
-    return runs
+            found.append(Measured(f"{path.parent.name}:{row['id']}", "h200", model_of(row),
+                                  setup, measured, "expandable_segments:true"
+                                  in str(row.get("alloc_conf", "")).lower()))
+    return found
+
+
+def measured_runs(cases: Path = CASES) -> list[Measured]:
+    return [*case_setups(cases), *h200_setups()]
+
+
+def runs_of(found: Iterable[Measured]) -> list[Run]:
+    return [_run(m.run_id, m.source, m.model, m.setup, m.measured, m.expandable) for m in found]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,24 +511,31 @@ def report_text(inside: list[Check], outside: list[Check], rate: float = RATE) -
 
 
 def _without_table() -> None:
-    """Estimates here never read the committed table: their bands are not used, and a stale or
-    missing table (a term added) must not stop the command that writes it."""
+    """For this process (the command, which exits after): estimates never read the committed
+    table. Their bands are not used here, and a stale or missing table (a term added) must
+    not stop the command that writes it."""
     zero = BoundsTable(rate=RATE, sizes=tuple(TermSize(0.0, 0.0, "") for _ in TERMS),
                        expandable_segments=1.0, expandable_source="")
     bounds_module.bounds_table = lambda: zero  # type: ignore[assignment]
 
 
-def build(cases: Path = CASES) -> tuple[str, str]:
-    """The table's text and the report's, from the runs as the estimate stands."""
-    _without_table()
-    runs = [*case_runs(cases), *h200_runs()]
+def table_for(runs: Sequence[Run]) -> tuple[str, Sizes]:
+    """The table's text and the sizes, from `runs` as the estimate stands."""
     fixed, sources = fixed_sizes(RATE)
     expandable, expandable_source = expandable_factor(runs)
     sizes = calibrate(runs, fixed, expandable)
+    return table_text(sizes, sources, _support(runs), expandable_source), sizes
+
+
+def build(cases: Path = CASES) -> tuple[str, str]:
+    """The table's text and the report's (held out one run at a time)."""
+    runs = runs_of(measured_runs(cases))
+    table, sizes = table_for(runs)
+    fixed = {name: (sizes.low[name], sizes.high[name]) for name in TERM_NAMES
+             if not any(name in names for names in CALIBRATED.values())}
     inside = checks(runs, lambda _: sizes)
-    outside = held_out(runs, fixed, expandable)
-    return (table_text(sizes, sources, _support(runs), expandable_source),
-            report_text(inside, outside))
+    outside = held_out(runs, fixed, sizes.expandable)
+    return table, report_text(inside, outside)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -515,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if data/bounds.toml or the report is stale")
     args = parser.parse_args(argv)
+    _without_table()
     table, report = build(args.cases)
     if args.check:
         stale = [p.name for p, text in ((TABLE, table), (REPORT, report))

@@ -23,6 +23,7 @@ from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
 from vram.result import BucketName
 from vram.setup import MAX_CONTEXT_MIB, Offload, Precision, Sharding, TrainingSetup
+from vram.step.bounds import DeviceBand, Verdict
 from vram.step.estimate import estimate, estimate_peaks
 from vram.units import MIB, ceil_div
 
@@ -122,7 +123,8 @@ def load_gpus(path: str | Path | None = None) -> tuple[Gpu, ...]:
 
 
 class FitOption(BaseModel):
-    """One way to run the setup: `count` GPUs of one kind."""
+    """One way to run the setup: `count` GPUs of one kind, and the verdict of its band
+    (`vram.step.bounds.judge`): it fits when the band's high bound is within the memory."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -132,23 +134,51 @@ class FitOption(BaseModel):
     device_peak_bytes: int
     usable_bytes: int
     usd_per_hour: float | None
+    #: The band of the device figure on this GPU (its own CUDA context applied).
+    device_low_bytes: int
+    device_high_bytes: int
+    verdict: Verdict
+    #: The chance the run fits, read from the band.
+    fit_probability: float
 
     @property
     def headroom_bytes(self) -> int:
+        """Memory left beside the estimate itself (the band's middle)."""
         return self.usable_bytes - self.device_peak_bytes
 
     @property
     def fits(self) -> bool:
-        return self.headroom_bytes >= 0
+        """A sure fit: the band's high bound is within the memory."""
+        return self.verdict is Verdict.FITS
+
+    @property
+    def likely(self) -> bool:
+        """At least even odds: the estimate itself is within the memory (a sure fit, or a
+        borderline one at 50 % or more)."""
+        return self.verdict is not Verdict.DOES_NOT_FIT and self.headroom_bytes >= 0
+
+    @property
+    def verdict_text(self) -> str:
+        """'fits', 'borderline, 72 % likely to fit' or 'does not fit'."""
+        if self.verdict is Verdict.BORDERLINE:
+            return f"borderline, {self.fit_probability * 100:.0f} % likely to fit"
+        return self.verdict.value
 
 
 class FitReport(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    #: For each GPU the fewest that surely hold the run (the band's high bound fits),
+    #: cheapest per hour first.
     fits: tuple[FitOption, ...]
+    #: GPUs none of whose counts surely holds the run: their fewest, by shortfall.
     misses: tuple[FitOption, ...]
     #: GPUs that cannot run the setup's number format at all (bf16 on a T4 or V100), by size.
     unsupported: tuple[Gpu, ...] = ()
+    #: For each GPU the fewest where the band straddles its memory and the estimate itself
+    #: fits (50 % likely or more), when that is fewer than its sure fit (or it has none): may
+    #: fit, with the chance; cheapest per hour first.
+    borderline: tuple[FitOption, ...] = ()
 
     @property
     def cheapest_per_hour(self) -> FitOption | None:
@@ -212,57 +242,93 @@ def too_small(setup: TrainingSetup, device_peak_bytes: int, gpus: Sequence[Gpu])
     ))
 
 
+def _device_band(model: ModelSpec, setup: TrainingSetup) -> DeviceBand:
+    """The estimate's device peak and its band, remembered per model: fit() asks for the same
+    few setups (one per GPU count) for every GPU of the catalog, and again on every call."""
+    def band() -> DeviceBand:
+        peaks = estimate_peaks(model, setup)
+        return DeviceBand.of(peaks.device_peak_bytes, peaks.bounds)
+
+    return memoized(model, ("device_band", setup), band)
+
+
 def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
-    """The estimate's device peak, remembered per model: fit() asks for the same few setups
-    (one per GPU count) for every GPU of the catalog, and again on every call."""
-    return memoized(model, ("device_peak", setup),
-                    lambda: estimate_peaks(model, setup).device_peak_bytes)
+    return _device_band(model, setup).point
+
+
+def on_gpu(band: DeviceBand, gpu: Gpu, setup: TrainingSetup) -> DeviceBand:
+    """A band on `gpu`: its own CUDA context instead of the estimate's constant, and the
+    context term out of the band where the GPU's context is measured (data/gpus.csv)."""
+    known = setup.context_mib is None and gpu.cuda_context_mib is not None
+    return band.with_context(context_difference(gpu, setup), known)
+
+
+def fit_option(gpu: Gpu, count: int, run: TrainingSetup, band: DeviceBand) -> FitOption:
+    """`count` GPUs of `gpu` running `run`, whose band on that GPU is `band`."""
+    judged = band.judged(gpu.memory_bytes)
+    return FitOption(
+        gpu=gpu, count=count, sharding=run.sharding, device_peak_bytes=band.point,
+        usable_bytes=gpu.memory_bytes,
+        usd_per_hour=gpu.usd_per_hour * count if gpu.usd_per_hour else None,
+        device_low_bytes=band.low, device_high_bytes=band.high, verdict=judged.verdict,
+        fit_probability=judged.probability)
+
+
+def _by_price(option: FitOption) -> tuple[bool, float, int]:
+    """Cheapest per hour first; an unpriced GPU last."""
+    return option.usd_per_hour is None, option.usd_per_hour or 0.0, option.count
 
 
 def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None, *,
-        device_peak: Callable[[ModelSpec, TrainingSetup], int] | None = None) -> FitReport:
-    """For each GPU, the fewest that hold the run; fits cheapest per hour first (the price of
-    all the GPUs an hour; the planner ranks by the whole run's price), misses by shortfall.
+        device_peak: Callable[[ModelSpec, TrainingSetup], DeviceBand] | None = None,
+        ) -> FitReport:
+    """For each GPU, the fewest that surely hold the run (the band's high bound fits); fits
+    cheapest per hour first (the price of all the GPUs an hour; the planner ranks by the
+    whole run's price), misses by shortfall, and where fewer GPUs likely hold it (the band
+    straddles their memory, the estimate within it), that count as borderline, with its
+    chance.
 
     A GPU that cannot compute in the setup's precision (bf16 on a T4) is neither a fit nor a
     miss: it is listed in `unsupported`, where fp16 would run. `device_peak` replaces the
-    estimate's device peak of a (model, setup) (a what-if: vram.step.what_if).
+    estimate's device band of a (model, setup) (a what-if: vram.step.what_if).
     """
-    peak_of = device_peak or _device_peak
+    band_of = device_peak or _device_band
     catalog = tuple(gpus) if gpus is not None else load_gpus()
     unsupported = tuple(sorted((g for g in catalog if not runs_precision(g, setup.precision)),
                                key=lambda g: g.memory_bytes))
     catalog = tuple(g for g in catalog if runs_precision(g, setup.precision))
-    runs: dict[int, tuple[TrainingSetup, int]] = {}
+    runs: dict[int, tuple[TrainingSetup, DeviceBand]] = {}
     fits: list[FitOption] = []
     misses: list[FitOption] = []
+    borderline: list[FitOption] = []
     for gpu in catalog:
-        best: FitOption | None = None
-        first: FitOption | None = None
-        context = context_difference(gpu, setup)
+        best = first = straddles = None
         for count in _counts(gpu, setup):
             if count not in runs:
                 run = _setup_for(setup, count)
-                runs[count] = (run, peak_of(model, run))
-            run, peak = runs[count]
-            if first is not None and peak + context > gpu.memory_bytes:
-                continue  # neither the first option nor a fit: no need to build it
-            option = FitOption(
-                gpu=gpu, count=count, sharding=run.sharding,
-                device_peak_bytes=peak + context, usable_bytes=gpu.memory_bytes,
-                usd_per_hour=gpu.usd_per_hour * count if gpu.usd_per_hour else None,
-            )
+                runs[count] = (run, band_of(model, run))
+            run, band = runs[count]
+            here = on_gpu(band, gpu, setup)
+            if first is not None and here.point > gpu.memory_bytes:
+                continue  # neither the first option nor a likely fit: no need to build it
+            option = fit_option(gpu, count, run, here)
             first = first or option
             if option.fits:
                 best = option
                 break
+            if straddles is None and option.likely:
+                straddles = option
         if best is not None:
             fits.append(best)
         elif first is not None:
             misses.append(first)
-    fits.sort(key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0.0, o.count))
+        if straddles is not None:
+            borderline.append(straddles)
+    fits.sort(key=_by_price)
+    borderline.sort(key=_by_price)
     misses.sort(key=lambda o: o.headroom_bytes, reverse=True)
-    return FitReport(fits=tuple(fits), misses=tuple(misses), unsupported=unsupported)
+    return FitReport(fits=tuple(fits), misses=tuple(misses), unsupported=unsupported,
+                     borderline=tuple(borderline))
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,7 +371,8 @@ class ClassFit(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     class_gib: int
-    #: The fewest GPUs of the class that hold the run (the cheapest of those), or None.
+    #: The fewest GPUs of the class that likely hold the run (the cheapest of those; its
+    #: verdict says whether surely or borderline), or None.
     needed: FitOption | None
     whole_run_bytes: int
     class_memory_bytes: int
@@ -326,8 +393,10 @@ class ClassFit(BaseModel):
 
 
 def fewest_in_class(report: FitReport, class_gib: int = LESSON_CLASS_GIB) -> FitOption | None:
-    """The fewest GPUs of the class that hold the run in `report`, the cheapest of those."""
-    fits = [o for o in report.fits if in_class(o.gpu, class_gib)]
+    """The fewest GPUs of the class that likely hold the run in `report` (the estimate within
+    their memory: a sure fit or a borderline one; the option says which), the cheapest of
+    those."""
+    fits = [o for o in (*report.fits, *report.borderline) if in_class(o.gpu, class_gib)]
     return min(fits, key=lambda o: o.count) if fits else None  # fits are cheapest first
 
 

@@ -33,6 +33,42 @@ def test_estimate_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str])
     assert cheapest and {"gpu", "count", "usd_per_hour"} <= set(cheapest[0])
     priced = [c["usd_per_hour"] for c in cheapest if c["usd_per_hour"] is not None]
     assert priced == sorted(priced)
+    # the cheapest are sure fits; where fewer GPUs likely do, they are listed as borderline
+    assert all(c["verdict"] == "fits" and c["device_high_bytes"] <= c["device_peak_bytes"]
+               + c["headroom_bytes"] for c in cheapest)
+    assert all(b["verdict"] == "borderline" and 0.5 <= b["fit_probability"] < 0.95
+               for b in payload["borderline"])
+
+
+def test_estimate_json_bounds_every_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """design.md: bounds: {allocated|reserved|device: {low_bytes, high_bytes}}, ints, around
+    the figure, at the rate the calibration claims."""
+    assert main([*ESTIMATE, "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    bounds = payload["bounds"]
+    assert set(bounds) == {"allocated", "reserved", "device"}
+    for figure, band in bounds.items():
+        assert set(band) == {"low_bytes", "high_bytes"}
+        assert all(isinstance(v, int) for v in band.values())
+        assert band["low_bytes"] <= payload[f"{figure}_peak_bytes"] <= band["high_bytes"]
+    assert payload["bounds_rate"] == 0.9
+
+
+def test_validate_json_rows(cases_csv: Path) -> None:
+    """design.md: {"rows": [{id, scored, metric, predicted_bytes, low_bytes, high_bytes,
+    measured_bytes}, ...]}, one per case, in the text report's order."""
+    out = subprocess.run([sys.executable, "-m", "vram", "validate", str(cases_csv), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)["rows"]
+    assert rows and all(set(row) == {"id", "scored", "metric", "predicted_bytes", "low_bytes",
+                                     "high_bytes", "measured_bytes"} for row in rows)
+    for row in rows:
+        if row["predicted_bytes"] is not None:
+            assert row["low_bytes"] <= row["predicted_bytes"] <= row["high_bytes"]
+    text = subprocess.run([sys.executable, "-m", "vram", "validate", str(cases_csv)],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [line.split()[0] for line in text[1:len(rows) + 1]] == [row["id"] for row in rows]
+    assert any(line.startswith("band ") and "covered=" in line for line in text)
 
 
 def test_every_documented_flag_is_accepted(capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,8 +17,13 @@ def test_plan_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> 
                  "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)
     assert {"fits", "headroom_bytes", "max_micro_batch", "max_seq_len", "levers", "path",
-            "hours", "usd_per_run", "options"} <= set(payload)
+            "hours", "usd_per_run", "options", "verdict", "fit_probability",
+            "device_low_bytes", "device_high_bytes"} <= set(payload)
     assert isinstance(payload["fits"], bool) and isinstance(payload["headroom_bytes"], int)
+    assert payload["verdict"] in ("fits", "borderline", "does not fit")
+    assert payload["fits"] == (payload["verdict"] == "fits")
+    assert payload["device_low_bytes"] <= payload["device_peak_bytes"] \
+        <= payload["device_high_bytes"]
     assert payload["hardware"] == {"gpu": "rtx-4090", "count": 2, "nodes": 1, "given": True}
     lever = payload["levers"][0]
     assert {"name", "setup_change", "saved_bytes", "time_factor", "quality_note"} <= set(lever)
@@ -26,8 +31,9 @@ def test_plan_json_has_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> 
     assert {"gpu", "count", "hours", "usd_per_run"} <= set(option)
     costs = [o["usd_per_run"] for o in payload["options"] if o["usd_per_run"] is not None]
     assert costs == sorted(costs) and len(costs) > 5
-    proof = payload["max_seq_len_proof"]
-    assert proof["value_peak_bytes"] <= proof["usable_bytes"] < proof["past_peak_bytes"]
+    proof = payload["max_seq_len_proof"]  # proved on the band's high bound (a sure fit)
+    assert proof["value_high_bytes"] <= proof["usable_bytes"] < proof["past_high_bytes"]
+    assert proof["value_peak_bytes"] <= proof["value_high_bytes"]
 
 
 def test_steps_give_the_tokens(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,17 +80,26 @@ def test_validate_speed_summary(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_reads_a_training_config(capsys: pytest.CaptureFixture[str]) -> None:
     """`plan --from` plans the run a training config describes; typed flags override it.
     axolotl's qlora.yml (Llama 3 8B, micro-batch 2 x 4096) does not fit one RTX 4090; at
-    micro-batch 1 (the plan's own first lever) it does, with the same headroom both ways."""
+    micro-batch 1 (the plan's own first lever) the estimate fits, 22.4 of 25.8 GB, but the
+    band's high bound does not: borderline, not a sure fit, with the same headroom both
+    ways."""
     config = "tests/data/configs/axolotl/llama3-qlora.yml"
     assert main(["plan", "--from", config, "--gpu", "rtx-4090", "--tokens", "1e8",
                  "--json"]) == 0
     as_file = json.loads(capsys.readouterr().out)
-    assert as_file["fits"] is False and as_file["max_micro_batch"] == 1
+    assert as_file["fits"] is False and as_file["verdict"] == "does not fit"
+    assert as_file["max_micro_batch"] == 0
+    lever = next(lever for lever in as_file["levers"] if lever["name"].startswith("micro-batch"))
     assert main(["plan", "--from", config, "--batch", "1", "--gpu", "rtx-4090", "--tokens",
                  "1e8", "--json"]) == 0
     batch_one = json.loads(capsys.readouterr().out)
-    assert batch_one["fits"] is True
-    assert batch_one["headroom_bytes"] == as_file["path"][0]["headroom_bytes"]
+    assert batch_one["fits"] is False and batch_one["verdict"] == "borderline"
+    assert 0.5 <= batch_one["fit_probability"] < 0.95
+    assert batch_one["device_peak_bytes"] <= batch_one["usable_bytes"] \
+        < batch_one["device_high_bytes"]
+    assert batch_one["headroom_bytes"] == as_file["usable_bytes"] - lever["device_peak_bytes"]
+    assert batch_one["device_high_bytes"] == lever["device_high_bytes"]
+    assert as_file["path_fits"] and as_file["path"][0]["name"] == lever["name"]
 
 
 def test_plan_without_model_or_config_names_the_flag(capsys: pytest.CaptureFixture[str]

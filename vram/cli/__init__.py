@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the catalog as one JSON list (parameters, Hub ids)")
     validate = subcommands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
+    validate.add_argument("--json", action="store_true",
+                          help="print the rows as one JSON object {\"rows\": [...]}, each with "
+                               "id, scored, metric, predicted_bytes, low_bytes, high_bytes, "
+                               "measured_bytes")
     plan_cli.register(subcommands)  # plan, validate-speed
     rl_cli.add_command(subcommands)
     return parser

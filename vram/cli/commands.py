@@ -128,5 +128,8 @@ def run_models(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def run_validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     results = run_cases(args.cases)
-    print("\n".join(report_lines(results)))
+    if args.json:
+        print(json.dumps({"rows": [r.to_json() for r in results]}, indent=2))
+    else:
+        print("\n".join(report_lines(results)))
     return 0

@@ -120,7 +120,9 @@ def table(result: RLEstimate) -> str:
     """The phases' buckets, GiB and GB side by side (as `estimate` prints them)."""
     lines = [f"{result.model_name}, {result.setup.algo.value}: peak "
              f"{both(result.device_peak_bytes, 2)} per GPU in the "
-             f"{result.peak_phase.value} phase (GPU holds {both(result.gpu_memory_bytes, 2)})"]
+             f"{result.peak_phase.value} phase (GPU holds {both(result.gpu_memory_bytes, 2)})",
+             f"{result.bounds_rate:.0%} band {both(result.device_low_bytes, 2)} to "
+             f"{both(result.device_high_bytes, 2)}: {result.verdict.text()}"]
     for phase in (result.generation, result.training):
         lines.append(f"\n{phase.name.value} ({phase.gpu_group} GPUs)")
         for name, value in phase.buckets.items():

@@ -10,23 +10,36 @@ import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from vram.gpus import FitReport, Gpu
+from vram.gpus import FitOption, FitReport, Gpu
 from vram.io.knobs import setup_record
-from vram.result import Estimate
+from vram.result import Band, Bounds, Estimate
 from vram.setup import Sharding, TrainingSetup
 from vram.step.through_step import peak_moment
 from vram.step.what_if import WhatIf
 from vram.units import format_gb, format_gib, size_text
 
 
+def _option(option: FitOption) -> dict[str, Any]:
+    return {"gpu": option.gpu.id, "name": option.gpu.name, "count": option.count,
+            "sharding": option.sharding.value, "usd_per_hour": option.usd_per_hour,
+            "device_peak_bytes": option.device_peak_bytes,
+            "headroom_bytes": option.headroom_bytes,
+            "device_low_bytes": option.device_low_bytes,
+            "device_high_bytes": option.device_high_bytes,
+            "verdict": option.verdict.value,
+            "fit_probability": round(option.fit_probability, 4)}
+
+
 def _cheapest(report: FitReport) -> list[dict[str, Any]]:
-    return [
-        {"gpu": option.gpu.id, "name": option.gpu.name, "count": option.count,
-         "sharding": option.sharding.value, "usd_per_hour": option.usd_per_hour,
-         "device_peak_bytes": option.device_peak_bytes,
-         "headroom_bytes": option.headroom_bytes}
-        for option in report.fits
-    ]
+    """The sure fits (the band's high bound within the memory), cheapest per hour first."""
+    return [_option(option) for option in report.fits]
+
+
+def bounds_json(bounds: Bounds) -> dict[str, dict[str, int]]:
+    """`bounds: {allocated|reserved|device: {low_bytes, high_bytes}}` (design.md)."""
+    return {name: band._asdict() for name, band in (
+        ("allocated", bounds.allocated), ("reserved", bounds.reserved),
+        ("device", bounds.device))}
 
 
 def what_if_json(what: WhatIf, report: FitReport) -> dict[str, Any]:
@@ -35,7 +48,8 @@ def what_if_json(what: WhatIf, report: FitReport) -> dict[str, Any]:
     return {"ratios": what.ratios, "buckets": what.buckets,
             "allocated_peak_bytes": what.allocated_peak_bytes,
             "device_peak_bytes": what.device_peak_bytes, "moment": what.moment,
-            "saved_bytes": what.saved_bytes, "cheapest": _cheapest(report)}
+            "saved_bytes": what.saved_bytes, "cheapest": _cheapest(report),
+            "borderline": [_option(option) for option in report.borderline]}
 
 
 def estimate_json(result: Estimate, report: FitReport | None = None,
@@ -50,6 +64,8 @@ def estimate_json(result: Estimate, report: FitReport | None = None,
         "allocated_peak_bytes": result.allocated_peak_bytes,
         "reserved_peak_bytes": result.reserved_peak_bytes,
         "device_peak_bytes": result.device_peak_bytes,
+        "bounds": bounds_json(result.bounds),
+        "bounds_rate": result.bounds.rate,
         "phase": result.phase.value,
         "host_bytes": result.host_bytes,
         "paged_bytes": result.paged_bytes,
@@ -67,6 +83,7 @@ def estimate_json(result: Estimate, report: FitReport | None = None,
     }
     if report is not None:
         payload["cheapest"] = _cheapest(report)
+        payload["borderline"] = [_option(option) for option in report.borderline]
     if what_if is not None:
         payload["what_if"] = what_if_json(*what_if)
     return payload
@@ -137,13 +154,17 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
                 *first, last = _label_lines(item.label)
                 lines.extend(f"  {line}" for line in first)
                 lines.append(f"  {last:<53}{size_text(item.bytes)}")
+    bounds = result.bounds
     lines += [
         "",
         f"{'allocated peak':<22}{size_text(result.allocated_peak_bytes)}   "
         "(torch.cuda.max_memory_allocated)",
+        _band_line(bounds.allocated, bounds.rate),
         f"{'reserved peak':<22}{size_text(result.reserved_peak_bytes)}   "
         "(torch.cuda.max_memory_reserved)",
+        _band_line(bounds.reserved, bounds.rate),
         f"{'device peak':<22}{size_text(result.device_peak_bytes)}   (nvidia-smi; fit uses this)",
+        _band_line(bounds.device, bounds.rate),
         f"{'peak during':<22}{_peak_text(result)}",
         f"{'inference':<22}{size_text(result.inference.total_bytes)}   "
         f"{inference_line(result)}",
@@ -153,17 +174,31 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     for note in result.notes:
         lines.append(f"note: {note}")
     if report is not None:
-        lines += ["", "cheapest per hour that hold it (all the GPUs):"]
+        lines += ["", "cheapest per hour that surely hold it (the band's high bound fits; "
+                  "all the GPUs):"]
         for option in report.fits[:8]:
-            price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
-            lines.append(f"  {option.count} x {option.gpu.name:<32} {price:>12}   "
-                         f"headroom {size_text(option.headroom_bytes)}")
+            lines.append(_option_line(option, f"headroom {size_text(option.headroom_bytes)}"))
         if not report.fits:
             lines.append("  none in the catalog")
+        if report.borderline:
+            lines += ["", "borderline (the band straddles the memory), fewer GPUs:"]
+            lines += [_option_line(option, option.verdict_text)
+                      for option in report.borderline[:8]]
         if report.unsupported:
             names = ", ".join(g.name for g in report.unsupported)
             lines.append(f"  left out (no bf16; fp16-mixed runs there): {names}")
     return "\n".join(lines)
+
+
+def _band_line(band: Band, rate: float) -> str:
+    """'90 % band   low to high': where the measured figure falls in `rate` of runs."""
+    return (f"{f'{rate * 100:.0f} % band':<22}{size_text(band.low_bytes)}   to "
+            f"{size_text(band.high_bytes).strip()}")
+
+
+def _option_line(option: FitOption, tail: str) -> str:
+    price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
+    return f"  {option.count} x {option.gpu.name:<32} {price:>12}   {tail}"
 
 
 def _peak_text(result: Estimate) -> str:

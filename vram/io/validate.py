@@ -4,7 +4,8 @@ The case-file schema is `validation/README.md`'s: one measured run per row, the 
 config.json path relative to the CSV. Each row is estimated with the same `estimate` the app
 uses and compared with the figure of the same kind (`metric`: allocated, active, reserved or
 device). Rows of confidence high or medium whose notes do not start with "UPPER BOUND" are
-scored.
+scored. Each row carries the figure's band (`vram.step.bounds`), and the report says how
+many measured figures it covers, per metric.
 
 Rows are read through their columns only, never the notes: each column is the case-file name
 of a `TrainingSetup` knob (`vram.io.knobs`), so every adjustment made here is one a person can make
@@ -25,6 +26,7 @@ from vram.files import read_csv_rows
 from vram.io.knobs import SetupKnob, setup_from_texts
 from vram.model.architecture import model_from_config_file
 from vram.setup import CASE_FILE_DEEPSPEED_NAMES, TrainingSetup
+from vram.step.bounds import bounds_table
 from vram.step.estimate import estimate
 
 SCORED_CONFIDENCE = frozenset({"high", "medium"})
@@ -39,6 +41,29 @@ class CaseResult:
     predicted_bytes: int | None
     scored: bool
     error: str = ""
+    #: The band of the predicted figure (None where the row could not be estimated).
+    low_bytes: int | None = None
+    high_bytes: int | None = None
+
+    @property
+    def in_band(self) -> bool | None:
+        if self.low_bytes is None or self.high_bytes is None:
+            return None
+        return self.low_bytes <= self.measured_bytes <= self.high_bytes
+
+    def band_text(self) -> str:
+        """'in', 'below' or 'above' the band; 'n/a' where there is none."""
+        if self.in_band is None:
+            return "n/a"
+        if self.in_band:
+            return "in"
+        return "below" if self.measured_bytes < (self.low_bytes or 0) else "above"
+
+    def to_json(self) -> dict[str, object]:
+        """One row of `validate --json` (design.md)."""
+        return {"id": self.case_id, "scored": self.scored, "metric": self.metric,
+                "predicted_bytes": self.predicted_bytes, "low_bytes": self.low_bytes,
+                "high_bytes": self.high_bytes, "measured_bytes": self.measured_bytes}
 
     @property
     def pct_error(self) -> float | None:
@@ -104,9 +129,10 @@ def run_cases(csv_path: str | Path) -> list[CaseResult]:
         try:
             model = model_from_config_file(path.parent / row["model"])
             setup = setup_from_row(row)
-            predicted = estimate(model, setup).figure(row["metric"])
+            result = estimate(model, setup)
+            low, high = result.bounds.band(row["metric"])
             results.append(CaseResult(row["id"], row["method"], row["metric"], measured,
-                                      predicted, scored))
+                                      result.figure(row["metric"]), scored, "", low, high))
         except (VramError, ValidationError, ValueError, KeyError, TypeError) as exc:
             message = str(exc).splitlines()[0][:120]
             results.append(CaseResult(row["id"], row.get("method", ""), row.get("metric", ""),
@@ -150,18 +176,39 @@ def summarize(results: list[CaseResult]) -> Summary:
     )
 
 
+METRICS = ("allocated", "active", "reserved", "device")
+
+
+def coverage_lines(results: list[CaseResult]) -> list[str]:
+    """Per metric, how many scored rows' measured figures fall in their band (each band
+    claims `bounds_table().rate`)."""
+    lines = []
+    for metric in METRICS:
+        banded = [r for r in results if r.scored and r.metric == metric and r.in_band is not None]
+        if banded:
+            inside = sum(1 for r in banded if r.in_band)
+            lines.append(f"band {metric:<9} covered={inside}/{len(banded)} "
+                         f"({100 * inside / len(banded):.1f} %, claimed "
+                         f"{100 * bounds_table().rate:.0f} %)")
+    return lines
+
+
 def report_lines(results: list[CaseResult]) -> list[str]:
-    """One line per case, then per-method summaries, then the contract's summary line."""
-    lines = [f"{'id':<16} {'method':<6} {'metric':<9} {'predicted':>16} {'measured':>16} "
-             f"{'error %':>8}  scored"]
+    """One line per case (with its band), the band's coverage per metric, per-method
+    summaries, then the contract's summary line."""
+    lines = [f"{'id':<16} {'method':<6} {'metric':<9} {'predicted':>16} {'low':>16} "
+             f"{'high':>16} {'measured':>16} {'error %':>8} {'band':>5}  scored"]
     for r in results:
         err = r.pct_error
         predicted = f"{r.predicted_bytes:,}" if r.predicted_bytes is not None else "unsupported"
+        low = f"{r.low_bytes:,}" if r.low_bytes is not None else "n/a"
+        high = f"{r.high_bytes:,}" if r.high_bytes is not None else "n/a"
         err_text = f"{err:+.1f}" if err is not None else "n/a"
-        lines.append(f"{r.case_id:<16} {r.method:<6} {r.metric:<9} {predicted:>16} "
-                     f"{r.measured_bytes:>16,} {err_text:>8}  {'yes' if r.scored else 'no'}"
-                     + (f"  ({r.error})" if r.error else ""))
+        lines.append(f"{r.case_id:<16} {r.method:<6} {r.metric:<9} {predicted:>16} {low:>16} "
+                     f"{high:>16} {r.measured_bytes:>16,} {err_text:>8} {r.band_text():>5}  "
+                     f"{'yes' if r.scored else 'no'}" + (f"  ({r.error})" if r.error else ""))
     lines.append("")
+    lines += coverage_lines(results)
     for method in ("full", "lora", "qlora"):
         subset = [r for r in results if r.method == method]
         if subset:

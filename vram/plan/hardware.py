@@ -1,8 +1,9 @@
 """My hardware: a GPU type, how many per node and how many nodes; and one run on it.
 
-The verdict compares the device peak (what nvidia-smi shows) with the memory the driver
-reports, as `vram.fit` does. The setup on N GPUs keeps the person's sharding, or shards
-fully (ZeRO-3/FSDP) when they gave none, as `vram.fit` does.
+The verdict holds the device peak's band (what nvidia-smi shows) against the memory the
+driver reports, as `vram.fit` does: a sure fit when the band's high bound is within it. The
+setup on N GPUs keeps the person's sharding, or shards fully (ZeRO-3/FSDP) when they gave
+none, as `vram.fit` does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from vram.gpus import MAX_NODES, Gpu, _setup_for
 from vram.model.architecture import ModelSpec
 from vram.result import Estimate
 from vram.setup import TrainingSetup
+from vram.step.bounds import DeviceBand
 from vram.step.estimate import estimate
 
 
@@ -71,6 +73,15 @@ class Estimator:
 
     def peak(self, setup: TrainingSetup) -> int:
         return self(setup).device_peak_bytes
+
+    def band(self, setup: TrainingSetup) -> DeviceBand:
+        """The device peak and its band (`vram.step.bounds`)."""
+        result = self(setup)
+        return DeviceBand.of(result.device_peak_bytes, result.bounds)
+
+    def high(self, setup: TrainingSetup) -> int:
+        """The band's high bound: what a sure fit is proved on."""
+        return self(setup).bounds.device_high_bytes
 
     @property
     def calls(self) -> int:

@@ -31,6 +31,7 @@ from vram.plan.levers import (
 from vram.plan.solve import Proof, fewest_gpus, max_micro_batch, max_seq_len
 from vram.plan.throughput import Workload, gpu_class, offloaded_activations, seconds_per_token
 from vram.setup import TrainingSetup
+from vram.step.bounds import FitVerdict, Verdict
 
 #: Used for time ratios only, on a GPU whose catalog row has no FLOP/s figure.
 NOMINAL_TFLOPS = 100.0
@@ -48,6 +49,8 @@ class Lever(BaseModel):
     setup_change: str
     saved_bytes: int
     device_peak_bytes: NonNegativeInt
+    #: The band's high bound after the lever; `fits` when it is within the memory.
+    device_high_bytes: NonNegativeInt
     fits: bool
     time_factor: float
     cost_factor: float
@@ -65,6 +68,7 @@ class PathStep(BaseModel):
     saved_bytes: int
     time_factor: float
     device_peak_bytes: NonNegativeInt
+    device_high_bytes: NonNegativeInt
     headroom_bytes: int
     quality_note: str
 
@@ -96,8 +100,16 @@ class Plan(BaseModel):
     hardware: Hardware
     hardware_given: bool
     run_setup: TrainingSetup
+    #: A sure fit: the band's high bound is within the memory (`verdict` says more).
     fits: bool
+    verdict: Verdict
+    #: The chance the run fits as set up, read from the band.
+    fit_probability: float
     device_peak_bytes: NonNegativeInt
+    device_low_bytes: NonNegativeInt
+    device_high_bytes: NonNegativeInt
+    #: The share of runs the band is calibrated to cover.
+    bounds_rate: float
     usable_bytes: NonNegativeInt
     headroom_bytes: int
     max_micro_batch: Proof
@@ -122,6 +134,11 @@ class Plan(BaseModel):
     @property
     def shortfall_bytes(self) -> int:
         return max(0, -self.headroom_bytes)
+
+    @property
+    def verdict_text(self) -> str:
+        """'fits', 'borderline, 72 % likely to fit' or 'does not fit'."""
+        return FitVerdict(self.verdict, self.fit_probability).text()
 
     @property
     def cheapest_run(self) -> RunOption | None:
@@ -173,12 +190,13 @@ def _levers(est: Estimator, clock: _Clock, setup: TrainingSetup, usable: int) ->
     if setup.n_gpus * 2 <= largest_count(clock.gpu):
         candidates.append((MORE_GPUS, setup_on(setup, setup.n_gpus * 2)))
     for spec, changed in candidates:
-        peak = est.peak(changed)
+        peak, high = est.peak(changed), est.high(changed)
         time = clock.ratio(changed, setup)
         cost = time * changed.n_gpus / setup.n_gpus  # GPU-hours scale with the count
         found.append(Lever(
             name=spec.name, setup_change=describe_change(setup, changed),
-            saved_bytes=base - peak, device_peak_bytes=peak, fits=peak <= usable,
+            saved_bytes=base - peak, device_peak_bytes=peak, device_high_bytes=high,
+            fits=high <= usable,
             time_factor=round(time, 4), cost_factor=round(cost, 4),
             quality_tier=spec.quality_tier, quality_note=spec.quality_note))
     found.sort(key=lambda lever: -lever.saved_bytes)
@@ -193,9 +211,10 @@ def _score(lever: Lever) -> float:
 
 def _path(est: Estimator, clock: _Clock, setup: TrainingSetup, usable: int,
           levers: Sequence[Lever]) -> tuple[list[PathStep], TrainingSetup]:
-    """Greedy by memory saved per cost, each step verified on the combined setup; then every
-    step the fitting path can do without is dropped (each removal verified too)."""
-    if est.peak(setup) <= usable:
+    """Greedy by memory saved per cost, each step verified on the combined setup, until the
+    band's high bound fits; then every step the fitting path can do without is dropped (each
+    removal verified too)."""
+    if est.high(setup) <= usable:
         return [], setup
     by_name = {spec.name: spec for spec in LEVERS}
     order = [by_name[lever.name] for lever in sorted(levers, key=_score, reverse=True)
@@ -211,13 +230,13 @@ def _path(est: Estimator, clock: _Clock, setup: TrainingSetup, usable: int,
             continue
         chosen.append(spec)
         current = changed
-        if est.peak(current) <= usable:
+        if est.high(current) <= usable:
             break
-    if est.peak(current) <= usable:
+    if est.high(current) <= usable:
         for spec in list(reversed(chosen[:-1])):
             rest = [c for c in chosen if c is not spec]
             trial = _apply_all(setup, rest)
-            if trial is not None and est.peak(trial) <= usable:
+            if trial is not None and est.high(trial) <= usable:
                 chosen = rest
         current = _apply_all(setup, chosen) or current
     steps: list[PathStep] = []
@@ -231,8 +250,8 @@ def _path(est: Estimator, clock: _Clock, setup: TrainingSetup, usable: int,
         steps.append(PathStep(
             name=spec.name, setup_change=describe_change(before, after),
             saved_bytes=est.peak(before) - peak, time_factor=round(clock.ratio(after, before), 4),
-            device_peak_bytes=peak, headroom_bytes=usable - peak,
-            quality_note=spec.quality_note))
+            device_peak_bytes=peak, device_high_bytes=est.high(after),
+            headroom_bytes=usable - peak, quality_note=spec.quality_note))
         before = after
     return steps, before
 
@@ -247,18 +266,29 @@ def _apply_all(setup: TrainingSetup, specs: Sequence[LeverSpec]) -> TrainingSetu
     return current
 
 
-def path_summary(steps: Sequence[PathStep], fits_already: bool, usable: int, peak: int) -> str:
-    """'+activation checkpointing (-41.0 GB, +30 % time), then 8-bit AdamW (...): fits, ...'"""
-    if fits_already:
+def _short(verdict: FitVerdict, headroom: int) -> str:
+    """Why a setup is not a sure fit: borderline with its chance, or how far short."""
+    if verdict.verdict is Verdict.BORDERLINE:
+        return verdict.text()
+    return f"short by {_gb(-headroom)}"
+
+
+def path_summary(steps: Sequence[PathStep], verdict: FitVerdict, usable: int, peak: int,
+                 last: FitVerdict | None = None) -> str:
+    """'+activation checkpointing (-41.0 GB, +30 % time), then 8-bit AdamW (...): fits, ...'
+    `verdict` is the setup's as it is, `last` the path's end's."""
+    if verdict.fits:
         return f"fits as it is: {_gb(usable - peak)} headroom"
     if not steps:
-        return f"no lever makes it fit: short by {_gb(peak - usable)}"
+        return f"no lever makes it surely fit: {_short(verdict, usable - peak)}"
     parts = [f"{'+' if i == 0 else 'then '}{s.name} (-{_gb(s.saved_bytes)}, "
              f"{_pct(s.time_factor)})" for i, s in enumerate(steps)]
-    last = steps[-1]
-    verdict = (f"fits, {_gb(last.headroom_bytes)} headroom" if last.headroom_bytes >= 0
-               else f"still short by {_gb(-last.headroom_bytes)}")
-    return ", ".join(parts) + f": {verdict}"
+    end = steps[-1]
+    if end.device_high_bytes <= usable:
+        ending = f"fits, {_gb(end.headroom_bytes)} headroom"
+    else:
+        ending = "still " + _short(last or verdict, end.headroom_bytes)
+    return ", ".join(parts) + f": {ending}"
 
 
 def _options(model: ModelSpec, est: Estimator, setup: TrainingSetup, gpus: Sequence[Gpu],
@@ -311,29 +341,34 @@ def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = 
     gpu = find_gpu(hardware.gpu, catalog)
     run_setup = setup_on(setup, hardware.total)
     usable = gpu.memory_bytes
-    peak = est.peak(run_setup)
+    band = est.band(run_setup)
+    peak = band.point
+    judged = band.judged(usable)
     clock = _Clock(model, est, gpu, table)
     every = _levers(est, clock, run_setup, usable)
     levers = [lever for lever in every if not costs_memory(lever.saved_bytes)]
     steps, path_setup = _path(est, clock, run_setup, usable, levers)
-    fits = peak <= usable
+    fits = judged.fits
     final = path_setup if (fits or steps) else run_setup
     rate: float | None = None
-    if gpu.bf16_dense_tflops and est.peak(final) <= usable:
+    if gpu.bf16_dense_tflops and est.high(final) <= usable:
         rate = 1.0 / clock.seconds_per_token(final)
     price = gpu.usd_per_hour * hardware.total if gpu.usd_per_hour else None
     hours = tokens / rate / 3600 if rate and tokens else None
     return Plan(
         model_name=model.name, setup=setup, hardware=hardware, hardware_given=given,
-        run_setup=run_setup, fits=fits, device_peak_bytes=peak, usable_bytes=usable,
+        run_setup=run_setup, fits=fits, verdict=judged.verdict,
+        fit_probability=judged.probability, device_peak_bytes=peak, device_low_bytes=band.low,
+        device_high_bytes=band.high, bounds_rate=band.rate, usable_bytes=usable,
         headroom_bytes=usable - peak,
         max_micro_batch=max_micro_batch(est, run_setup, usable),
         max_seq_len=max_seq_len(est, run_setup, usable),
         levers=tuple(levers),
         costly_levers=tuple(lever for lever in every if costs_memory(lever.saved_bytes)),
         path=tuple(steps),
-        path_fits=est.peak(path_setup) <= usable, path_setup=path_setup,
-        path_summary=path_summary(steps, fits, usable, peak),
+        path_fits=est.high(path_setup) <= usable, path_setup=path_setup,
+        path_summary=path_summary(steps, judged, usable, peak,
+                                  est.band(path_setup).judged(usable)),
         tokens=tokens, tokens_per_second=rate, hours=hours,
         usd_per_run=price * hours if price and hours else None,
         usd_per_million_tokens=price / 3600 / rate * 1e6 if price and rate else None,

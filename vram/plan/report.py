@@ -32,8 +32,12 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "hardware": {"gpu": plan.hardware.gpu, "count": plan.hardware.count,
                      "nodes": plan.hardware.nodes, "given": plan.hardware_given},
         "fits": plan.fits,
+        "verdict": plan.verdict.value,
+        "fit_probability": round(plan.fit_probability, 4),
         "headroom_bytes": plan.headroom_bytes,
         "device_peak_bytes": plan.device_peak_bytes,
+        "device_low_bytes": plan.device_low_bytes,
+        "device_high_bytes": plan.device_high_bytes,
         "usable_bytes": plan.usable_bytes,
         "max_micro_batch": plan.max_micro_batch.value,
         "max_micro_batch_proof": _proof(plan.max_micro_batch),
@@ -74,13 +78,19 @@ def plan_text(plan: Plan) -> str:
     """A table a person reads: verdict, limits, path, levers, then the catalog by run cost."""
     hw = plan.hardware
     where = f"{hw.count}x {hw.gpu}" + (f" x {hw.nodes} nodes" if hw.nodes > 1 else "")
-    verdict = (f"fits, {_gb(plan.headroom_bytes)} headroom" if plan.fits
-               else f"short by {_gb(plan.shortfall_bytes)}")
+    if plan.fits:
+        verdict = f"fits, {_gb(plan.headroom_bytes)} headroom"
+    elif plan.headroom_bytes < 0:
+        verdict = f"{plan.verdict_text}: short by {_gb(plan.shortfall_bytes)}"
+    else:
+        verdict = plan.verdict_text
+    band = f"{_gb(plan.device_low_bytes)} to {_gb(plan.device_high_bytes)}"
     lines = [
         f"{plan.model_name} on {where}{'' if plan.hardware_given else ' (cheapest run)'}: "
         f"peak {_gb(plan.device_peak_bytes)} of {_gb(plan.usable_bytes)} per GPU: {verdict}",
-        f"largest micro-batch that fits as set up: {plan.max_micro_batch.value} "
-        f"(next: {_gb(plan.max_micro_batch.past_peak_bytes)}); longest sequence: "
+        f"{plan.bounds_rate * 100:.0f} % band: {band}",
+        f"largest micro-batch that surely fits as set up: {plan.max_micro_batch.value} "
+        f"(next: high bound {_gb(plan.max_micro_batch.past_high_bytes)}); longest sequence: "
         f"{plan.max_seq_len.value:,} tokens",
         f"path: {plan.path_summary}",
     ]

@@ -2,7 +2,8 @@
 
 Each searches on the estimate itself (galloping, then bisection) and keeps the invariant
 "`low` fits, `high` does not", so the answer is proved by two estimates whatever the shape of
-the curve: the one at the answer fits and the one just past it does not.
+the curve: the one at the answer fits and the one just past it does not. A fit is a sure
+one: the band's high bound (`vram.step.bounds`) is within the memory.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 class Proof(BaseModel):
     """An answer and the two estimates that prove it.
 
-    `value` fits (`value_peak_bytes` <= `usable_bytes`) and `past` does not. `value` is 0
-    when even the smallest does not fit (then `past` is that smallest); `past` is None when
-    the search limit itself fits.
+    `value` fits (`value_high_bytes`, the compared figure, <= `usable_bytes`) and `past` does
+    not. `value` is 0 when even the smallest does not fit (then `past` is that smallest);
+    `past` is None when the search limit itself fits. `*_peak_bytes` are the estimates
+    themselves, `*_high_bytes` their bands' high bounds (the same where no band is given).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -33,6 +35,18 @@ class Proof(BaseModel):
     past: int | None
     past_peak_bytes: NonNegativeInt | None
     usable_bytes: NonNegativeInt
+    value_high_bytes: NonNegativeInt | None = None
+    past_high_bytes: NonNegativeInt | None = None
+
+
+def _proof(value: int, past: int | None, usable: int, peak_at: Callable[[int], int],
+           point_at: Callable[[int], int]) -> Proof:
+    """The proof of `value` (0: none) against `past` (None: none)."""
+    return Proof(value=value, value_peak_bytes=point_at(value) if value else None,
+                 value_high_bytes=peak_at(value) if value else None, past=past,
+                 past_peak_bytes=point_at(past) if past is not None else None,
+                 past_high_bytes=peak_at(past) if past is not None else None,
+                 usable_bytes=usable)
 
 
 def _narrow(peak_at: Callable[[int], int], usable: int, fit: int, miss: int,
@@ -91,9 +105,12 @@ def _inverse(value: int) -> float:
     return 1.0 / value
 
 
-def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limit: int
-                    ) -> Proof:
-    """The largest v in [1, limit] with peak_at(v) <= usable, searched from `start`."""
+def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limit: int,
+                    point_at: Callable[[int], int] | None = None) -> Proof:
+    """The largest v in [1, limit] with peak_at(v) <= usable, searched from `start`;
+    `point_at` gives the estimate the proof shows beside it (default: `peak_at`)."""
+    point = point_at or peak_at
+
     def fits(value: int) -> bool:
         return peak_at(value) <= usable
 
@@ -104,51 +121,52 @@ def largest_fitting(peak_at: Callable[[int], int], usable: int, start: int, limi
         while not high:
             candidate = min(limit, low + step)
             if candidate == low:
-                return Proof(value=low, value_peak_bytes=peak_at(low), past=None,
-                             past_peak_bytes=None, usable_bytes=usable)
+                return _proof(low, None, usable, peak_at, point)
             if fits(candidate):
                 low, step = candidate, step * 2
             else:
                 high = candidate
     else:
         if start == 1 or not fits(1):
-            return Proof(value=0, value_peak_bytes=None, past=1, past_peak_bytes=peak_at(1),
-                         usable_bytes=usable)
+            return _proof(0, 1, usable, peak_at, point)
         low, high = 1, start
     low, high = _narrow(peak_at, usable, low, high, _identity)
-    return Proof(value=low, value_peak_bytes=peak_at(low), past=high,
-                 past_peak_bytes=peak_at(high), usable_bytes=usable)
+    return _proof(low, high, usable, peak_at, point)
 
 
-def smallest_fitting(peak_at: Callable[[int], int], usable: int, limit: int) -> Proof:
+def smallest_fitting(peak_at: Callable[[int], int], usable: int, limit: int,
+                     point_at: Callable[[int], int] | None = None) -> Proof:
     """The smallest v in [1, limit] with peak_at(v) <= usable; `past` is v - 1 (or None at 1).
     value 0 means no v up to `limit` fits (`past` is then `limit`)."""
+    point = point_at or peak_at
     if peak_at(1) <= usable:
-        return Proof(value=1, value_peak_bytes=peak_at(1), past=None, past_peak_bytes=None,
-                     usable_bytes=usable)
+        return _proof(1, None, usable, peak_at, point)
     if limit == 1 or peak_at(limit) > usable:
-        return Proof(value=0, value_peak_bytes=None, past=limit,
-                     past_peak_bytes=peak_at(limit), usable_bytes=usable)
+        return _proof(0, limit, usable, peak_at, point)
     high, low = _narrow(peak_at, usable, limit, 1, _inverse)
-    return Proof(value=high, value_peak_bytes=peak_at(high), past=low,
-                 past_peak_bytes=peak_at(low), usable_bytes=usable)
+    return _proof(high, low, usable, peak_at, point)
 
 
 def max_micro_batch(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
-    """The largest micro-batch per GPU whose step fits in `usable` bytes."""
-    return largest_fitting(
-        lambda b: est.peak(setup.model_copy(update={"micro_batch": b})), usable,
-        setup.micro_batch, MAX_MICRO_BATCH)
+    """The largest micro-batch per GPU whose step surely fits in `usable` bytes."""
+    def at(b: int) -> TrainingSetup:
+        return setup.model_copy(update={"micro_batch": b})
+
+    return largest_fitting(lambda b: est.high(at(b)), usable, setup.micro_batch,
+                           MAX_MICRO_BATCH, lambda b: est.peak(at(b)))
 
 
 def max_seq_len(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
-    """The longest sequence (tokens) whose step fits in `usable` bytes."""
-    return largest_fitting(
-        lambda s: est.peak(setup.model_copy(update={"seq_len": s})), usable,
-        setup.seq_len, MAX_SEQ_LEN)
+    """The longest sequence (tokens) whose step surely fits in `usable` bytes."""
+    def at(s: int) -> TrainingSetup:
+        return setup.model_copy(update={"seq_len": s})
+
+    return largest_fitting(lambda s: est.high(at(s)), usable, setup.seq_len, MAX_SEQ_LEN,
+                           lambda s: est.peak(at(s)))
 
 
 def fewest_gpus(est: Estimator, setup: TrainingSetup, usable: int, limit: int) -> Proof:
-    """The fewest GPUs of `usable` bytes each that hold the run (ZeRO-3 when sharding is
-    needed, as fit() does); exact, not only powers of two."""
-    return smallest_fitting(lambda n: est.peak(setup_on(setup, n)), usable, limit)
+    """The fewest GPUs of `usable` bytes each that surely hold the run (ZeRO-3 when sharding
+    is needed, as fit() does); exact, not only powers of two."""
+    return smallest_fitting(lambda n: est.high(setup_on(setup, n)), usable, limit,
+                            lambda n: est.peak(setup_on(setup, n)))

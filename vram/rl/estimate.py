@@ -334,7 +334,10 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int) -> RLEstim
             _generation_items(model, setup, t, r, context_bytes, _sync_bytes(model, setup)))),
         training=PhaseEstimate(name=PhaseName.TRAINING, gpu_group="training", items=tuple(
             _training_items(model, setup, t, r, context_bytes, allocator_bytes))),
-        host_bytes=host, models=tuple(models), kv=r.kv, warnings=tuple(r.warnings))
+        host_bytes=host, models=tuple(models), kv=r.kv, warnings=tuple(r.warnings),
+        band_below_bytes=t.pol.device_peak_bytes - t.pol.bounds.device_low_bytes,
+        band_above_bytes=t.pol.bounds.device_high_bytes - t.pol.device_peak_bytes,
+        bounds_rate=t.pol.bounds.rate)
 
 
 __all__ = ["estimate", "no_grad_forward_bytes", "policy_setup"]

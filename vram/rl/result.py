@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vram.result import LineItem
 from vram.rl.setup import RLSetup
+from vram.step.bounds import FitVerdict, judge
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -91,6 +92,11 @@ class RLEstimate(BaseModel):
     advice: tuple[str, ...] = ()
     #: The training GPUs' peak at each sleep level (0, 1, 2), where the engine is colocated.
     peak_by_sleep: dict[int, int] = Field(default_factory=dict)
+    #: How far the device band reaches below and above the peak: the policy's SFT estimate's
+    #: band (`vram.step.bounds`), in bytes, at `bounds_rate`.
+    band_below_bytes: NonNegativeInt = 0
+    band_above_bytes: NonNegativeInt = 0
+    bounds_rate: float = 0.9
 
     @property
     def peak_phase(self) -> PhaseName:
@@ -107,8 +113,23 @@ class RLEstimate(BaseModel):
         return max(self.generation.device_peak_bytes, self.training.device_peak_bytes)
 
     @property
+    def device_low_bytes(self) -> int:
+        return max(0, self.device_peak_bytes - self.band_below_bytes)
+
+    @property
+    def device_high_bytes(self) -> int:
+        return self.device_peak_bytes + self.band_above_bytes
+
+    @property
+    def verdict(self) -> FitVerdict:
+        """The band against the GPU's memory: fits, borderline (with its chance), or not."""
+        return judge(self.device_low_bytes, self.device_peak_bytes, self.device_high_bytes,
+                     self.gpu_memory_bytes, self.bounds_rate)
+
+    @property
     def fits(self) -> bool:
-        return self.device_peak_bytes <= self.gpu_memory_bytes
+        """A sure fit: the band's high bound is within the GPU's memory."""
+        return self.device_high_bytes <= self.gpu_memory_bytes
 
     def to_json(self) -> dict[str, object]:
         """The `python -m vram rl --json` object (design.md)."""
@@ -125,6 +146,10 @@ class RLEstimate(BaseModel):
             "phases": {"generation": phase(self.generation), "training": phase(self.training)},
             "peak_phase": self.peak_phase.value, "device_peak_bytes": self.device_peak_bytes,
             "gpu_memory_bytes": self.gpu_memory_bytes, "fits": self.fits,
+            "device_low_bytes": self.device_low_bytes,
+            "device_high_bytes": self.device_high_bytes,
+            "verdict": self.verdict.verdict.value,
+            "fit_probability": round(self.verdict.probability, 4),
             "host_bytes": self.host_bytes,
             "models": [m.model_dump() for m in self.models],
             "kv": self.kv.model_dump() if self.kv else None,

@@ -46,6 +46,16 @@ BOUNDS_FILE = "bounds.toml"
 PAD_MULTIPLE = 64
 
 
+def padding_share(seq_len: int) -> float:
+    """The padded tokens' share of the padded sequence, (P - s) / P with P = s rounded up to
+    PAD_MULTIPLE: what the activations grow by, read against the padded length so the band
+    stays within one more set of activations at any length (at 1 token the activations hold
+    more than tokens: weight copies, workspaces) and rises with the sequence between
+    multiples."""
+    padded = -(-seq_len // PAD_MULTIPLE) * PAD_MULTIPLE
+    return (padded - seq_len) / padded
+
+
 class Figure(StrEnum):
     """The three figures an estimate reports, in the order they are built on each other."""
 
@@ -99,7 +109,8 @@ TERMS: tuple[TermSpec, ...] = (
              "the model routes tokens to experts", lambda m, s: m.is_moe),
     TermSpec("padding", Figure.ALLOCATED, "padding",
              "the activations at the peak x the tokens up to the next multiple of "
-             f"{PAD_MULTIPLE}, over seq_len", f"seq_len is not a multiple of {PAD_MULTIPLE}"),
+             f"{PAD_MULTIPLE}, over that padded length",
+             f"seq_len is not a multiple of {PAD_MULTIPLE}"),
     TermSpec("approximate", Figure.ALLOCATED, "allocated", "the allocated peak",
              "the architecture is approximate (an unknown Llama-shaped type, a part not "
              "modelled yet)", lambda m, s: m.approximate and not bare_size(m)),
@@ -205,7 +216,7 @@ class Peaks(NamedTuple):
 def quantity_values(setup: TrainingSetup, p: Peaks) -> tuple[float, ...]:
     """Each of `QUANTITIES`, in bytes."""
     a, act = p.allocated, p.activations
-    return (a, act, act * (-setup.seq_len % PAD_MULTIPLE) / setup.seq_len,
+    return (a, act, act * padding_share(setup.seq_len),
             max(0, p.reserved - a), p.activations_max, max(0, a - act),
             p.context, p.paged, p.device)
 
@@ -258,7 +269,7 @@ def bounds_from(shares: Shares, setup: TrainingSetup, p: Peaks) -> Bounds:
     `QUANTITIES` order (`quantity_values`, written out: this runs in every estimate)."""
     lo, hi = shares.low, shares.high
     a, act, r, d = p.allocated, p.activations, p.reserved, p.device
-    pad = act * (-setup.seq_len % PAD_MULTIPLE) / setup.seq_len
+    pad = act * padding_share(setup.seq_len)
     slack, state = max(0, r - a), max(0, a - act)
     a_low = lo[0] * a + lo[1] * act + lo[2] * pad
     a_high = hi[0] * a + hi[1] * act + hi[2] * pad
@@ -331,6 +342,64 @@ def judge(low: int, point: int, high: int, memory: int, rate: float) -> FitVerdi
     return FitVerdict(Verdict.BORDERLINE, probability)
 
 
-__all__ = ["QUANTITIES", "TERMS", "BoundsTable", "FitVerdict", "Peaks", "Shares", "TermSize",
-           "Verdict", "bounds_from", "bounds_of", "bounds_table", "fit_probability", "judge",
-           "quantities", "shares_for", "table_from"]
+class DeviceBand(NamedTuple):
+    """The device figure per GPU and its band: what a verdict holds against a GPU's memory.
+    `context_low` and `context_high` are the CUDA context term's share of the band."""
+
+    low: int
+    point: int
+    high: int
+    rate: float
+    context_low: int = 0
+    context_high: int = 0
+
+    @classmethod
+    def of(cls, device_peak_bytes: int, bounds: Bounds) -> DeviceBand:
+        """The device figure of an estimate (`Estimate` or `PeakBytes`) and its band."""
+        return cls(bounds.device_low_bytes, device_peak_bytes, bounds.device_high_bytes,
+                   bounds.rate, bounds.context_low_bytes, bounds.context_high_bytes)
+
+    def judged(self, memory: int) -> FitVerdict:
+        return judge(self.low, self.point, self.high, memory, self.rate)
+
+    def fits(self, memory: int) -> bool:
+        """The high bound is within `memory` (a sure fit; borderline is not one)."""
+        return self.high <= memory
+
+    def with_context(self, difference: int, known: bool) -> DeviceBand:
+        """On a GPU whose CUDA context differs from the estimate's by `difference`; `known`:
+        the GPU's context was measured, so the context term leaves the band."""
+        low = self.low + difference + (self.context_low if known else 0)
+        high = self.high + difference - (self.context_high if known else 0)
+        point = self.point + difference
+        return DeviceBand(min(low, point), point, max(high, point), self.rate,
+                          0 if known else self.context_low, 0 if known else self.context_high)
+
+    def scaled(self, point: int) -> DeviceBand:
+        """The same band, relative to its figure, around another figure (a what-if's)."""
+        if self.point <= 0:
+            return DeviceBand(point, point, point, self.rate)
+        ratio = point / self.point
+        return DeviceBand(round(self.low * ratio), point, round(self.high * ratio), self.rate,
+                          round(self.context_low * ratio), round(self.context_high * ratio))
+
+
+__all__ = [
+    "QUANTITIES",
+    "TERMS",
+    "BoundsTable",
+    "DeviceBand",
+    "FitVerdict",
+    "Peaks",
+    "Shares",
+    "TermSize",
+    "Verdict",
+    "bounds_from",
+    "bounds_of",
+    "bounds_table",
+    "fit_probability",
+    "judge",
+    "quantities",
+    "shares_for",
+    "table_from",
+]

@@ -37,6 +37,7 @@ from vram.model.architecture import ModelSpec
 from vram.result import BucketName, Estimate
 from vram.setup import TrainingSetup
 from vram.sharding.shards import shards_of
+from vram.step.bounds import DeviceBand
 from vram.step.estimate import estimate
 
 #: The buckets a what-if can shrink (the overhead is the CUDA context and allocator slack).
@@ -160,10 +161,13 @@ def allocator_slack(slack_bytes: int, held_bytes: int, before_bytes: int) -> int
     return math.ceil(slack_bytes * held_bytes / before_bytes)
 
 
-def peak_with(ratios: Ratios) -> Callable[[ModelSpec, TrainingSetup], int]:
-    """The device peak of a (model, setup) with `ratios` applied: what `fit` compares."""
-    def peak(model: ModelSpec, setup: TrainingSetup) -> int:
-        return what_if(estimate(model, setup), ratios).device_peak_bytes
+def peak_with(ratios: Ratios) -> Callable[[ModelSpec, TrainingSetup], DeviceBand]:
+    """The device peak of a (model, setup) with `ratios` applied, and its band (the
+    estimate's, relative to its figure): what `fit` compares."""
+    def peak(model: ModelSpec, setup: TrainingSetup) -> DeviceBand:
+        est = estimate(model, setup)
+        band = DeviceBand.of(est.device_peak_bytes, est.bounds)
+        return band.scaled(what_if(est, ratios).device_peak_bytes)
 
     return peak
 
