@@ -86,7 +86,7 @@ def main() -> None:
     gpu = next(g for g in gpus if g.id == gpu_id)
     model = data.catalog_model(model_slug)
     result = rl.estimate(model, setup, gpu.memory_bytes)
-    verdict = "fits" if result.fits else "does not fit"
+    verdict = result.verdict.text()
     st.markdown(
         f"**{model.name}**, {setup.algo.value}: peak "
         f"**{format_bytes(result.device_peak_bytes, 'GB')}** per GPU in the "

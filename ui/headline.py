@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import charts, data
+from ui import breakdown_chart, charts, data
 from ui.charts import Unit, format_bytes
 from vram.gpus import ClassFit, FitReport
 from vram.result import Estimate
@@ -32,7 +32,11 @@ def class_value(found: ClassFit) -> tuple[str, str]:
     if found.needed is None:
         return "none", by_capacity
     if found.reason == "fits-one":
+        if not found.needed.fits:
+            return f"1× {size}", f"one {size} GPU: {found.needed.verdict_text}"
         return f"1× {size}", f"fits one {size} GPU"
+    if not found.needed.fits:
+        by_capacity += f" · {found.needed.verdict_text}"
     return f"{found.needed.count}× {size}", by_capacity
 
 
@@ -73,7 +77,9 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
             f"What nvidia-smi would show at the peak. PyTorch's max_memory_allocated would "
             f"report {format_bytes(est.allocated_peak_bytes, unit)}; max_memory_reserved "
             f"{format_bytes(est.reserved_peak_bytes, unit)}. The GPU fit uses the nvidia-smi "
-            "figure."
+            f"figure; its {breakdown_chart.band_text(est, unit)} (the box on the bar) is "
+            "where measured runs fall, and a GPU surely holds the run when the band's top "
+            "is within its memory."
         ),
     )
     if report.fits:
@@ -88,11 +94,15 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
             delta=(f"{full} · " if compact != full else "") + gpu_price(best.usd_per_hour),
             delta_color="off",
             delta_arrow="off",
-            help="Cheapest by the price per hour of all the GPUs needed (Make it fit ranks "
-                 "by the price of the whole run).",
+            help="Cheapest by the price per hour of all the GPUs needed that surely hold the "
+                 "run (the band's top within their memory; Make it fit ranks by the price of "
+                 "the whole run).",
         )
     else:
         cheapest.metric("Cheapest per hour", "none in the list")
+    line = borderline_line(report)
+    if line:
+        st.caption(line)
     if found is None:
         lesson.metric("80 GB GPUs", "none in the list",
                       help="The lessons count in 80 GB GPUs; the GPU list has none.")
@@ -106,6 +116,21 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
         help=(f"The fewest {class_name(found)} GPUs that hold the run as the fit shards it"
               f"{name}, beside the whole run divided by one card's memory."),
     )
+
+
+def borderline_line(report: FitReport) -> str:
+    """"Borderline: 1× RTX 4090, 72 % likely to fit ..." where a cheaper option than the
+    cheapest sure fit may hold the run ("" otherwise)."""
+    best = next((o for o in report.fits if o.usd_per_hour is not None), None)
+    cheaper = [o for o in report.borderline if o.usd_per_hour is not None
+               and (best is None or best.usd_per_hour is None
+                    or o.usd_per_hour < best.usd_per_hour)]
+    if not cheaper:
+        return ""
+    o = cheaper[0]
+    return (f"Borderline: {o.count}× {data.short_gpu_name(o.gpu.name)} "
+            f"({gpu_price(o.usd_per_hour)}), {o.fit_probability * 100:.0f} % likely to fit: the "
+            "estimate is within its memory, the band's top is not.")
 
 
 def why(found: ClassFit | None, unit: Unit) -> None:

@@ -22,6 +22,7 @@ import streamlit as st
 import vram
 from ui import data, plan_chart, render, results, text
 from ui.charts import Unit, format_bytes
+from vram.step.bounds import Verdict
 
 ANY = "any"
 #: The toggle's key: the panel is drawn (and the plan computed) only while it is on.
@@ -155,22 +156,29 @@ def _plan_view(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> 
 
     where = f"{result.hardware.total}× {plan_chart.gpu_name(result)}"
     verdict, batch, seq, cost = st.columns(4)
+    if result.fits:
+        delta = f"{format_bytes(result.headroom_bytes, unit)} headroom"
+    elif result.verdict is Verdict.BORDERLINE:
+        delta = f"{result.fit_probability * 100:.0f} % likely to fit"
+    else:
+        delta = f"short by {format_bytes(result.shortfall_bytes, unit)}"
     verdict.metric(
         f"On {where}" + ("" if result.hardware_given else " (cheapest run)"),
-        "fits" if result.fits else "does not fit",
-        delta=(f"{format_bytes(result.headroom_bytes, unit)} headroom" if result.fits
-               else f"short by {format_bytes(result.shortfall_bytes, unit)}"),
+        result.verdict.value, delta=delta,
         delta_color="normal" if result.fits else "inverse", delta_arrow="off",
-        help="The device peak (what nvidia-smi shows) against the memory the driver reports.",
+        help="The device peak (what nvidia-smi shows) against the memory the driver reports: "
+             f"fits when the band's top ({format_bytes(result.device_high_bytes, unit)}) is "
+             f"within it, borderline when the band ({format_bytes(result.device_low_bytes, unit)}"
+             f" to {format_bytes(result.device_high_bytes, unit)}) straddles it.",
     )
     # The limits are the run as set up; the cost is the run after the path (when one is
     # needed): "largest micro-batch 0" beside a price said nothing of which run that was.
     batch.metric("Largest micro-batch, as set up", f"{result.max_micro_batch.value:,}",
                  delta="none fits before the path" if result.max_micro_batch.value == 0
                  else None, delta_color="off", delta_arrow="off",
-                 help="The estimate at this batch fits; at one more it does not.")
+                 help="The band's top at this batch fits; at one more it does not.")
     seq.metric("Longest sequence, as set up", f"{result.max_seq_len.value:,}",
-               help="Tokens: the estimate at this length fits; one token more does not.")
+               help="Tokens: the band's top at this length fits; one token more does not.")
     cost.metric("This run" + (", after the path" if result.path else ""),
                 _money(result.usd_per_run), delta=_hours(result.hours),
                 delta_color="off", delta_arrow="off",

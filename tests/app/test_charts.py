@@ -318,3 +318,20 @@ def test_no_line_crosses_a_total_and_totals_clear_their_neighbours() -> None:
 )
 def test_compact_gpu_names_fit_a_big_metric(name: str, compact: str) -> None:
     assert charts.compact_gpu_name(name) == compact
+
+
+@pytest.mark.parametrize("unit", ["GB", "GiB"])
+def test_the_band_is_a_box_on_the_peaks_bar(est: vram.Estimate, unit: charts.Unit) -> None:
+    """The device figure's band (Estimate.bounds) as a shape on the peak's bar, from its low
+    to its high bound, in the chart's unit; no line is added (capacity lines are scatters)."""
+    fig = breakdown_chart.breakdown_figure(est, unit=unit, capacities=[("RTX 4090", 24 * GIB)])
+    (box,) = fig.layout.shapes
+    low, high = est.bounds.device
+    assert box.type == "rect" and box.x0 < 0 < box.x1 < breakdown_chart.BAR_HALF
+    assert (box.y0, box.y1) == pytest.approx((charts.to_unit(low, unit),
+                                              charts.to_unit(high, unit)))
+    assert box.y0 <= est.device_peak_bytes / charts.UNIT_BYTES[unit] <= box.y1
+    peak_bars = [b for b in _bars(fig) if b.x[0] == 0]
+    band = breakdown_chart.band_text(est, unit)
+    assert band.startswith("90 % band") and all(band in b.hovertemplate for b in peak_bars)
+    assert len([t for t in fig.data if t.type == "scatter"]) == 1  # the RTX 4090's line alone
