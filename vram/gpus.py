@@ -256,13 +256,6 @@ def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
     return _device_band(model, setup).point
 
 
-def on_gpu(band: DeviceBand, gpu: Gpu, setup: TrainingSetup) -> DeviceBand:
-    """A band on `gpu`: its own CUDA context instead of the estimate's constant, and the
-    context term out of the band where the GPU's context is measured (data/gpus.csv)."""
-    known = setup.context_mib is None and gpu.cuda_context_mib is not None
-    return band.with_context(context_difference(gpu, setup), known)
-
-
 def fit_option(gpu: Gpu, count: int, run: TrainingSetup, band: DeviceBand) -> FitOption:
     """`count` GPUs of `gpu` running `run`, whose band on that GPU is `band`."""
     judged = band.judged(gpu.memory_bytes)
@@ -303,15 +296,16 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
     borderline: list[FitOption] = []
     for gpu in catalog:
         best = first = straddles = None
+        context = context_difference(gpu, setup)
+        known = setup.context_mib is None and gpu.cuda_context_mib is not None
         for count in _counts(gpu, setup):
             if count not in runs:
                 run = _setup_for(setup, count)
                 runs[count] = (run, band_of(model, run))
             run, band = runs[count]
-            here = on_gpu(band, gpu, setup)
-            if first is not None and here.point > gpu.memory_bytes:
+            if first is not None and band.point + context > gpu.memory_bytes:
                 continue  # neither the first option nor a likely fit: no need to build it
-            option = fit_option(gpu, count, run, here)
+            option = fit_option(gpu, count, run, band.with_context(context, known))
             first = first or option
             if option.fits:
                 best = option

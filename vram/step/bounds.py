@@ -22,6 +22,7 @@ that a run fits a given memory (`judge`).
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -321,14 +322,20 @@ class FitVerdict:
         return self.verdict.value
 
 
+@cache
+def _z(rate: float) -> float:
+    """How many standard deviations a `rate` band's edge lies from its middle."""
+    return NormalDist().inv_cdf((1.0 + rate) / 2.0)
+
+
 def fit_probability(low: int, point: int, high: int, memory: int, rate: float) -> float:
     """The chance the measured figure is within `memory`, reading [low, high] as the `rate`
     interval of a two-piece normal centred on `point` (each side its own spread)."""
-    z = NormalDist().inv_cdf((1.0 + rate) / 2.0)
-    spread = (point - low if memory < point else high - point) / z
+    spread = (point - low if memory < point else high - point) / _z(rate)
     if spread <= 0:
         return 1.0 if memory >= point else 0.0
-    return NormalDist().cdf((memory - point) / spread)
+    # the standard normal's distribution function, Phi(x) = (1 + erf(x / sqrt 2)) / 2
+    return 0.5 * (1.0 + math.erf((memory - point) / spread / math.sqrt(2.0)))
 
 
 def judge(low: int, point: int, high: int, memory: int, rate: float) -> FitVerdict:
