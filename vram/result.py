@@ -203,6 +203,17 @@ class MomentBytes(BaseModel):
 
 
 
+def figure_name(metric: str) -> str:
+    """The figure a tool's metric reads: allocated, reserved or device (the active peak is
+    the allocated figure: blocks in use, counted alike)."""
+    if metric == "active":
+        return "allocated"
+    if metric in ("allocated", "reserved", "device"):
+        return metric
+    raise ValueError(
+        f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")
+
+
 class Band(NamedTuple):
     """The low and high bound of one figure (`vram.step.bounds`)."""
 
@@ -256,14 +267,8 @@ class Bounds(BaseModel):
 
     def band(self, metric: str) -> Band:
         """The band of the figure a tool reports: allocated (or active), reserved or device."""
-        if metric in ("allocated", "active"):
-            return self.allocated
-        if metric == "reserved":
-            return self.reserved
-        if metric == "device":
-            return self.device
-        raise ValueError(
-            f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")
+        name = figure_name(metric)
+        return Band(getattr(self, f"{name}_low_bytes"), getattr(self, f"{name}_high_bytes"))
 
 
 class PeakBytes(BaseModel):
@@ -359,11 +364,5 @@ class Estimate(BaseModel):
 
     def figure(self, metric: str) -> int:
         """The figure a given tool reports: allocated, active, reserved or device."""
-        if metric in ("allocated", "active"):
-            return self.allocated_peak_bytes
-        if metric == "reserved":
-            return self.reserved_peak_bytes
-        if metric == "device":
-            return self.device_peak_bytes
-        raise ValueError(
-            f"metric: unknown {metric!r}; allowed: allocated, active, reserved, device")
+        peak: int = getattr(self, f"{figure_name(metric)}_peak_bytes")
+        return peak
