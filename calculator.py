@@ -52,7 +52,7 @@ def main() -> None:
                                            res.ckpt_compute))
         headline.metrics(est, report, res.class_fit, unit)
         render.plot(results.breakdown_figure(state, unit, present=True), key="breakdown")
-        headline.why(res.class_fit, unit)
+        headline.why(res.class_fit, unit, report)
         st.caption(caption)
         st.markdown("**At the peak, and through the step**")
         tables.through_step_table(*results.through_step(state, unit), unit, present=True)
@@ -60,7 +60,7 @@ def main() -> None:
     else:
         st.caption(caption)
         headline.metrics(est, report, res.class_fit, unit)
-        headline.why(res.class_fit, unit)
+        headline.why(res.class_fit, unit, report)
         chart, compare = st.columns([3, 2])
         with chart:
             st.subheader("Where the memory goes")

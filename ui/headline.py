@@ -35,8 +35,6 @@ def class_value(found: ClassFit) -> tuple[str, str]:
         if not found.needed.fits:
             return f"1× {size}", f"one {size} GPU: {found.needed.verdict_text}"
         return f"1× {size}", f"fits one {size} GPU"
-    if not found.needed.fits:
-        by_capacity += f" · {found.needed.verdict_text}"
     return f"{found.needed.count}× {size}", by_capacity
 
 
@@ -100,9 +98,6 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
         )
     else:
         cheapest.metric("Cheapest per hour", "none in the list")
-    line = borderline_line(report)
-    if line:
-        st.caption(line)
     if found is None:
         lesson.metric("80 GB GPUs", "none in the list",
                       help="The lessons count in 80 GB GPUs; the GPU list has none.")
@@ -114,7 +109,10 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
         f"{class_name(found)} GPUs (the lesson's)", value, delta=line, delta_color="off",
         delta_arrow="off",
         help=(f"The fewest {class_name(found)} GPUs that hold the run as the fit shards it"
-              f"{name}, beside the whole run divided by one card's memory."),
+              f"{name}, beside the whole run divided by one card's memory"
+              + (f"; {found.needed.verdict_text} there (the estimate is within the memory, "
+                 "the band's top is not)." if found.needed and not found.needed.fits
+                 else ".")),
     )
 
 
@@ -133,8 +131,10 @@ def borderline_line(report: FitReport) -> str:
             "estimate is within its memory, the band's top is not.")
 
 
-def why(found: ClassFit | None, unit: Unit) -> None:
-    """The capacity count against sharding's, in one line under the headline."""
-    line = why_line(found, unit) if found is not None else ""
-    if line:
-        st.caption(line)
+def why(found: ClassFit | None, unit: Unit, report: FitReport | None = None) -> None:
+    """The capacity count against sharding's, in one line under the headline; and where a
+    cheaper card than the cheapest sure fit may hold the run, that it is borderline."""
+    for line in (why_line(found, unit) if found is not None else "",
+                 borderline_line(report) if report is not None else ""):
+        if line:
+            st.caption(line)
