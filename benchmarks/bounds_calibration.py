@@ -6,7 +6,12 @@
 Writes `data/bounds.toml` (each term's size and where it came from; `vram.step.bounds` reads
 it) and `benchmarks/bounds.txt` (the coverage of every figure held out one run at a time, and
 the band's width). Run it again whenever the estimate's figures move (the reserved figure's
-allocator model above all): the sizes follow the residuals.
+allocator model above all): the sizes follow the residuals, and
+`tests/domain/test_bounds.py` fails until they do. Then regenerate
+`benchmarks/validation.txt` (`python -m vram validate ../shared/validation/cases.csv`): its
+low and high columns follow the table. A measured run with `alloc_conf` set (the H200's
+`expandable_segments:True` rows) gives the factor the allocator's terms take under expandable
+segments; once the setup has the knob, `vram.step.bounds.expandable_segments` reads it.
 
 The measured runs: the scored rows of the shared case file (each with its metric; `active` is
 the allocated figure) and the 61 H200 steps (`benchmarks/gpu_h200_raw/`: allocated, reserved and

@@ -188,6 +188,20 @@ def test_padding_to_64_tokens_widens_only_the_top() -> None:
     assert up - without == pytest.approx(act * 24 / 1024, rel=0.02)
 
 
+def test_expandable_segments_are_read_from_the_alloc_conf_knob() -> None:
+    """The hook for issue 21's `alloc_conf` knob: its text or its parsed settings."""
+    from types import SimpleNamespace
+
+    def setup(conf: object) -> vram.TrainingSetup:
+        return SimpleNamespace(alloc_conf=conf)  # type: ignore[return-value]
+
+    assert b.expandable_segments(setup("expandable_segments:True,max_split_size_mb:128"))
+    assert not b.expandable_segments(setup("max_split_size_mb:128"))
+    assert b.expandable_segments(setup(SimpleNamespace(expandable_segments=True)))
+    assert not b.expandable_segments(setup(SimpleNamespace(expandable_segments=False)))
+    assert not b.expandable_segments(setup(None))
+
+
 def test_expandable_segments_scale_only_the_allocator_terms(monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:
     model = vram.load_model("llama-3.1-8b")

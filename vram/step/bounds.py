@@ -194,10 +194,16 @@ def bounds_table() -> BoundsTable:
 
 
 def expandable_segments(setup: TrainingSetup) -> bool:
-    """Whether the caching allocator maps expandable segments: the `alloc_conf` knob's
-    `expandable_segments:True` (issue 21); False while the setup has no such knob."""
+    """Whether the caching allocator maps expandable segments: the `alloc_conf` knob
+    (issue 21), parsed (its `expandable_segments`) or as `PYTORCH_CUDA_ALLOC_CONF` text;
+    False while the setup has no such knob."""
     conf = setup.__dict__.get("alloc_conf")
-    return conf is not None and "expandable_segments:true" in str(conf).replace(" ", "").lower()
+    if conf is None:
+        return False
+    flag = getattr(conf, "expandable_segments", None)
+    if isinstance(flag, bool):
+        return flag
+    return "expandable_segments:true" in str(conf).replace(" ", "").lower()
 
 
 class Peaks(NamedTuple):
