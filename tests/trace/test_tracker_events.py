@@ -1,0 +1,85 @@
+"""The tracker's allocation log: what the caching allocator would be asked for, in order.
+
+Real CPU tensors, so sizes are exact; the replay through `vram.memory.allocator` gives the
+allocated peak the tracker itself counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vram.memory.allocator import ALLOC, FREE, MARK, replay  # noqa: E402
+from vram.trace.tracker import StorageTracker  # noqa: E402
+
+pytestmark = pytest.mark.trace
+
+N = 128 * 1024  # fp32 values: 512 KiB
+BLOCK = 4 * N
+
+
+def test_allocations_and_frees_are_logged_in_order() -> None:
+    tracker = StorageTracker()
+    with tracker:
+        tracker.set_phase("forward")
+        a = torch.ones(N)
+        b = a * 2
+        del a
+        c = b.view(-1, 2)  # a view: no storage of its own
+        d = torch.empty(0)  # zero bytes: the allocator is not asked
+    events = tracker.allocator_events()
+    kinds = [(k, size) for k, _, size, _ in events]
+    assert kinds == [(MARK, 0), (ALLOC, BLOCK), (ALLOC, BLOCK), (FREE, 0)]
+    assert events[3][1] == events[1][1]  # the freed id is a's
+    assert tracker.marks == ["forward"]
+    del b, c, d
+
+
+def _backward_events(share_first: bool) -> tuple[list[tuple[int, int, int, int]], int]:
+    a = torch.ones(N, requires_grad=True)
+    loss = (a * 2 + a * 3).sum()
+    tracker = StorageTracker()
+    keep: list[torch.Tensor] = []
+    with tracker:
+        tracker.set_phase("backward")
+        tracker.recording = True
+        if share_first:
+            for mul, _ in loss.grad_fn.next_functions[0][0].next_functions:
+                mul.register_hook(lambda grads, _outs: keep.append(grads[0]))
+        with tracker.watching_backward(loss):
+            loss.backward()
+        tracker.sample()
+    return tracker.allocator_events(), tracker.peaks[("backward",)].live
+
+
+@pytest.mark.parametrize("share_first", [False, True])
+def test_replayed_log_peaks_where_the_tracker_peaks(share_first: bool) -> None:
+    # The in-place gradient sum: no third block in the log either (and out of place when the
+    # first gradient stays referenced); the replay's allocated peak is the tracker's.
+    events, live_peak = _backward_events(share_first)
+    assert replay(events).allocated_peak_bytes == live_peak
+    blocks = sum(1 for kind, _, size, _ in events if kind == ALLOC and size == BLOCK)
+    assert blocks == (3 if share_first else 2)
+
+
+def test_paged_storage_is_not_the_allocators() -> None:
+    tracker = StorageTracker()
+    with tracker:
+        t = torch.zeros(N)
+    tracker.exclude(t)
+    assert [e for e in tracker.allocator_events() if e[0] in (ALLOC, FREE)] == []
+
+
+def test_first_matmul_of_each_phase_is_noted() -> None:
+    tracker = StorageTracker()
+    w = torch.ones(8, 8)
+    with tracker:
+        tracker.set_phase("forward")
+        x = torch.ones(4, 8)
+        y = x @ w
+        z = y @ w
+        tracker.set_phase("backward")
+        _ = z @ w
+    phases = [phase for _, phase in tracker.first_matmuls]
+    assert phases == ["forward", "backward"]
