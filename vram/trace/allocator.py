@@ -41,6 +41,7 @@ from vram.memory.allocator.libraries import CUBLAS_WORKSPACE_SM90_BYTES
 from vram.setup import Optimizer, TrainingSetup
 from vram.trace.build import TraceUnsupported, build, depth, with_depth
 from vram.trace.optim import in_backward, make_optimizer
+from vram.trace.report import TraceResult
 from vram.trace.step import (
     BACKWARD,
     FORWARD,
@@ -193,3 +194,15 @@ def trace_reserved(config: dict[str, Any], setup: TrainingSetup, *,
                          allocated_peak_bytes=result.allocated_peak_bytes, replay=result,
                          n_layers=log.n_layers,
                          seconds=log.seconds + time.perf_counter() - start)
+
+
+def with_reserved(result: TraceResult, config: dict[str, Any], setup: TrainingSetup, *,
+                  conf: AllocConf | None = None) -> TraceResult:
+    """`result` (a `trace_step` result) with its reserved peak: the model traced again at full
+    depth from its build, three steps replayed through the allocator model under `conf`."""
+    reserved = trace_reserved(config, setup, conf=conf, n_layers=result.n_layers)
+    note = (f"reserved: {reserved.n_layers} blocks traced from the build and replayed through "
+            f"the caching allocator model in {reserved.seconds:.1f} s")
+    return result.model_copy(update={
+        "reserved_peak_bytes": reserved.reserved_peak_bytes,
+        "alloc_conf": (conf or AllocConf()).text(), "notes": (*result.notes, note)})
