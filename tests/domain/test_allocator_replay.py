@@ -194,3 +194,15 @@ def test_replay_of_a_long_program_is_fast() -> None:
     result = replay(events)
     assert time.perf_counter() - start < 5.0
     assert result.allocated_end_bytes == 0
+
+
+def test_ties_between_equal_blocks_go_to_the_newest_segment() -> None:
+    # Two 30 MiB segments, both free: best fit breaks the tie by the lower address, and each
+    # new segment lies below the last (caching.py), so the newer one serves.
+    alloc = CachingAllocator()
+    older, newer = alloc.malloc(30 * MIB), alloc.malloc(30 * MIB)
+    older_addr, newer_addr = older.addr, newer.addr
+    alloc.free(older)
+    alloc.free(newer)
+    assert alloc.malloc(12 * MIB).addr == newer_addr
+    assert alloc.malloc(30 * MIB).addr == older_addr

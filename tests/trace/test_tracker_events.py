@@ -6,6 +6,8 @@ allocated peak the tracker itself counts.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -83,3 +85,32 @@ def test_first_matmul_of_each_phase_is_noted() -> None:
         _ = z @ w
     phases = [phase for _, phase in tracker.first_matmuls]
     assert phases == ["forward", "backward"]
+
+
+def _math_attention(flagged: bool) -> tuple[int, int]:
+    """(score-sized allocations in the log, live peak) of one causal math SDPA call."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from vram.trace.tracker import math_sdpa
+
+    q = torch.ones(1, 2, 256, 16)
+    tracker = StorageTracker()
+    with tracker, sdpa_kernel(SDPBackend.MATH):
+        tracker.set_phase("forward")
+        tracker.recording = True
+        with math_sdpa() if flagged else contextlib.nullcontext():
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        tracker.sample()
+    scores = 1 * 2 * 256 * 256 * 4
+    allocs = sum(1 for kind, _, size, _ in tracker.allocator_events()
+                 if kind == ALLOC and size == scores)
+    return allocs, tracker.peaks[("forward",)].live
+
+
+def test_math_attention_adds_its_mask_in_place_in_the_log() -> None:
+    """PyTorch's math SDPA adds the causal mask to the scores in place on a GPU; under a
+    dispatch mode it adds out of place. The log follows the GPU; the live count does not move."""
+    plain_allocs, plain_peak = _math_attention(flagged=False)
+    gpu_allocs, gpu_peak = _math_attention(flagged=True)
+    assert (plain_allocs, gpu_allocs) == (3, 2)  # matmul, (add), softmax
+    assert gpu_peak == plain_peak

@@ -196,7 +196,9 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     if kernel == MATH:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel(SDPBackend.MATH):
+        from vram.trace.tracker import math_sdpa
+
+        with sdpa_kernel(SDPBackend.MATH), math_sdpa():
             result: torch.Tensor = _original_sdpa(
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -40,6 +40,7 @@ segment.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -115,6 +116,7 @@ class StorageTracker(TorchDispatchMode):
         self.marks: list[str] = []  # MARK k in the log: the phase `marks[k]` begins
         self._alloc_ids: dict[int, int] = {}  # live storage key -> its allocation id
         self._dropped: set[int] = set()  # positions in `alloc_log` a GPU does not see
+        self._block_refs: dict[int, int] = {}  # allocation id -> storages sharing its block
         #: (position in `alloc_log`, phase): where each phase ran its first cuBLAS matmul (a
         #: GPU allocates the cuBLAS workspace of the thread's handle there).
         self.first_matmuls: list[tuple[int, str]] = []
@@ -130,7 +132,11 @@ class StorageTracker(TorchDispatchMode):
             self.live_bytes -= info.nbytes
         alloc_id = self._alloc_ids.pop(key, None)
         if alloc_id is not None:
-            self.alloc_log.append((FREE, alloc_id, 0, 0))
+            refs = self._block_refs.pop(alloc_id, 1) - 1
+            if refs:  # another storage still writes into this block
+                self._block_refs[alloc_id] = refs
+            else:
+                self.alloc_log.append((FREE, alloc_id, 0, 0))
 
     def register(self, tensor: torch.Tensor, origin: str = "") -> None:
         """Count `tensor`'s storage if it is not counted yet."""
@@ -244,6 +250,17 @@ class StorageTracker(TorchDispatchMode):
         self._pending = _PendingSum(first_key, live, snapshot, out_key,
                                     self._alloc_ids.get(first_key), self._alloc_ids.get(out_key))
 
+    def _share_block(self, first: torch.Tensor, out: torch.Tensor) -> None:
+        """Log `out` as written into `first`'s block (an in-place op a dispatch mode sees out of
+        place): no allocation; the block is freed when both are dead. The live count is left."""
+        out_key, first_key = self.storage_key(out), self.storage_key(first)
+        out_id, first_id = self._alloc_ids.get(out_key), self._alloc_ids.get(first_key)
+        if out_id is None or first_id is None:
+            return
+        self._dropped.add(out_id)
+        self._alloc_ids[out_key] = first_id
+        self._block_refs[first_id] = self._block_refs.get(first_id, 1) + 1
+
     def settle(self) -> None:
         """Account a held-back gradient sum: in place if its first operand died with it."""
         pending, self._pending = self._pending, None
@@ -296,9 +313,29 @@ class StorageTracker(TorchDispatchMode):
         if (self.between_nodes and _gradient_sum(func, args, kwargs, out)) or \
                 _index_backward_put(func, args, out):
             self._hold_sum(args[0], out)
+        elif _IN_MATH_SDPA.get() and _mask_add(func, args, out):
+            self._share_block(args[0], out)
+            self._record(self.live_bytes)
         else:
             self._record(self.live_bytes)
         return out
+
+
+_IN_MATH_SDPA: contextvars.ContextVar[bool] = contextvars.ContextVar("in_math_sdpa", default=False)
+
+
+@contextlib.contextmanager
+def math_sdpa() -> Iterator[None]:
+    """Inside: PyTorch's math attention (`_scaled_dot_product_attention_math`) runs. It adds the
+    mask to the scores in place (`attn.add_(mask)`) unless a tensor is subclass-like, as every
+    tensor is under a dispatch mode (`attn.add(mask)`: aten/src/ATen/native/transformers/
+    attention.cpp). The allocation log records the GPU's in-place add; the live count is left
+    as it was (a figure the trace reports)."""
+    token = _IN_MATH_SDPA.set(True)
+    try:
+        yield
+    finally:
+        _IN_MATH_SDPA.reset(token)
 
 
 #: The aten matmuls CUDA runs through cuBLAS / cuBLASLt (aten/src/ATen/native/cuda/Blas.cpp).
@@ -324,6 +361,13 @@ def _reusable(first: torch.Tensor, out: Any) -> bool:
         return False
     whole = first.untyped_storage().nbytes() == first.numel() * first.element_size()
     return bool(whole and is_non_overlapping_and_dense_or_false(first))
+
+
+def _mask_add(func: Any, args: Any, out: Any) -> bool:
+    """Is this the math SDPA's `attn.add(mask)` (the mask broadcasts over the scores)?"""
+    if func is not torch.ops.aten.add.Tensor or len(args) != 2:
+        return False
+    return isinstance(args[0], torch.Tensor) and _reusable(args[0], out)
 
 
 def _gradient_sum(func: Any, args: Any, kwargs: Any, out: Any) -> bool:

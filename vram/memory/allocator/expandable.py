@@ -11,13 +11,24 @@ block before it, so the tail of the segment stays one block (CUDACachingAllocato
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from vram.memory.allocator.blocks import Block, Pool
+from vram.memory.allocator.conf import AllocConf
 from vram.memory.allocator.rules import SMALL_BUFFER, pages
 
-if TYPE_CHECKING:
-    from vram.memory.allocator.caching import CachingAllocator
+
+class CachingAllocator(Protocol):
+    """What expandable segments need of the allocator (`caching.CachingAllocator`)."""
+
+    conf: AllocConf
+    device_total_bytes: int
+
+    def take_address_space(self, size: int) -> int: ...
+    def device_has_room(self, size: int) -> bool: ...
+    def add_reserved(self, size: int) -> None: ...
+    def drop_reserved(self, size: int) -> None: ...
+    def try_merge(self, dst: Block, src: Block | None, pool: Pool) -> int: ...
 
 
 def grown_size(block: Block) -> int:
