@@ -12,13 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.trace.test_tracker import BLOCK, N, backward_tracker  # noqa: E402
 from vram.memory.allocator import ALLOC, FREE, MARK, replay  # noqa: E402
 from vram.trace.tracker import StorageTracker  # noqa: E402
 
 pytestmark = pytest.mark.trace
-
-N = 128 * 1024  # fp32 values: 512 KiB
-BLOCK = 4 * N
 
 
 def test_allocations_and_frees_are_logged_in_order() -> None:
@@ -38,28 +36,12 @@ def test_allocations_and_frees_are_logged_in_order() -> None:
     del b, c, d
 
 
-def _backward_events(share_first: bool) -> tuple[list[tuple[int, int, int, int]], int]:
-    a = torch.ones(N, requires_grad=True)
-    loss = (a * 2 + a * 3).sum()
-    tracker = StorageTracker()
-    keep: list[torch.Tensor] = []
-    with tracker:
-        tracker.set_phase("backward")
-        tracker.recording = True
-        if share_first:
-            for mul, _ in loss.grad_fn.next_functions[0][0].next_functions:
-                mul.register_hook(lambda grads, _outs: keep.append(grads[0]))
-        with tracker.watching_backward(loss):
-            loss.backward()
-        tracker.sample()
-    return tracker.allocator_events(), tracker.peaks[("backward",)].live
-
-
 @pytest.mark.parametrize("share_first", [False, True])
 def test_replayed_log_peaks_where_the_tracker_peaks(share_first: bool) -> None:
     # The in-place gradient sum: no third block in the log either (and out of place when the
     # first gradient stays referenced); the replay's allocated peak is the tracker's.
-    events, live_peak = _backward_events(share_first)
+    tracker = backward_tracker(watch=True, share_first=share_first)
+    events, live_peak = tracker.allocator_events(), tracker.peaks[("backward",)].live
     assert replay(events).allocated_peak_bytes == live_peak
     blocks = sum(1 for kind, _, size, _ in events if kind == ALLOC and size == BLOCK)
     assert blocks == (3 if share_first else 2)
