@@ -250,6 +250,15 @@ class StorageTracker(TorchDispatchMode):
         self._pending = _PendingSum(first_key, live, snapshot, out_key,
                                     self._alloc_ids.get(first_key), self._alloc_ids.get(out_key))
 
+    def _log_scratch(self, sizes: list[int]) -> None:
+        """A kernel's scratch buffers: allocated after its outputs, freed before it returns."""
+        ids = []
+        for size in sizes:
+            if size:
+                ids.append(len(self.alloc_log))
+                self.alloc_log.append((ALLOC, ids[-1], size, 0))
+        self.alloc_log.extend((FREE, i, 0, 0) for i in ids)
+
     def _share_block(self, first: torch.Tensor, out: torch.Tensor) -> None:
         """Log `out` as written into `first`'s block (an in-place op a dispatch mode sees out of
         place): no allocation; the block is freed when both are dead. The live count is left."""
@@ -308,6 +317,9 @@ class StorageTracker(TorchDispatchMode):
         for item in flat:
             if isinstance(item, torch.Tensor):
                 self.register(item, name)
+        scratch = KERNEL_SCRATCH.get(func)
+        if scratch is not None:
+            self._log_scratch(scratch(args))
         if func in _CUBLAS_OPS and all(p != self.phase for _, p in self.first_matmuls):
             self.first_matmuls.append((len(self.alloc_log), self.phase))
         if (self.between_nodes and _gradient_sum(func, args, kwargs, out)) or \
@@ -320,6 +332,12 @@ class StorageTracker(TorchDispatchMode):
             self._record(self.live_bytes)
         return out
 
+
+#: Ops whose CUDA kernel allocates scratch space through the caching allocator inside the op
+#: (invisible to a dispatch mode): op -> the scratch sizes for its arguments. The allocation
+#: log gets them after the op's outputs and frees them before the op returns; the live count
+#: is left as it was.
+KERNEL_SCRATCH: dict[Any, Callable[[Any], list[int]]] = {}
 
 _IN_MATH_SDPA: contextvars.ContextVar[bool] = contextvars.ContextVar("in_math_sdpa", default=False)
 
