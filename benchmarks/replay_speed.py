@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from vram import TrainingSetup
-from vram.catalog import load_config
 from vram.memory.allocator import replay
+from vram.model.catalog import load_config
 from vram.trace.allocator import AllocationLog, trace_allocations
 
 MODEL = "llama-3.1-70b"

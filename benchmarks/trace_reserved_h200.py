@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu_compare import setup_of
-from vram.catalog import load_config
 from vram.memory.allocator import ALLOC, Event, parse_alloc_conf, replay
+from vram.model.catalog import load_config
 from vram.trace.allocator import AllocationLog, trace_allocations
 
 ROOT = Path(__file__).resolve().parent

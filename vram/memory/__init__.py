@@ -1,1 +1,4 @@
-"""What one GPU holds: tensors by bucket, and the memory around them (the caching allocator)."""
+"""The bytes of each kind of tensor in one training step: parameter groups, weights,
+gradients, optimizer state, activations (layer by layer, the attention kernel, the head and
+loss), overhead, and inference for comparison; and the caching allocator that holds them
+(`allocator`)."""

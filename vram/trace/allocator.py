@@ -38,20 +38,11 @@ from vram.memory.allocator import (
     replay,
 )
 from vram.memory.allocator.libraries import CUBLAS_WORKSPACE_SM90_BYTES
-from vram.setup import Optimizer, TrainingSetup
-from vram.trace.build import TraceUnsupported, build, depth, with_depth
-from vram.trace.optim import in_backward, make_optimizer
+from vram.setup import TrainingSetup
+from vram.trace.build import TraceUnsupported, depth
+from vram.trace.engine import BACKWARD, FORWARD, HostScalarTracker
 from vram.trace.report import TraceResult
-from vram.trace.step import (
-    BACKWARD,
-    FORWARD,
-    _HostScalarTracker,
-    _install_labels,
-    _swappable,
-    _wrap_in_backward,
-    run_steps,
-    traces_fsdp2,
-)
+from vram.trace.step import trace_depth, traces_fsdp2
 
 #: How many steps `benchmarks/gpu_measure.py` ran after the build (the trace runs two).
 MEASURED_STEPS = 3
@@ -120,35 +111,16 @@ def trace_allocations(config: dict[str, Any], setup: TrainingSetup,
                       n_layers: int | None = None) -> AllocationLog:
     """Build and run two steps of `config` under `setup` on fake tensors, logging every
     allocation from the first parameter on (`n_layers`: that many blocks; default all)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     if traces_fsdp2(setup):
         raise TraceUnsupported("reserved: the allocator replay of FSDP2 ranks is not traced yet")
     start = time.perf_counter()
     target = depth(config) if n_layers is None else n_layers
-    tracker = _HostScalarTracker()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, _swappable(mode):
-        with tracker:
-            built = build(with_depth(config, target), setup)
-        model = built.model
-        train = [p for p in model.parameters() if p.requires_grad]
-        if not train:
-            raise TraceUnsupported("setup: nothing to train (no parameter requires a gradient)")
-        for tensor in (*model.parameters(), *model.buffers()):  # made outside an op, if any
-            tracker.register(tensor, "param")
-        optimizer = make_optimizer(setup, train, tracker.exclude)
-        per_param = in_backward(train) if setup.optimizer is Optimizer.ADAMW_IN_BACKWARD else []
-        _wrap_in_backward(per_param, tracker)
-        _install_labels(built, tracker)
-        built_until = len(tracker.alloc_log)
-        run_steps(built, setup, tracker, optimizer)
-        ran_until = len(tracker.alloc_log)
-    log, dropped = tracker.alloc_log, tracker.dropped_events
-    cut = [i for i, e in enumerate(log[:ran_until]) if e[0] == MARK and
+    tracker = HostScalarTracker()
+    trace_depth(config, setup, target, tracker=tracker, from_build=True)
+    log, dropped, end = tracker.alloc_log, tracker.dropped_events, tracker.steps_end
+    cut = [i for i, e in enumerate(log[:end]) if e[0] == MARK and
            tracker.marks[e[1]] == FORWARD]
-    bounds = [0, built_until, *cut[1:], ran_until]
-    spans = list(itertools.pairwise(bounds))
+    spans = list(itertools.pairwise([0, *cut, end]))  # the build, then each step
     parts = [[e for i, e in enumerate(log[a:b], start=a) if i not in dropped] for a, b in spans]
     return AllocationLog(build=parts[0], steps=parts[1:], n_layers=target,
                          seconds=time.perf_counter() - start, phases=tuple(tracker.marks),

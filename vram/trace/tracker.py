@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from vram.memory.allocator.replay import ALLOC, FREE, MARK, Event
-from vram.params import allocated_bytes
+from vram.model.params import allocated_bytes
 
 #: How many of the largest live storages a peak lists (`TraceResult.top_tensors`).
 TOP_TENSORS = 12
@@ -114,6 +114,7 @@ class StorageTracker(TorchDispatchMode):
         self._pending: _PendingSum | None = None
         self.alloc_log: list[Event] = []  # see "Allocation events" above
         self.marks: list[str] = []  # MARK k in the log: the phase `marks[k]` begins
+        self.steps_end = 0  # where the traced steps end in the log (set by the step driver)
         self._alloc_ids: dict[int, int] = {}  # live storage key -> its allocation id
         self._dropped: set[int] = set()  # positions in `alloc_log` a GPU does not see
         self._block_refs: dict[int, int] = {}  # allocation id -> storages sharing its block

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import re
 
-from vram.units import KIB, MIB
+from vram.units import MIB
+
+KIB = 2**10
 
 #: Default `CUBLAS_WORKSPACE_CONFIG` sizes: sm90, and every other compute capability.
-CUBLAS_WORKSPACE_SM90_BYTES = 4096 * KIB * 8
+CUBLAS_WORKSPACE_SM90_BYTES = 32 * MIB  # 4096 KiB x 8
 CUBLAS_WORKSPACE_DEFAULT_BYTES = 4096 * KIB * 2 + 16 * KIB * 8
 #: Threads that hold a cuBLAS handle during a training step: main (forward, optimizer) and
 #: autograd's device thread (backward).
@@ -37,5 +39,3 @@ def cublas_workspace_bytes(capability: tuple[int, int] = (9, 0), config: str | N
         return sum(int(size) * KIB * int(count) for size, count in pairs)
     return CUBLAS_WORKSPACE_SM90_BYTES if capability == (9, 0) else CUBLAS_WORKSPACE_DEFAULT_BYTES
 
-
-assert CUBLAS_WORKSPACE_SM90_BYTES == 32 * MIB
