@@ -35,10 +35,12 @@ from vram.memory.allocator import (
     AllocConf,
     Event,
     ReplayResult,
+    parse_alloc_conf,
     replay,
 )
 from vram.memory.allocator.libraries import CUBLAS_WORKSPACE_SM90_BYTES
 from vram.setup import TrainingSetup
+from vram.stacks.resolve import resolve
 from vram.trace.build import TraceUnsupported, depth
 from vram.trace.engine import BACKWARD, FORWARD, HostScalarTracker
 from vram.trace.report import TraceResult
@@ -161,20 +163,27 @@ def trace_reserved(config: dict[str, Any], setup: TrainingSetup, *,
     the model is built, from the traced allocations replayed through the allocator model."""
     log = trace_allocations(config, setup, n_layers)
     start = time.perf_counter()
-    result = replay(log.program(steps), conf)
+    result = replay(log.program(steps), conf if conf is not None else run_conf(setup))
     return ReservedTrace(reserved_peak_bytes=result.reserved_peak_bytes,
                          allocated_peak_bytes=result.allocated_peak_bytes, replay=result,
                          n_layers=log.n_layers,
                          seconds=log.seconds + time.perf_counter() - start)
 
 
+def run_conf(setup: TrainingSetup) -> AllocConf:
+    """The allocator settings the run has: the `alloc_conf` knob, else the stack's."""
+    return parse_alloc_conf(resolve(setup).run.alloc_conf)
+
+
 def with_reserved(result: TraceResult, config: dict[str, Any], setup: TrainingSetup, *,
                   conf: AllocConf | None = None) -> TraceResult:
     """`result` (a `trace_step` result) with its reserved peak: the model traced again at full
-    depth from its build, three steps replayed through the allocator model under `conf`."""
+    depth from its build, three steps replayed through the allocator model under `conf`
+    (default: the run's, `run_conf`)."""
+    conf = conf if conf is not None else run_conf(setup)
     reserved = trace_reserved(config, setup, conf=conf, n_layers=result.n_layers)
     note = (f"reserved: {reserved.n_layers} blocks traced from the build and replayed through "
             f"the caching allocator model in {reserved.seconds:.1f} s")
     return result.model_copy(update={
         "reserved_peak_bytes": reserved.reserved_peak_bytes,
-        "alloc_conf": (conf or AllocConf()).text(), "notes": (*result.notes, note)})
+        "alloc_conf": conf.text(), "notes": (*result.notes, note)})
