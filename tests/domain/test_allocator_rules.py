@@ -118,3 +118,18 @@ def test_parse_errors_name_the_key(text: str, key: str) -> None:
     with pytest.raises(ValueError, match=f"^alloc_conf: {key}: ") as info:
         parse_alloc_conf(text)
     assert "\n" not in str(info.value)
+
+
+def test_the_setup_knob_keeps_canonical_text_and_defers_to_the_stack() -> None:
+    from vram import TrainingSetup
+    from vram.stacks.resolve import resolve
+
+    assert TrainingSetup(alloc_conf=" expandable_segments: True ").alloc_conf == \
+        "expandable_segments:True"
+    assert TrainingSetup(alloc_conf="default").alloc_conf == ""
+    assert resolve(TrainingSetup()).run.alloc_conf == ""  # the HF Trainer sets none
+    assert resolve(TrainingSetup(framework="axolotl")).run.alloc_conf == \
+        "expandable_segments:True"
+    assert resolve(TrainingSetup(framework="axolotl", alloc_conf="default")).run.alloc_conf == ""
+    with pytest.raises(ValueError, match="alloc_conf: max_split_size_mb: must be at least 20"):
+        TrainingSetup(alloc_conf="max_split_size_mb:8")
