@@ -108,7 +108,7 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"{'peak':<12} {size_text(payload['allocated_peak_bytes'])} "
               f"(allocated, {payload.get('phase', '')})")
         if traced.reserved_peak_bytes is not None:
-            print(f"{'reserved':<12} {format_gib(traced.reserved_peak_bytes, 10)} "
+            print(f"{'reserved':<12} {size_text(traced.reserved_peak_bytes)} "
                   f"(caching allocator, {traced.alloc_conf or 'default settings'})")
     return 0
 
