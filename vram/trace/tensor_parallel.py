@@ -115,6 +115,13 @@ def apply_tp(built: Built, mesh: Any, *, sequence_parallel: bool, loss_parallel:
     hf: Any = built.hf
     if built.model is not built.hf:
         raise TraceUnsupported("method: LoRA under tensor parallel is not traced")
+    config = hf.config
+    heads = int(config.num_attention_heads)
+    kv = int(getattr(config, "num_key_value_heads", None) or heads)
+    tp = int(mesh.size())
+    if heads % tp or kv % tp:
+        raise TraceUnsupported(f"tp: {tp} must divide the {heads} query and {kv} key/value heads "
+                               "(the column split gives each rank whole heads)")
     for _, blocks in built.layer_lists:
         for block in blocks:
             _check_names(block)
@@ -123,9 +130,12 @@ def apply_tp(built: Built, mesh: Any, *, sequence_parallel: bool, loss_parallel:
     norm = getattr(getattr(hf, "model", None), "norm", None)
     if embedding is None or norm is None:
         raise TraceUnsupported("tp: no embedding or final norm found (model.norm)")
-    if head is not None and head.weight is embedding.weight:
+    weight = getattr(head, "weight", None)
+    if weight is not None and weight is getattr(embedding, "weight", None):
         raise TraceUnsupported("tp: a tied head is not split (torchtitan unties it)")
     named = root_plan(sequence_parallel, loss_parallel, head is not None)
     modules = {"embed": embedding, "norm": norm, "head": head}
-    plan = {_path(hf, modules[key]): style for key, style in named.items()}
+    # a pipeline stage holds neither the embedding nor the head of another stage (nn.Identity)
+    plan = {_path(hf, modules[key]): style for key, style in named.items()
+            if not isinstance(modules[key], nn.Identity)}
     parallelize_module(hf, mesh, plan)
