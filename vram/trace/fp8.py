@@ -32,8 +32,10 @@ from vram.trace.build import Built, TraceUnsupported
 RECIPES = ("tensorwise", "rowwise")
 
 
-def convert(built: Built, recipe: str) -> None:
-    """Swap the repeated blocks' linear layers for torchao `Float8Linear` in place."""
+def convert(built: Built, recipe: str, *, fsdp_all_gather: bool = False) -> None:
+    """Swap the repeated blocks' linear layers for torchao `Float8Linear` in place. With
+    `fsdp_all_gather` (tensorwise only, as torchtitan allows: float8.py@v0.2.2) the weights
+    become `WeightWithDynamicFloat8CastTensor`s and FSDP2 all-gathers them in float8."""
     if recipe not in RECIPES:
         raise TraceUnsupported(f"fp8: the trace runs torchao's {', '.join(RECIPES)}; "
                                f"{recipe} is estimated, not traced")
@@ -41,7 +43,12 @@ def convert(built: Built, recipe: str) -> None:
         float8 = importlib.import_module("torchao.float8")
     except ImportError as exc:
         raise TraceUnsupported("fp8: torchao is not installed (pip install torchao)") from exc
-    config = float8.Float8LinearConfig.from_recipe_name(recipe)
+    if fsdp_all_gather:
+        if recipe != "tensorwise":
+            raise TraceUnsupported("fp8: the float8 all-gather is tensorwise only")
+        config = float8.Float8LinearConfig(enable_fsdp_float8_all_gather=True)
+    else:
+        config = float8.Float8LinearConfig.from_recipe_name(recipe)
 
     def divisible(module: Any, _fqn: str) -> bool:
         # torch._scaled_mm needs both dims of the weight divisible by 16

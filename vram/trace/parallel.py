@@ -71,6 +71,7 @@ class ParallelSpec:
     dp: int = 1  # data-parallel ranks besides cp (FSDP2 shards over dp x cp)
     offload_activations: bool = False
     fp8: str | None = None  # torchao recipe: tensorwise, rowwise
+    fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights (tensorwise)
 
     @property
     def world(self) -> int:
@@ -134,6 +135,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _storages(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `t`'s memory: a DTensor's local tensor, and the inner tensors
+    of a wrapper subclass (torchao's `WeightWithDynamicFloat8CastTensor` keeps the weight in
+    `_tensor`; the wrapper's own storage holds nothing)."""
+    t = _local(t)
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None or type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter):
+        return [t]
+    names, _ = flatten()
+    return [inner for name in names for inner in _storages(getattr(t, name))]
 
 
 def runs_fsdp(setup: TrainingSetup, spec: ParallelSpec) -> bool:
@@ -238,7 +251,7 @@ def _prepare(built: Built, setup: TrainingSetup, spec: ParallelSpec, mesh: Any) 
     if spec.fp8 is not None:
         from vram.trace.fp8 import convert
 
-        convert(built, spec.fp8)
+        convert(built, spec.fp8, fsdp_all_gather=spec.fp8_all_gather)
     if spec.tp > 1:
         from vram.trace.tensor_parallel import apply_tp
 
@@ -301,9 +314,10 @@ def _register_weights(built: Built, tracker: ShardedTracker,
         tensors = [fp._sharded_param_data for fp in fsdp_params]
     else:
         tensors = [_local(p) for p in built.model.parameters()]
-    for t in [*tensors, *(_local(b) for b in built.model.buffers())]:
-        tracker.register(t, "param")
-        keys[tracker.storage_key(t)] = "weights"
+    for t in [*tensors, *built.model.buffers()]:
+        for inner in _storages(t):
+            tracker.register(inner, "param")
+            keys[tracker.storage_key(inner)] = "weights"
     return keys
 
 
@@ -319,11 +333,13 @@ def _classifier(tracker: ShardedTracker, weight_keys: dict[int, str], fsdp_param
                 if unsharded.grad is not None:
                     classes[tracker.storage_key(_local(unsharded.grad))] = REDUCING
         for t in state_tensors([optimizer]):
-            classes[tracker.storage_key(_local(t))] = "optimizer"
+            for inner in _storages(t):
+                classes[tracker.storage_key(inner)] = "optimizer"
         grads = [fp.sharded_param.grad for fp in fsdp_params] or [p.grad for p in train]
         for grad in grads:
             if grad is not None:
-                classes[tracker.storage_key(_local(grad))] = "gradients"
+                for inner in _storages(grad):
+                    classes[tracker.storage_key(inner)] = "gradients"
         return classes
 
     return classify

@@ -336,3 +336,24 @@ def _shard_stages(modules: list[StageModule], setup: TrainingSetup, mesh: Any) -
     states += [fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
                for module in modules]
     return states
+
+
+def trace_stage(config: dict[str, Any], setup: TrainingSetup, spec: ParallelSpec,
+                pipe: PipelineSpec) -> tuple[Any, ParallelRaw]:
+    """`pipe.rank`'s stages traced with chunks of two depths and extended to the config's
+    `L / (pp v)` blocks per chunk (as `vram.trace.parallel.trace_parallel` extends)."""
+    from vram.trace.build import depth
+    from vram.trace.parallel import _extend, start_periods
+
+    chunks = pipe.pp * pipe.virtual
+    full = depth(config) // chunks
+    if full * chunks != depth(config):
+        raise TraceUnsupported(f"pp: {chunks} chunks must divide the {depth(config)} blocks")
+    lo = start_periods(setup, spec)
+    if full <= lo + 1:
+        one = trace_stage_depth(config, setup, spec, pipe, full)
+        two = trace_stage_depth(config, setup, spec, pipe, full)
+        return _extend(one, two, full, full, 1, spec), two
+    one = trace_stage_depth(config, setup, spec, pipe, lo)
+    two = trace_stage_depth(config, setup, spec, pipe, lo + 1)
+    return _extend(one, two, lo, full, 1, spec), two
