@@ -1,0 +1,163 @@
+"""Trace rank 0 of tensor-, context-parallel, offloaded and float8 runs (issue 23).
+
+    PYTHONPATH=. python benchmarks/trace_grid_parallel.py --sample 72 --seed 0 \
+        --traces benchmarks/trace_grid_parallel.jsonl [--worker i/k] [--list]
+
+Each setup is traced by `vram.trace.parallel.trace_parallel` (two depths, extended to the
+model's) and its figures appended to `--traces` (JSON lines; a setup already there is not
+traced again). The comparison with the closed form comes with the `tp`, `cp`, `fp8` and
+offload knobs (issue 23, phase B). Float8 rows need torchao (`pip install torchao`); without
+it they are skipped, as the trace says why.
+
+Axes: Llama 3.1 8B and Mistral 7B v0.3 (32 query / 8 kv heads, untied) and Qwen2.5 7B
+(28 / 4, untied) x a layout (TP 2-8 with and without sequence parallel, CP 2-8 ring or
+Ulysses, TP 2 x CP 2-4) x sequence 8k / 32k / 128k x activation offload x float8 (rowwise)
+x FSDP2 over the CP ranks; full fine-tune in bf16 with checkpointing, AdamW, torchtitan's
+stack (untied head, the HF loss on fp32 logits), one micro-batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vram import TrainingSetup
+from vram.catalog import load_config
+
+FAMILIES = {"llama31-8b": "llama-3.1-8b", "mistral-7b": "mistral-7b-v0.3",
+            "qwen25-7b": "qwen2.5-7b-instruct"}
+#: (tp, sequence parallel, cp, cp kind)
+LAYOUTS: list[tuple[int, bool, int, str]] = [
+    (2, True, 1, "ring"), (4, True, 1, "ring"), (8, True, 1, "ring"),
+    (2, False, 1, "ring"), (4, False, 1, "ring"),
+    (1, True, 2, "ring"), (1, True, 4, "ring"), (1, True, 8, "ring"),
+    (1, True, 2, "ulysses"), (1, True, 4, "ulysses"), (1, True, 8, "ulysses"),
+    (2, True, 2, "ring"), (2, True, 4, "ring"),
+]
+AXES: dict[str, list[Any]] = {
+    "layout": LAYOUTS,
+    "seq_len": [8192, 32768, 131072],
+    "offload": [False, True],
+    "fp8": [None, "rowwise"],
+    "fsdp": [False, True],
+}
+FIXED: dict[str, Any] = {"method": "full", "precision": "bf16-true", "micro_batch": 1,
+                         "grad_ckpt": True, "attention": "sdpa", "optimizer": "adamw",
+                         "framework": "torchtitan"}
+
+
+def valid(family: str, point: dict[str, Any]) -> bool:
+    """Layouts the stacks run: whole heads per TP rank (Qwen2.5 7B has 4 kv heads), FSDP2
+    only over CP ranks (a CP layout), float8 not with TP (torchtitan's float8 TP is tensorwise
+    with Float8 styles, which the trace does not plan)."""
+    tp, _sp, cp, _kind = point["layout"]
+    if family == "qwen25-7b" and tp > 4:
+        return False
+    if point["fsdp"] and cp == 1:
+        return False
+    return not (point["fp8"] and tp > 1)
+
+
+def grid() -> list[tuple[str, dict[str, Any]]]:
+    keys = list(AXES)
+    out = []
+    for family in FAMILIES:
+        for values in itertools.product(*(AXES[k] for k in keys)):
+            point = dict(zip(keys, values, strict=True))
+            if valid(family, point):
+                out.append((family, point))
+    return out
+
+
+def chosen(sample: int, seed: int) -> list[tuple[str, dict[str, Any]]]:
+    """`sample` setups drawn evenly over the layouts (each layout's share shuffled by `seed`),
+    interleaved so that any prefix covers every layout."""
+    rng = random.Random(seed)
+    per_layout = []
+    for layout in LAYOUTS:
+        combos = [c for c in grid() if c[1]["layout"] == layout]
+        rng.shuffle(combos)
+        per_layout.append(combos)
+    share = -(-sample // len(LAYOUTS))
+    rounds = zip(*(combos[:share] for combos in per_layout), strict=False)
+    return [c for batch in rounds for c in batch][:sample]
+
+
+def setup_and_spec(point: dict[str, Any]) -> tuple[TrainingSetup, Any]:
+    from vram.trace.parallel import ParallelSpec
+
+    tp, sp, cp, kind = point["layout"]
+    fields = dict(FIXED, seq_len=point["seq_len"])
+    if point["fsdp"]:
+        fields.update(sharding="zero3", fsdp_version=2, n_gpus=cp)
+    spec = ParallelSpec(tp=tp, sequence_parallel=sp, cp=cp, cp_kind=kind,
+                        offload_activations=point["offload"], fp8=point["fp8"])
+    return TrainingSetup(**fields), spec
+
+
+def key_of(family: str, point: dict[str, Any]) -> str:
+    return json.dumps([family, point], sort_keys=True)
+
+
+def trace(family: str, point: dict[str, Any]) -> dict[str, Any]:
+    from vram.trace.parallel import trace_parallel
+
+    setup, spec = setup_and_spec(point)
+    start = time.perf_counter()
+    result, raw = trace_parallel(load_config(FAMILIES[family]), setup, spec)
+    traced = result.to_json()
+    out = {k: traced[k] for k in ("buckets", "bucket_max", "allocated_peak_bytes", "peak_at",
+                                  "phase", "n_layers_traced")}
+    out["host_peak_bytes"] = raw.host_peak_bytes
+    out["wall_s"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def _load(path: Path | None) -> dict[str, Any]:
+    if path is None or not path.exists():
+        return {}
+    rows = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return {key_of(r["family"], r["point"]): r["trace"] for r in rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sample", type=int, default=72)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--traces", type=Path)
+    parser.add_argument("--worker", default="0/1")
+    parser.add_argument("--list", action="store_true", help="print the chosen setups only")
+    args = parser.parse_args()
+    index, count = (int(x) for x in args.worker.split("/"))
+    todo = chosen(args.sample, args.seed)[index::count]
+    if args.list:
+        for family, point in todo:
+            print(family, point)
+        return
+    cache = _load(args.traces)
+    for family, point in todo:
+        key = key_of(family, point)
+        if key in cache:
+            continue
+        try:
+            traced = trace(family, point)
+        except Exception as exc:  # the trace says why; the grid goes on
+            print(f"{family} {point}: not traced: {str(exc)[:120]}", file=sys.stderr)
+            continue
+        cache[key] = traced
+        if args.traces:
+            with args.traces.open("a") as fh:
+                fh.write(json.dumps({"family": family, "point": point, "trace": traced},
+                                    sort_keys=True) + "\n")
+        print(f"{family} {point} peak {traced['allocated_peak_bytes']:,} at "
+              f"{traced['peak_at']} ({traced['wall_s']} s)", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
