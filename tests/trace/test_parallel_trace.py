@@ -94,3 +94,16 @@ def test_pipeline_stage_preallocates_a_gradient_buffer_per_micro_batch() -> None
     ids = m * seq * 8  # the step's input ids, int64
     assert raw.peaks[("setup",)].buckets["activations"] == m * seq * H * BF16 + ids
     assert raw.peaks[("setup",)].buckets["weights"] == weights
+
+
+def test_offload_of_the_loss_follows_the_stack() -> None:
+    """TRL wraps `model(**inputs)`, whose loss the model computes inside: its saved fp32
+    log-softmax (`s x V`, saved by log_softmax and again by nll_loss: TRL sends the storage
+    once) and the shifted labels (`s` int64) go to the host too; torchtune offloads the
+    model's forward only. TRL also sends the final RMSNorm's fp32 input (`s h`) and its
+    rsqrt (`s`) once, where torchtune sends them for each op that saves them (pow and mul)."""
+    seq = 2048
+    host = [trace_parallel_depth(CONFIG, setup(seq, grad_ckpt=True),
+                                 ParallelSpec(offload_activations=True, offload_style=style),
+                                 2).host_peak_bytes for style in ("torchtune", "trl")]
+    assert host[1] - host[0] == seq * VOCAB * 4 + seq * 8 - seq * H * 4 - seq * 4

@@ -15,7 +15,11 @@ forward. What it keeps where, with its defaults (`use_pin_memory=True`, `use_str
   first tensor, the previous node's are freed by a hook that runs after this node, so the
   tensors of two autograd nodes are on the device at once; what is still in `fwd_stash` is
   used in place (it never left), and the stash is emptied after the first such node runs;
-* the output head's forward runs under `NoOpManager` (nothing of it is offloaded);
+* the output head's forward runs under `NoOpManager` (nothing of it is offloaded); torchtune
+  wraps the model's forward only (`with self.activations_handling_ctx: logits =
+  self._model(**batch)`, the loss after it), TRL wraps `model(**inputs)`, whose loss a
+  Transformers model computes inside its forward: the loss's saved tensors (the fp32 logits'
+  softmax) are offloaded under TRL, not under torchtune (`offload_loss`);
 * torchtune requires activation checkpointing with it (recipes/full_finetune_distributed.py
   @v0.6.1 #L205-L213); TRL does not (trl/trainer/sft_trainer.py@v1.9.0 #L1352). Under
   non-reentrant checkpointing the only tensors the outer hooks see inside a block are the
@@ -46,12 +50,39 @@ SOURCE = "torchtune/training/_activation_offloading.py@v0.6.1"
 
 @dataclass
 class _Offloaded:
-    """A tensor on the host: how to make it again on the device."""
+    """A tensor on the host: how to make it again on the device (a DTensor's local tensor
+    goes to the host; it comes back wrapped in the same placements)."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
     nbytes: int
+    spec: Any = None  # (mesh, placements, global shape, global stride) of a DTensor
+
+    def make(self) -> torch.Tensor:
+        local = torch.empty_strided(self.shape, self.stride, dtype=self.dtype)
+        if self.spec is None:
+            return local
+        from torch.distributed.tensor import DTensor
+
+        mesh, placements, shape, stride = self.spec
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape,
+                                  stride=stride)
+
+
+def _offloaded(tensor: torch.Tensor) -> _Offloaded:
+    """What the host keeps of `tensor`: its local part (torchtune's `empty_like(activation,
+    device="cpu")` of a DTensor is its local shard)."""
+    from torch.distributed.tensor import DTensor
+
+    spec = None
+    local = tensor
+    if isinstance(tensor, DTensor):
+        spec = (tensor.device_mesh, tensor.placements, tensor.shape, tensor.stride())
+        local = tensor.to_local()
+    stride = local.stride() if local.is_contiguous() else _contiguous(local.shape)
+    return _Offloaded(tuple(local.shape), tuple(stride), local.dtype,
+                      local.numel() * local.element_size(), spec)
 
 
 @dataclass
@@ -70,6 +101,11 @@ class OffloadState:
     node: Any = None
     muted: int = 0  # inside the output head (NoOpManager)
     params: set[int] = field(default_factory=set)
+    #: TRL's deduplication (trl/models/activation_offloading.py@v1.9.0 #L53-L80, #L222-L231,
+    #: #L345-L351): a storage packed again while its first copy is still in the forward stash
+    #: is not offloaded again: that reference keeps the tensor on the device.
+    dedup: bool = False
+    seen: dict[tuple[int, int, torch.dtype], int] = field(default_factory=dict)
 
     def pack(self, tensor: torch.Tensor) -> int:
         self.next_id += 1
@@ -81,11 +117,18 @@ class OffloadState:
             return tid
         for old in [k for k in self.fwd_stash if k <= tid - self.max_fwd_stash]:
             del self.fwd_stash[old]
-        stride = tensor.stride() if tensor.is_contiguous() else _contiguous(tensor.shape)
-        self.host[tid] = _Offloaded(tuple(tensor.shape), tuple(stride), tensor.dtype, nbytes)
+            self.seen = {key: t for key, t in self.seen.items() if t != old}
+        key = _storage_key(tensor)
+        if self.dedup and key in self.seen:
+            self.host[tid] = tensor  # kept on the device
+            return tid
+        if self.dedup:
+            self.seen[key] = tid
+        host = _offloaded(tensor)
+        self.host[tid] = host
         self.fwd_stash[tid] = tensor
-        self.host_bytes += nbytes
-        self.offloaded_bytes += nbytes
+        self.host_bytes += host.nbytes
+        self.offloaded_bytes += host.nbytes
         self.host_peak_bytes = max(self.host_peak_bytes, self.host_bytes)
         return tid
 
@@ -102,7 +145,7 @@ class OffloadState:
         if tid in self.fwd_stash:  # never left the device
             back = self.fwd_stash[tid]
         else:
-            back = torch.empty_strided(item.shape, item.stride, dtype=item.dtype)
+            back = item.make()
             self.bwd_stash[tid] = back
 
         def after_node(outputs: Any, _inputs: Any) -> Any:
@@ -119,6 +162,7 @@ class OffloadState:
         """torchtune's end-of-backward callback drops what is still stashed."""
         self.fwd_stash.clear()
         self.bwd_stash.clear()
+        self.seen.clear()
         self.node = None
 
 
@@ -131,7 +175,19 @@ def _contiguous(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def _storage_key(tensor: torch.Tensor) -> tuple[int, int, torch.dtype]:
+    """TRL's `_get_unique_tensor_key`: the (local) storage, the offset in it, the dtype."""
+    from torch.distributed.tensor import DTensor
+
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return _storage_id(local), int(local.storage_offset()), local.dtype
+
+
 def _storage_id(tensor: torch.Tensor) -> int:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
     try:
         return id(tensor.untyped_storage())
     except (RuntimeError, NotImplementedError):

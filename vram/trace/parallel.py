@@ -70,6 +70,13 @@ class ParallelSpec:
     cp_kind: str = RING
     dp: int = 1  # data-parallel ranks besides cp (FSDP2 shards over dp x cp)
     offload_activations: bool = False
+    #: whose offload: "torchtune" (the model's forward only) or "trl" (`model(**inputs)`,
+    #: the loss computed inside it included; storages deduplicated while stashed)
+    offload_style: str = "torchtune"
+
+    @property
+    def offload_loss(self) -> bool:
+        return self.offload_style == "trl"
     fp8: str | None = None  # torchao recipe: tensorwise, rowwise
     fp8_all_gather: bool = False  # FSDP2 all-gathers float8 weights (tensorwise)
 
@@ -83,6 +90,8 @@ class ParallelSpec:
                 raise TraceUnsupported(f"{name}: at least 1")
         if self.cp_kind not in (RING, ULYSSES):
             raise TraceUnsupported(f"cp_kind: one of {RING}, {ULYSSES}")
+        if self.offload_style not in ("torchtune", "trl"):
+            raise TraceUnsupported("offload_style: torchtune or trl")
 
 
 @dataclass
@@ -184,14 +193,21 @@ def _step_context(spec: ParallelSpec, mesh: Any) -> Iterator[None]:
 
 
 def _forward_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
-                  labels: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+                  labels: torch.Tensor, positions: torch.Tensor,
+                  forward: Any = contextlib.nullcontext) -> torch.Tensor:
     """HF's loss (`vram.trace.step._loss`) with explicit positions (a CP rank's tokens are not
-    at positions 0..s-1; under TP with SP the embedding's output is split on the sequence)."""
+    at positions 0..s-1; under TP with SP the embedding's output is split on the sequence).
+    `forward()` is entered around the model's forward only, the loss after it (torchtune's
+    offload scope); to cover the loss too, enter it around this call."""
     if setup.effective_loss.value == "chunked" or built.kind != "causal":
-        return _loss(built, setup, ids, labels)
-    out = built.model(input_ids=ids, labels=labels, position_ids=positions)
-    loss: torch.Tensor = out.loss
+        with forward():
+            return _loss(built, setup, ids, labels)
+    with forward():
+        out = built.model(input_ids=ids, position_ids=positions)
+    logits = out.logits
     del out
+    loss: torch.Tensor = built.hf.loss_function(logits=logits, labels=labels,
+                                                vocab_size=built.hf.config.vocab_size)
     return loss
 
 
@@ -222,8 +238,11 @@ def _run(built: Built, setup: TrainingSetup, spec: ParallelSpec, mesh: Any,
                     ids_r, labels_r, pos_r = ids, labels, positions
                 stack.enter_context(_step_context(spec, mesh))
                 tracker.set_phase(FORWARD, "embed")
-                with _forward_context(built, offload):
-                    loss = _forward_loss(built, setup, ids_r, labels_r, pos_r)
+                with _forward_context(built, offload if spec.offload_loss else None):
+                    loss = _forward_loss(
+                        built, setup, ids_r, labels_r, pos_r,
+                        forward=lambda: _offload_context(built, None if spec.offload_loss
+                                                         else offload))
                 tracker.set_phase(BACKWARD, "head")
                 with tracker.watching_backward(loss):
                     loss.backward()
@@ -236,13 +255,22 @@ def _run(built: Built, setup: TrainingSetup, spec: ParallelSpec, mesh: Any,
 
 @contextlib.contextmanager
 def _forward_context(built: Built, offload: Any) -> Iterator[None]:
+    """Autocast (the mixed recipes) and, when `offload` is given, the offload hooks."""
     with contextlib.ExitStack() as stack:
         if built.autocast is not None:
             stack.enter_context(torch.autocast("cpu", dtype=built.autocast))
-        if offload is not None:
-            from vram.trace.offload import offloading
+        stack.enter_context(_offload_context(built, offload))
+        yield
 
-            stack.enter_context(offloading(offload, built.hf.get_output_embeddings()))
+
+@contextlib.contextmanager
+def _offload_context(built: Built, offload: Any) -> Iterator[None]:
+    if offload is None:
+        yield
+        return
+    from vram.trace.offload import offloading
+
+    with offloading(offload, built.hf.get_output_embeddings()):
         yield
 
 
@@ -295,7 +323,8 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
             if spec.offload_activations:
                 from vram.trace.offload import OffloadState, parameter_storages
 
-                offload = OffloadState(params=parameter_storages(built.model))
+                offload = OffloadState(params=parameter_storages(built.model),
+                                       dedup=spec.offload_style == "trl")
             with _tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker):
                 _run(built, setup, spec, mesh, tracker, optimizer, offload)
     raw = RawTrace(
