@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from vram.errors import TrainingConfigError
-from vram.readers import load_training_config
-from vram.readers.safe_yaml import MAX_EXPANDED_NODES, parse_mapping
+from vram.io.readers import load_training_config
+from vram.io.readers.safe_yaml import MAX_EXPANDED_NODES, parse_mapping
 
 AXOLOTL = "base_model: meta-llama/Llama-3.1-8B\nadapter: qlora\nload_in_4bit: true\nlora_r: 16\n"
 

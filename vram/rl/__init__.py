@@ -10,7 +10,7 @@ engine, phase by phase.
 
 from __future__ import annotations
 
-from vram.architecture import ModelSpec
+from vram.model.architecture import ModelSpec
 from vram.rl.advice import advise
 from vram.rl.estimate import estimate as _estimate
 from vram.rl.result import ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
