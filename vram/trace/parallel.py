@@ -32,6 +32,16 @@ import torch
 
 from vram.setup import TrainingSetup
 from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
+from vram.trace.engine import (
+    BACKWARD,
+    FORWARD,
+    RawTrace,
+    install_labels,
+    numel,
+    optimizer_step,
+    swappable,
+    training_loss,
+)
 from vram.trace.optim import make_optimizer, state_tensors
 from vram.trace.report import TraceResult
 from vram.trace.sharded import (
@@ -44,16 +54,6 @@ from vram.trace.sharded import (
     _tracking_resizes,
     fake_process_group,
     shard,
-)
-from vram.trace.step import (
-    BACKWARD,
-    FORWARD,
-    RawTrace,
-    _install_labels,
-    _loss,
-    _numel,
-    _swappable,
-    optimizer_step,
 )
 
 RING, ULYSSES = "ring", "ulysses"
@@ -160,9 +160,9 @@ def _storages(t: torch.Tensor) -> list[torch.Tensor]:
 
 def runs_fsdp(setup: TrainingSetup, spec: ParallelSpec) -> bool:
     """FSDP2 shards the model over the dp x cp ranks."""
-    from vram.stack import runs_fsdp2
+    from vram.stacks.resolve import resolve
 
-    return spec.dp * spec.cp > 1 and runs_fsdp2(replace_gpus(setup, spec.dp * spec.cp))
+    return spec.dp * spec.cp > 1 and resolve(replace_gpus(setup, spec.dp * spec.cp)).fsdp2
 
 
 def replace_gpus(setup: TrainingSetup, n: int) -> TrainingSetup:
@@ -199,9 +199,12 @@ def _forward_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
     at positions 0..s-1; under TP with SP the embedding's output is split on the sequence).
     `forward()` is entered around the model's forward only, the loss after it (torchtune's
     offload scope); to cover the loss too, enter it around this call."""
-    if setup.effective_loss.value == "chunked" or built.kind != "causal":
+    from vram.setup import Loss
+    from vram.stacks.resolve import resolve
+
+    if resolve(setup).run.loss is Loss.CHUNKED or built.kind != "causal":
         with forward():
-            return _loss(built, setup, ids, labels)
+            return training_loss(built, setup, ids, labels)
     with forward():
         out = built.model(input_ids=ids, position_ids=positions)
     logits = out.logits
@@ -306,10 +309,10 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
         mesh = _meshes(spec)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tracker.outer_mode = mode
-        with mode, _swappable(mode):
+        with mode, swappable(mode):
             built = build(cfg, setup)
             params = list(built.model.parameters())
-            params_total = sum(_numel(p) for p in params)
+            params_total = sum(numel(p) for p in params)
             params_trainable = sum(p.numel() for p in params if p.requires_grad)
             states = _prepare(built, setup, spec, mesh)
             fsdp_params = list(_fsdp_params(states))
@@ -319,7 +322,7 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
                 raise TraceUnsupported("optimizer: the parallel trace steps after backward")
             weight_keys = _register_weights(built, tracker, fsdp_params)
             tracker.classifier = _classifier(tracker, weight_keys, fsdp_params, train, optimizer)
-            _install_labels(built, tracker, label_before_hooks=True)
+            install_labels(built, tracker, label_before_hooks=True)
             if spec.offload_activations:
                 from vram.trace.offload import OffloadState, parameter_storages
 

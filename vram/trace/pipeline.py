@@ -40,6 +40,14 @@ from torch import nn
 
 from vram.setup import TrainingSetup
 from vram.trace.build import Built, TraceUnsupported, build, with_depth
+from vram.trace.engine import (
+    BACKWARD,
+    FORWARD,
+    RawTrace,
+    install_labels,
+    optimizer_step,
+    swappable,
+)
 from vram.trace.optim import make_optimizer
 from vram.trace.parallel import (
     ParallelRaw,
@@ -55,7 +63,6 @@ from vram.trace.sharded import (
     _regions,
     _tracking_resizes,
 )
-from vram.trace.step import BACKWARD, FORWARD, RawTrace, _install_labels, _swappable, optimizer_step
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -250,7 +257,7 @@ def trace_stage_depth(config: dict[str, Any], setup: TrainingSetup, spec: Parall
         mesh = _meshes(pipe, spec)
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tracker.outer_mode = mode
-        with mode, _swappable(mode):
+        with mode, swappable(mode):
             built = build(cfg, setup)
             n_stages = pipe.pp * pipe.virtual
             _strip(built.hf, pipe.stages[0] == 0, pipe.stages[-1] == n_stages - 1)
@@ -283,7 +290,7 @@ def trace_stage_depth(config: dict[str, Any], setup: TrainingSetup, spec: Parall
             weight_keys = _register_weights(built, tracker, fsdp_params)
             tracker.classifier = _classifier(tracker, weight_keys, fsdp_params, train,
                                              optimizer)
-            _install_labels(built, tracker, label_before_hooks=True)
+            install_labels(built, tracker, label_before_hooks=True)
             _follow_phases(stages, tracker)
             batch = setup.micro_batch * pipe.microbatches
             with (_tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker),
