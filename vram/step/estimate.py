@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vram.errors import VramError
 from vram.memo import TOKEN_FIELDS, memoized, setup_key
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_part
@@ -48,6 +49,7 @@ from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
 from vram.sharding.shards import Shards, shards_of
 from vram.stacks.profile import StackProfile, profile_for
+from vram.stacks.resolve import resolve
 from vram.step.context import Moment
 from vram.step.draft import line_items
 from vram.step.moments import step_moments
@@ -148,7 +150,11 @@ class StepPeak:
 def _step_peak(model: ModelSpec, setup: TrainingSetup,
                figures: list[MomentBytes] | None) -> StepPeak:
     """The step's moments and their peaks; each moment's figures go to `figures` (`estimate`
-    writes them out; `estimate_peaks` passes None)."""
+    writes them out; `estimate_peaks` passes None). A layout or float8 recipe the stack does
+    not run is an error naming the knob (`vram.stacks.support`)."""
+    problem = resolve(setup).unsupported
+    if problem is not None:
+        raise VramError(problem)
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
