@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from vram import TrainingSetup
-from vram.catalog import load_config
+from vram.model.catalog import load_config
 
 FAMILIES = {"llama31-8b": "llama-3.1-8b", "mistral-7b": "mistral-7b-v0.3",
             "qwen25-7b": "qwen2.5-7b-instruct"}

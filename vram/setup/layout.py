@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from vram.setup.enums import ContextParallel, Fp8Recipe, Method, PipelineSchedule
+from vram.setup.enums import Attention, ContextParallel, Fp8Recipe, Method, PipelineSchedule
 
 
 class Layout(Protocol):
@@ -46,6 +46,10 @@ class Layout(Protocol):
     def fp8(self) -> Fp8Recipe: ...
     @property
     def method(self) -> Method: ...
+    @property
+    def attention(self) -> Attention: ...
+    @property
+    def seq_len(self) -> int: ...
 
 
 def model_parallel(setup: Layout) -> int:
@@ -57,6 +61,11 @@ def shard_group(setup: Layout) -> int:
     """The GPUs that share (DDP) or shard (ZeRO/FSDP) the model state: data x context parallel
     (`n_gpus / (tp pp)`; every GPU when tp = pp = 1)."""
     return max(1, setup.n_gpus // (setup.tp * setup.pp))
+
+
+def rank_seq_len(setup: Layout) -> int:
+    """The tokens of each sequence one context-parallel rank holds: `s / cp`."""
+    return setup.seq_len // setup.cp
 
 
 def data_parallel(setup: Layout) -> int:
@@ -79,6 +88,15 @@ def check_layout(setup: Layout) -> None:
                          "set tp above 1")
     if setup.cp_kind is not None and setup.cp == 1:
         raise ValueError("cp_kind: set cp above 1 to choose how the sequence is split")
+    if setup.cp > 1 and setup.attention is Attention.EAGER:
+        # PyTorch's context_parallel dispatches the fused SDPA kernels only
+        # (torch/distributed/tensor/experimental/_context_parallel/_attention.py@v2.13.0
+        # `_sdpa_handler`); ring-flash-attn and Ulysses wrap flash attention
+        raise ValueError("attention: context parallel splits SDPA or flash attention; eager "
+                         "attention's s x s scores are not split")
+    if setup.cp > 1 and setup.seq_len % setup.cp:
+        raise ValueError(f"seq_len: {setup.seq_len} tokens do not split evenly over cp "
+                         f"({setup.cp})")
     _check_pipeline(setup)
     if setup.fp8 is not Fp8Recipe.NONE and setup.method is Method.QLORA:
         # LLaMA-Factory refuses it (src/llamafactory/hparams/parser.py@v0.9.5 #L403)

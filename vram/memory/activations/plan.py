@@ -16,6 +16,7 @@ from vram.memory.activations.layer import LayerActivations, layer_activations
 from vram.memory.head import HeadActivations, head_activations
 from vram.model.spec import LayerStack, ModelSpec
 from vram.setup import Offload, TrainingSetup
+from vram.setup.layout import rank_seq_len
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile
 from vram.units import FP32_BYTES as FP32
@@ -119,8 +120,11 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
     """Activation memory of one micro-batch: the per-token figures (remembered per model for
-    setups equal but for the batch size) times its tokens."""
-    tokens = setup.micro_batch * setup.seq_len
+    setups equal but for the batch size) times its tokens: on this GPU, `s / cp` of each
+    sequence under context parallel (every layer's saved tensors and the loss are per token;
+    what the attention kernel holds of the other ranks' keys and values is a transient:
+    `vram.sharding.context_parallel`)."""
+    tokens = setup.micro_batch * rank_seq_len(setup)
     key = per_token_key(setup)
     per = memoized(model, ("plan per token", *key),
                    lambda: _plan_per_token(model, setup, profile))
