@@ -12,6 +12,7 @@ from vram.memory.params import STORAGE_BYTES, ParamGroup, Storage
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem
 from vram.setup import Offload, Sharding, TrainingSetup
+from vram.setup.layout import shard_group
 from vram.sharding import fsdp2
 from vram.sharding.deepspeed_zero import ZeroBuffers, ipg_buckets, reduce_bucket_values
 from vram.sharding.shards import Shards
@@ -76,9 +77,10 @@ def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackP
         if own_head else 0
     embedding = next((g for g in groups if g.key == "embedding" and g.trainable), None)
     built = embedding.n_params * fsdp2.gather_bytes(embedding, profile) if embedding else 0
-    return GradientPart(total, head // setup.n_gpus, 0, built, per_layer, 0, 0, 0, unit,
+    group = shard_group(setup)
+    return GradientPart(total, head // group, 0, built, per_layer, 0, 0, 0, unit,
                         tied=fsdp2.tied_pending_bytes(model, groups, profile),
-                        pending=root // setup.n_gpus, fsdp2=units)
+                        pending=root // group, fsdp2=units)
 
 
 def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
