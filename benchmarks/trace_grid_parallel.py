@@ -5,9 +5,10 @@
 
 Each setup is traced by `vram.trace.parallel.trace_parallel` (two depths, extended to the
 model's) and its figures appended to `--traces` (JSON lines; a setup already there is not
-traced again). The comparison with the closed form comes with the `tp`, `cp`, `fp8` and
-offload knobs (issue 23, phase B). Float8 rows need torchao (`pip install torchao`); without
-it they are skipped, as the trace says why.
+traced again), then compared with the closed form of the same setup (`--compare-only`: the
+traces already there, nothing traced): rank 0's weights, gradients and optimizer state within
+1 %, the activations at the trace's peak moment and the allocated peak within 5 %. Float8 rows
+need torchao (`pip install torchao`); without it they are skipped, as the trace says why.
 
 Axes: Llama 3.1 8B and Mistral 7B v0.3 (32 query / 8 kv heads, untied) and Qwen2.5 7B
 (28 / 4, untied) x a layout (TP 2-8 with and without sequence parallel, CP 2-8 ring or
@@ -27,8 +28,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vram import TrainingSetup
+from benchmarks.trace_grid import relative_error
+from benchmarks.trace_grid_sharded import same_moment
+from vram import TrainingSetup, estimate, load_model
 from vram.model.catalog import load_config
+
+TOLERANCE = {"weights": 0.01, "gradients": 0.01, "optimizer": 0.01, "activations": 0.05,
+             "peak": 0.05}
 
 FAMILIES = {"llama31-8b": "llama-3.1-8b", "mistral-7b": "mistral-7b-v0.3",
             "qwen25-7b": "qwen2.5-7b-instruct"}
@@ -101,6 +107,42 @@ def setup_and_spec(point: dict[str, Any]) -> tuple[TrainingSetup, Any]:
     return TrainingSetup(**fields), spec
 
 
+def estimate_setup(point: dict[str, Any]) -> TrainingSetup:
+    """The traced setup in the knobs' words: tp x cp GPUs (no data parallel); FSDP2 over the CP
+    ranks, else DDP among them (the trace sums nothing: the closed form's DDP buckets are its
+    own), activation offload as torchtune runs it (with checkpointing)."""
+    tp, sp, cp, kind = point["layout"]
+    fields = dict(FIXED, seq_len=point["seq_len"], n_gpus=tp * cp, tp=tp, cp=cp)
+    if tp > 1:
+        fields["sequence_parallel"] = sp
+    if cp > 1:
+        fields.update(cp_kind=kind, sharding="zero3" if point["fsdp"] else "ddp")
+        if point["fsdp"]:
+            fields["fsdp_version"] = 2
+    if point["offload"]:
+        fields["offload"] = "activations"
+    if point["fp8"]:
+        fields["fp8"] = point["fp8"]
+    return TrainingSetup(**fields)
+
+
+def compare(family: str, point: dict[str, Any], traced: dict[str, Any]) -> dict[str, float]:
+    """(closed form - trace) / trace for each compared figure."""
+    ours = estimate(load_model(FAMILIES[family]), estimate_setup(point))
+    moment = same_moment(ours, traced["peak_at"])
+    step = next(m for m in ours.moments if m.label == "the optimizer step")
+    state = {item.key: item.bytes for bucket in ours.buckets for item in bucket.items}
+    mine = {"weights": sum(b for k, b in state.items()
+                           if k.startswith("weights.") and not k.startswith("weights.fsdp2_")),
+            "gradients": step.gradient_bytes,
+            "optimizer": sum(b for k, b in state.items() if k.startswith("optimizer."))}
+    errors = {k: relative_error(v, traced["bucket_max"].get(k, 0)) for k, v in mine.items()}
+    errors["activations"] = relative_error(moment.activation_bytes,
+                                           traced["buckets"].get("activations", 0))
+    errors["peak"] = relative_error(ours.allocated_peak_bytes, traced["allocated_peak_bytes"])
+    return errors
+
+
 def key_of(family: str, point: dict[str, Any]) -> str:
     return json.dumps([family, point], sort_keys=True)
 
@@ -133,6 +175,9 @@ def main() -> None:
     parser.add_argument("--traces", type=Path)
     parser.add_argument("--worker", default="0/1")
     parser.add_argument("--list", action="store_true", help="print the chosen setups only")
+    parser.add_argument("--compare-only", action="store_true",
+                        help="compare the setups already in --traces, trace nothing")
+    parser.add_argument("--out", type=Path, help="write the comparison here too")
     args = parser.parse_args()
     index, count = (int(x) for x in args.worker.split("/"))
     todo = chosen(args.sample, args.seed)[index::count]
@@ -143,7 +188,7 @@ def main() -> None:
     cache = _load(args.traces)
     for family, point in todo:
         key = key_of(family, point)
-        if key in cache:
+        if key in cache or args.compare_only:
             continue
         try:
             traced = trace(family, point)
@@ -157,6 +202,50 @@ def main() -> None:
                                     sort_keys=True) + "\n")
         print(f"{family} {point} peak {traced['allocated_peak_bytes']:,} at "
               f"{traced['peak_at']} ({traced['wall_s']} s)", file=sys.stderr, flush=True)
+    report(todo, cache, args.out)
+
+
+def _row_text(family: str, point: dict[str, Any], errors: dict[str, float]) -> str:
+    tp, sp, cp, kind = point["layout"]
+    layout = (f"tp{tp}{'+sp' if sp and tp > 1 else ''}" if tp > 1 else "") + (
+        f"{'x' if tp > 1 else ''}cp{cp} {kind}" if cp > 1 else "")
+    flags = ",".join(k for k in ("offload", "fsdp") if point[k]) + (
+        f",fp8 {point['fp8']}" if point["fp8"] else "")
+    ok = all(abs(errors[k]) <= tol for k, tol in TOLERANCE.items())
+    return (f"{family:<11} {layout:<18} {point['seq_len']:>6} {flags:<22} "
+            + " ".join(f"{100 * errors[k]:+7.1f}%" for k in TOLERANCE)
+            + f"  {'yes' if ok else 'NO'}")
+
+
+def report(todo: list[tuple[str, dict[str, Any]]], cache: dict[str, Any],
+           out: Path | None) -> None:
+    """One line per traced setup and a summary (the figures of `TOLERANCE`)."""
+    lines = [f"{'family':<11} {'layout':<18} {'seq':>6} {'':<22} "
+             + " ".join(f"{k[:7]:>8}" for k in TOLERANCE) + "  ok"]
+    rows = []
+    for family, point in todo:
+        traced = cache.get(key_of(family, point))
+        if traced is None:
+            continue
+        try:
+            errors = compare(family, point, traced)
+        except Exception as exc:  # the trace is kept; report the setup and go on
+            lines.append(f"{family} {point}: not compared: {str(exc)[:100]}")
+            continue
+        rows.append(errors)
+        lines.append(_row_text(family, point, errors))
+    lines.append("")
+    for name, tol in TOLERANCE.items():
+        within = sum(1 for r in rows if abs(r[name]) <= tol)
+        worst = max((abs(r[name]) for r in rows), default=0.0)
+        lines.append(f"{name:<12} within {100 * tol:.0f}%: {within}/{len(rows)}  "
+                     f"largest {100 * worst:.2f}%")
+    passing = sum(all(abs(r[k]) <= t for k, t in TOLERANCE.items()) for r in rows)
+    lines.append(f"setups={len(rows)} all_within_tolerance={passing}")
+    text = "\n".join(lines)
+    print(text)
+    if out is not None:
+        out.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,16 @@ def grad_bytes(group: ParamGroup) -> int:
     return group.n_params * FP32
 
 
+def whole_embedding_factor(setup: TrainingSetup) -> int:
+    """Under tensor parallel the vocabulary-parallel embedding's gradient is whole on every
+    rank: DTensor has no backward strategy that leaves it split by rows (`Shard(0)`); with the
+    sequence split (or replicated) its `embedding_dense_backward` makes a `Partial` full-vocab
+    gradient that is reduced to `Replicate` (torch/distributed/tensor/_ops/_embedding_ops.py
+    @v2.13.0 #L66-L97 `embedding_dense_backward_strategy`; the trace: a 2-rank Llama's
+    embedding `.grad` is Replicate, V x h). It stays so until the optimizer step."""
+    return setup.tp
+
+
 @dataclass(frozen=True, slots=True)
 class GradientPart:
     total: int  # every gradient on this GPU
@@ -86,8 +96,10 @@ def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackP
 def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
                    shards: Shards, profile: StackProfile) -> GradientPart:
     trainable = [g for g in groups if g.trainable]
-    full = sum(grad_bytes(g) for g in trainable)
     by_key = {g.key: grad_bytes(g) for g in trainable}
+    if setup.tp > 1 and "embedding" in by_key and not profile.fsdp2:
+        by_key["embedding"] *= whole_embedding_factor(setup)
+    full = sum(by_key.values())
     # Only an LM head multiplies by a tied embedding; a classifier's embedding is used once.
     tied_lm = model.lm_head_tied
     head = by_key.get("head", by_key.get("embedding", 0) if tied_lm else 0)

@@ -86,6 +86,9 @@ class StackRow(BaseModel):
     runs_pipeline_parallel: bool
     #: The context-parallel kinds it runs (`cp_kind`); empty: no context parallel.
     context_parallel_kinds: tuple[ContextParallel, ...]
+    #: Under tensor parallel the logits stay split by vocabulary into the loss (torch's
+    #: `loss_parallel`); False: they are gathered whole on every rank first.
+    loss_parallel: bool
     #: Runs expert parallel (`ep`).
     runs_expert_parallel: bool
     #: The float8 recipes it trains with (`fp8`).

@@ -48,6 +48,7 @@ from vram.result import (
 from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
 from vram.sharding.shards import Shards, shards_of
+from vram.sharding.tensor_parallel import tp_local
 from vram.stacks.profile import StackProfile, profile_for
 from vram.stacks.resolve import resolve
 from vram.step.context import Moment
@@ -155,6 +156,7 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
     problem = resolve(setup).unsupported
     if problem is not None:
         raise VramError(problem)
+    model = tp_local(model, setup.tp)  # one tensor-parallel rank's slice
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
