@@ -47,6 +47,7 @@ from vram.result import (
 )
 from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
+from vram.sharding.pipeline import StagePlan, peak_stages, stage_model, stage_plans
 from vram.sharding.shards import Shards, shards_of
 from vram.sharding.tensor_parallel import tp_local
 from vram.stacks.profile import StackProfile, profile_for
@@ -54,6 +55,7 @@ from vram.stacks.resolve import resolve
 from vram.step.context import Moment
 from vram.step.draft import line_items
 from vram.step.moments import step_moments
+from vram.step.pipeline_moments import with_pipeline
 
 
 def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
@@ -146,22 +148,46 @@ class StepPeak:
     peak: Moment
     allocated: int
     reserved: int
+    #: Under pipeline parallel, the rank whose step this is (the one with the peak).
+    stage: StagePlan | None = None
 
 
 def _step_peak(model: ModelSpec, setup: TrainingSetup,
                figures: list[MomentBytes] | None) -> StepPeak:
     """The step's moments and their peaks; each moment's figures go to `figures` (`estimate`
     writes them out; `estimate_peaks` passes None). A layout or float8 recipe the stack does
-    not run is an error naming the knob (`vram.stacks.support`)."""
+    not run is an error naming the knob (`vram.stacks.support`). Under pipeline parallel the
+    step of each rank that can hold the peak (`vram.sharding.pipeline.peak_stages`), the
+    largest kept."""
     problem = resolve(setup).unsupported
     if problem is not None:
         raise VramError(problem)
     model = tp_local(model, setup.tp)  # one tensor-parallel rank's slice
+    if setup.pp == 1:
+        return _rank_peak(model, setup, figures, None)
+    best: StepPeak | None = None
+    best_figures: list[MomentBytes] = []
+    for stage in peak_stages(stage_plans(setup, model.n_layers)):
+        stage_figures: list[MomentBytes] = []
+        step = _rank_peak(stage_model(model, stage), setup, stage_figures, stage)
+        if best is None or step.allocated > best.allocated:
+            best, best_figures = step, stage_figures
+    assert best is not None
+    if figures is not None:
+        figures.extend(best_figures)
+    return best
+
+
+def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes] | None,
+               stage: StagePlan | None) -> StepPeak:
+    """`_step_peak` on one rank: `model` is what the rank holds."""
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
     moments = step_moments(model, setup, plan, grads, part.working,
                        part.optimizer.step_temp_bytes + zero.step_copies_bytes)
+    if stage is not None:
+        with_pipeline(moments, stage, model, setup, plan, part.profile)
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
@@ -185,7 +211,7 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
-    return StepPeak(part, plan, peak, allocated, reserved)
+    return StepPeak(part, plan, peak, allocated, reserved, stage)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -213,7 +239,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         host_bytes=part.host_bytes + step.plan.offloaded_bytes,
         paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=part.state_bytes, approximate=model.approximate,
-        notes=_notes(part, peak),
+        notes=_notes(part, peak) + _stage_note(setup, step.stage),
         moments=tuple(figures),
     )
 
@@ -249,6 +275,14 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
     return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),
             *in_flight)
+
+
+def _stage_note(setup: TrainingSetup, stage: StagePlan | None) -> tuple[str, ...]:
+    if stage is None:
+        return ()
+    where = "first" if stage.first else "last" if stage.last else "middle"
+    return (f"Pipeline rank {stage.rank} of {setup.pp} (the {where} stage: {stage.blocks} "
+            f"blocks, {float(stage.in_flight):g} micro-batches in flight) holds the peak.",)
 
 
 def _notes(part: StatePart, peak: Moment) -> tuple[str, ...]:

@@ -324,7 +324,9 @@ def _step(schedule: Any, stages: list[Any], built: Built, ids: torch.Tensor,
             from torch.distributed.tensor.parallel import loss_parallel
 
             stack.enter_context(loss_parallel())
-        schedule.step(ids if first else None, **kwargs)
+        # torchtitan asks for no outputs (torchtitan/train.py@v0.2.2 #L502-L515
+        # `return_outputs=False`): the last stage then keeps no micro-batch's logits
+        schedule.step(ids if first else None, return_outputs=False, **kwargs)
 
 
 def _shard_stages(modules: list[StageModule], setup: TrainingSetup, mesh: Any) -> list[Any]:
