@@ -187,7 +187,7 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
     moments = step_moments(model, setup, plan, grads, part.working,
                        part.optimizer.step_temp_bytes + zero.step_copies_bytes)
     if stage is not None:
-        with_pipeline(moments, stage, model, setup, plan, part.profile)
+        with_pipeline(moments, stage, model, setup, plan, part.profile, part.groups)
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
