@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,18 +42,18 @@ from vram.trace.engine import (
     swappable,
     training_loss,
 )
-from vram.trace.optim import make_optimizer, state_tensors
+from vram.trace.optim import make_optimizer
 from vram.trace.report import TraceResult
 from vram.trace.sharded import (
-    GATHERED,
-    REDUCING,
     ShardedTracker,
     _fsdp_params,
     _muting_propagation,
     _regions,
     _tracking_resizes,
+    classifier,
     fake_process_group,
     shard,
+    storages,
 )
 
 RING, ULYSSES = "ring", "ulysses"
@@ -144,18 +144,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _storages(t: torch.Tensor) -> list[torch.Tensor]:
-    """The plain tensors holding `t`'s memory: a DTensor's local tensor, and the inner tensors
-    of a wrapper subclass (torchao's `WeightWithDynamicFloat8CastTensor` keeps the weight in
-    `_tensor`; the wrapper's own storage holds nothing)."""
-    t = _local(t)
-    flatten = getattr(t, "__tensor_flatten__", None)
-    if flatten is None or type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter):
-        return [t]
-    names, _ = flatten()
-    return [inner for name in names for inner in _storages(getattr(t, name))]
 
 
 def runs_fsdp(setup: TrainingSetup, spec: ParallelSpec) -> bool:
@@ -321,7 +309,7 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
             if optimizer is None:
                 raise TraceUnsupported("optimizer: the parallel trace steps after backward")
             weight_keys = _register_weights(built, tracker, fsdp_params)
-            tracker.classifier = _classifier(tracker, weight_keys, fsdp_params, train, optimizer)
+            tracker.classifier = classifier(tracker, weight_keys, fsdp_params, train, optimizer)
             install_labels(built, tracker, label_before_hooks=True)
             if spec.offload_activations:
                 from vram.trace.offload import OffloadState, parameter_storages
@@ -347,34 +335,10 @@ def _register_weights(built: Built, tracker: ShardedTracker,
     else:
         tensors = [_local(p) for p in built.model.parameters()]
     for t in [*tensors, *built.model.buffers()]:
-        for inner in _storages(t):
+        for inner in storages(t):
             tracker.register(inner, "param")
             keys[tracker.storage_key(inner)] = "weights"
     return keys
-
-
-def _classifier(tracker: ShardedTracker, weight_keys: dict[int, str], fsdp_params: list[Any],
-                train: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer) -> Any:
-    def classify() -> dict[int, str]:
-        classes = dict(tracker.region_keys)
-        classes.update(weight_keys)
-        for fp in fsdp_params:
-            unsharded = getattr(fp, "_unsharded_param", None)
-            if unsharded is not None:
-                classes[tracker.storage_key(_local(unsharded))] = GATHERED
-                if unsharded.grad is not None:
-                    classes[tracker.storage_key(_local(unsharded.grad))] = REDUCING
-        for t in state_tensors([optimizer]):
-            for inner in _storages(t):
-                classes[tracker.storage_key(inner)] = "optimizer"
-        grads = [fp.sharded_param.grad for fp in fsdp_params] or [p.grad for p in train]
-        for grad in grads:
-            if grad is not None:
-                for inner in _storages(grad):
-                    classes[tracker.storage_key(inner)] = "gradients"
-        return classes
-
-    return classify
 
 
 # -- depth extension --------------------------------------------------------------------------

@@ -52,7 +52,6 @@ from vram.trace.optim import make_optimizer
 from vram.trace.parallel import (
     ParallelRaw,
     ParallelSpec,
-    _classifier,
     _register_weights,
     runs_fsdp,
 )
@@ -62,6 +61,7 @@ from vram.trace.sharded import (
     _muting_propagation,
     _regions,
     _tracking_resizes,
+    classifier,
 )
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -288,7 +288,7 @@ def trace_stage_depth(config: dict[str, Any], setup: TrainingSetup, spec: Parall
             if optimizer is None:
                 raise TraceUnsupported("optimizer: the pipeline trace steps after backward")
             weight_keys = _register_weights(built, tracker, fsdp_params)
-            tracker.classifier = _classifier(tracker, weight_keys, fsdp_params, train,
+            tracker.classifier = classifier(tracker, weight_keys, fsdp_params, train,
                                              optimizer)
             install_labels(built, tracker, label_before_hooks=True)
             _follow_phases(stages, tracker)
