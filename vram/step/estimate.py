@@ -232,7 +232,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         Bucket.assemble(BucketName.OVERHEAD, overhead),
     )
     return Estimate.assemble(
-        model_name=model.name, setup=setup, params=part.params,
+        model_name=model.name, setup=setup, params=_whole_model_params(model, setup, part),
         buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved,
         device_peak_bytes=allocated + sum(i.bytes for i in overhead),
@@ -275,6 +275,17 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
     return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),
             *in_flight)
+
+
+def _whole_model_params(model: ModelSpec, setup: TrainingSetup, part: StatePart) -> ParamCounts:
+    """The whole model's parameter counts (under tensor or pipeline parallel the state part is
+    one rank's slice)."""
+    if setup.tp == 1 and setup.pp == 1:
+        return part.params
+    groups = memoized(model, ("param groups", setup_key(setup, TOKEN_FIELDS)),
+                      lambda: param_groups(model, setup, part.profile))
+    return ParamCounts(total=model.n_params, trainable=trainable_params(groups),
+                       quantized=sum(g.n_params for g in groups if g.storage in QUANTIZED))
 
 
 def _stage_note(setup: TrainingSetup, stage: StagePlan | None) -> tuple[str, ...]:
