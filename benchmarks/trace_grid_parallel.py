@@ -117,7 +117,8 @@ def estimate_setup(point: dict[str, Any]) -> TrainingSetup:
     tp, sp, cp, kind = point["layout"]
     fields = dict(FIXED, seq_len=point["seq_len"], n_gpus=tp * cp, tp=tp, cp=cp)
     if kind == "ulysses" and cp > 1:
-        fields["framework"] = "hf-trainer"
+        # the trace's FSDP2 wrapping is torchtitan's (embedding and head units of their own)
+        fields.update(framework="hf-trainer", fsdp_embedding_units=True)
     if tp > 1:
         fields["sequence_parallel"] = sp
     if cp > 1:
