@@ -11,7 +11,8 @@ allocator model above all): the sizes follow the residuals, and
 `benchmarks/validation.txt` (`python -m vram validate ../shared/validation/cases.csv`): its
 low and high columns follow the table. A measured run with `alloc_conf` set (the H200's
 `expandable_segments:True` rows) gives the factor the allocator's terms take under expandable
-segments; once the setup has the knob, `vram.step.bounds.expandable_segments` reads it.
+segments; a run is under them as `vram.step.bounds.expandable_segments` reads its setup (the
+`alloc_conf` knob, else the stack's setting), the H200 rows with the setting they ran.
 
 The measured runs: the scored rows of the shared case file (each with its metric; `active` is
 the allocated figure) and the 61 H200 steps (`benchmarks/gpu_h200_raw/`: allocated, reserved and
@@ -47,6 +48,7 @@ from benchmarks.gpu_compare import model_of, setup_of
 from vram import TrainingSetup, estimate, load_gpus
 from vram.errors import VramError
 from vram.io.validate import _is_scored, setup_from_row
+from vram.memory.allocator.conf import parse_alloc_conf
 from vram.model.architecture import (
     llama_shaped,
     model_from_config,
@@ -64,6 +66,7 @@ from vram.step.bounds import (
     Figure,
     Peaks,
     TermSize,
+    expandable_segments,
     quantities,
 )
 
@@ -163,9 +166,11 @@ def case_setups(path: Path = CASES) -> list[Measured]:
             if not _is_scored(row):
                 continue
             figure = Figure.ALLOCATED if row["metric"] == "active" else Figure(row["metric"])
+            setup = setup_from_row(row)
             found.append(Measured(row["id"], "cases",
-                                  model_from_config_file(path.parent / row["model"]),
-                                  setup_from_row(row), {figure: int(row["measured_bytes"])}))
+                                  model_from_config_file(path.parent / row["model"]), setup,
+                                  {figure: int(row["measured_bytes"])},
+                                  expandable_segments(setup)))
     return found
 
 
@@ -179,14 +184,15 @@ def h200_setups(folder: Path = H200_RAW) -> list[Measured]:
             row = json.loads(line)
             if row.get("status") != "ok":
                 continue
-            setup = setup_of(row).model_copy(update={**H200_VERSIONS, "context_mib": context})
+            setup = setup_of(row).model_copy(update={
+                **H200_VERSIONS, "context_mib": context,
+                "alloc_conf": parse_alloc_conf(row.get("alloc_conf") or "").text()})
             measured = {Figure.ALLOCATED: row["allocated_peak"],
                         Figure.RESERVED: row["reserved_peak"]}
             if row.get("nvml_proc_max"):
                 measured[Figure.DEVICE] = row["nvml_proc_max"]
             found.append(Measured(f"{path.parent.name}:{row['id']}", "h200", model_of(row),
-                                  setup, measured, "expandable_segments:true"
-                                  in str(row.get("alloc_conf", "")).lower()))
+                                  setup, measured, expandable_segments(setup)))
     return found
 
 

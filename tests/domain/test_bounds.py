@@ -189,17 +189,17 @@ def test_padding_to_64_tokens_widens_only_the_top() -> None:
 
 
 def test_expandable_segments_are_read_from_the_alloc_conf_knob() -> None:
-    """The hook for issue 21's `alloc_conf` knob: its text or its parsed settings."""
-    from types import SimpleNamespace
+    """The `alloc_conf` knob decides, else the stack's setting (data/stacks.toml: axolotl
+    sets expandable_segments:True, HF Trainer sets nothing)."""
+    def on(**knobs: object) -> bool:
+        return b.expandable_segments(vram.TrainingSetup(method="full", **knobs))
 
-    def setup(conf: object) -> vram.TrainingSetup:
-        return SimpleNamespace(alloc_conf=conf)  # type: ignore[return-value]
-
-    assert b.expandable_segments(setup("expandable_segments:True,max_split_size_mb:128"))
-    assert not b.expandable_segments(setup("max_split_size_mb:128"))
-    assert b.expandable_segments(setup(SimpleNamespace(expandable_segments=True)))
-    assert not b.expandable_segments(setup(SimpleNamespace(expandable_segments=False)))
-    assert not b.expandable_segments(setup(None))
+    assert on(alloc_conf="expandable_segments:True,max_split_size_mb:128")
+    assert not on(alloc_conf="max_split_size_mb:128")
+    assert not on(alloc_conf="default")
+    assert not on(framework="hf-trainer")
+    assert on(framework="axolotl")
+    assert not on(framework="axolotl", alloc_conf="default")
 
 
 def test_expandable_segments_scale_only_the_allocator_terms(monkeypatch: pytest.MonkeyPatch

@@ -32,10 +32,12 @@ from statistics import NormalDist
 from typing import Any, NamedTuple
 
 from vram.errors import CatalogError
+from vram.memory.allocator.conf import parse_alloc_conf
 from vram.model.spec import ModelSpec
 from vram.paths import data_dir
 from vram.result import Bounds
 from vram.setup import Method, TrainingSetup
+from vram.stacks.resolve import resolve
 
 BOUNDS_FILE = "bounds.toml"
 
@@ -194,16 +196,10 @@ def bounds_table() -> BoundsTable:
 
 
 def expandable_segments(setup: TrainingSetup) -> bool:
-    """Whether the caching allocator maps expandable segments: the `alloc_conf` knob
-    (issue 21), parsed (its `expandable_segments`) or as `PYTORCH_CUDA_ALLOC_CONF` text;
-    False while the setup has no such knob."""
-    conf = setup.__dict__.get("alloc_conf")
-    if conf is None:
-        return False
-    flag = getattr(conf, "expandable_segments", None)
-    if isinstance(flag, bool):
-        return flag
-    return "expandable_segments:true" in str(conf).replace(" ", "").lower()
+    """Whether the caching allocator maps expandable segments: the `alloc_conf` knob, else the
+    stack's setting (`resolve(setup).run.alloc_conf`, from `data/stacks.toml`), parsed as
+    PyTorch parses `PYTORCH_CUDA_ALLOC_CONF` (`vram.memory.allocator.conf`)."""
+    return parse_alloc_conf(resolve(setup).run.alloc_conf).expandable_segments
 
 
 class Peaks(NamedTuple):
