@@ -96,7 +96,8 @@ def test_the_band_is_the_sum_of_its_terms() -> None:
                          ("mixtral-8x7b-v0.1", {"method": "lora", "n_gpus": 4,
                                                 "sharding": "zero3"}),
                          ("llama-3.1-8b", {"method": "full", "optimizer": "paged-adamw",
-                                           "context_mib": 700, "torch_version": "2.4"})]:
+                                           "context_mib": 700, "torch_version": "2.4"}),
+                         PARALLEL[0]]:
         model = vram.load_model(slug)
         setup = vram.TrainingSetup(**fields)
         run = cal.runs_of([cal.Measured("x", "cases", model, setup, {})])[0]
@@ -108,12 +109,23 @@ def test_the_band_is_the_sum_of_its_terms() -> None:
             assert got.high_bytes == pytest.approx(high, abs=2)
 
 
+#: Layouts of issue 23: the band is built on the rank that holds the peak (a pipeline stage,
+#: a tensor-parallel slice, a context-parallel share of the sequence).
+PARALLEL = [
+    ("llama-3.1-70b", {"method": "full", "framework": "torchtitan", "n_gpus": 64, "tp": 8,
+                       "pp": 4, "sharding": "fsdp", "fsdp_version": 2}),
+    ("llama-3.1-8b", {"method": "full", "framework": "torchtitan", "n_gpus": 8, "cp": 4,
+                      "sharding": "fsdp", "fsdp_version": 2, "seq_len": 32768}),
+    ("llama-3.1-70b", {"method": "full", "n_gpus": 8, "tp": 8}),
+]
+
 SETUPS = [
     ("llama-3.1-8b", {"method": "qlora"}),
     ("llama-3.1-8b", {"method": "full", "grad_ckpt": True, "seq_len": 4000}),
     ("llama-3.1-70b", {"method": "full", "n_gpus": 16, "sharding": "zero3"}),
     ("mixtral-8x7b-v0.1", {"method": "qlora", "optimizer": "paged-adamw-8bit"}),
     ("qwen2.5-0.5b-instruct", {"method": "lora", "context_mib": 500}),
+    *PARALLEL,
 ]
 
 
@@ -141,6 +153,22 @@ def test_the_bounds_rise_with_the_figure(slug: str, fields: dict[str, object]) -
         if previous is not None:
             assert all(a <= c for a, c in zip(previous, now, strict=True)), batch
         previous = now
+
+
+@pytest.mark.parametrize(("slug", "fields"), PARALLEL)
+def test_a_parallel_layout_has_its_band_on_every_path(slug: str, fields: dict[str, object]
+                                                      ) -> None:
+    """The peaks alone carry the same bands as the estimate, and the several-GPU term is on
+    (a band as wide below as the single-GPU one's, at least)."""
+    model = vram.load_model(slug)
+    setup = vram.TrainingSetup(**fields)
+    est = vram.estimate(model, setup)
+    assert vram.estimate_peaks(model, setup).bounds == est.bounds
+    assert next(t for t in b.TERMS if t.name == "multi_gpu").on(model, setup)
+    single = vram.estimate(model, vram.TrainingSetup(**{
+        **fields, "n_gpus": 1, "tp": 1, "pp": 1, "cp": 1, "sharding": "none"}))
+    share = 1 - est.bounds.allocated_low_bytes / est.allocated_peak_bytes
+    assert share > 1 - single.bounds.allocated_low_bytes / single.allocated_peak_bytes
 
 
 def _half_width(est: vram.Estimate) -> float:
