@@ -11,6 +11,7 @@ import streamlit as st
 
 import vram
 from ui import (
+    breakdown_chart,
     data,
     headline,
     import_config,
@@ -65,6 +66,7 @@ def main() -> None:
         with chart:
             st.subheader("Where the memory goes")
             render.plot(results.breakdown_figure(state, unit), key="breakdown")
+            st.caption(breakdown_chart.band_caption(est, unit))
             st.markdown("**At the peak, and through the step**")
             tables.through_step_table(*results.through_step(state, unit), unit)
         with compare:

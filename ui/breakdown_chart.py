@@ -106,6 +106,12 @@ def band_text(estimate: Estimate, unit: Unit) -> str:
             f"{format_bytes(high, unit)}")
 
 
+def band_caption(estimate: Estimate, unit: Unit) -> str:
+    """The line under the chart that names the outlined box on the peak's bar."""
+    return (f"The outlined box on the bar is the peak's {band_text(estimate, unit)}: where "
+            "measured runs of this kind fall (its top decides a sure fit).")
+
+
 def band_shape(estimate: Estimate, unit: Unit) -> dict[str, Any]:
     """The band as a box on the peak's bar (outlined, lightly filled)."""
     low, high = estimate.bounds.device

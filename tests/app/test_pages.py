@@ -53,6 +53,18 @@ def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
     assert app.get("download_button")
 
 
+def test_the_band_on_the_bar_is_named_under_the_chart(app: AppTest) -> None:
+    """The outlined box is named with the library's own bounds (low and high in the unit)."""
+    app.run()
+    _clean(app)
+    est = vram.estimate(vram.load_model(DEFAULT_MODEL), TrainingSetup())
+    low, high = est.bounds.device
+    assert low < est.device_peak_bytes < high
+    band = f"90 % band {format_bytes(low, 'GB')} to {format_bytes(high, 'GB')}"
+    captions = [c.value for c in app.caption if "outlined box" in c.value]
+    assert len(captions) == 1 and band in captions[0], captions
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_loads(app: AppTest, page: str) -> None:
     app.run()
