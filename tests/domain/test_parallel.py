@@ -115,6 +115,40 @@ PP_TRACES = {  # Llama 3.1 8B full, bf16, pp 4, 1F1B, 8 micro-batches, 2,048 tok
 }
 
 
+#: Issue 23's target 2, traced per stage (benchmarks/PARALLEL_NOTES.md): Llama 3.1 70B full,
+#: 8,192 tokens, tp 8 + SP, pp 4 (1F1B, 8 micro-batches), FSDP2 over dp 2, torchtitan.
+PP70_TRACES = {0: 29_992_747_008, 3: 25_899_336_704}
+
+
+def _target_2() -> TrainingSetup:
+    return TrainingSetup(method="full", precision="bf16-mixed", seq_len=8192, grad_ckpt=True,
+                         framework="torchtitan", n_gpus=64, tp=8, sequence_parallel=True, pp=4,
+                         grad_accum=8, sharding="zero3", fsdp_version=2)
+
+
+@pytest.mark.parametrize("rank", list(PP70_TRACES))
+def test_target_2_each_peak_stage_agrees_with_its_trace(rank: int) -> None:
+    """Stage 0 accumulates its embedding's gradient over the whole vocabulary (DTensor's
+    embedding backward is full-vocab): 12.76 GB of unsharded fp32 gradients in the trace."""
+    model = tp_local(load_model("llama-3.1-70b"), 8)
+    run = _target_2()
+    stage = stage_plans(run, model.n_layers)[rank]
+    step = _rank_peak(stage_model(model, stage), run, [], stage)
+    assert abs(step.allocated - PP70_TRACES[rank]) / PP70_TRACES[rank] < 0.05
+    accumulated = sum(i.bytes for i in step.peak.in_flight_items
+                      if i.key == "gradients.pipeline_unsharded")
+    vocab, h, layer = 128256, 8192, 8192 * (8192 * 2 + 2 * 1024 + 3 * 28672) // 8 + 2 * 8192
+    blocks = 20 * layer * 4
+    assert accumulated == blocks + (vocab * h * 4 if rank == 0 else vocab // 8 * h * 4 + h * 4)
+
+
+def test_target_2_names_the_first_stage() -> None:
+    result = estimate(load_model("llama-3.1-70b"), _target_2())
+    assert any(n.startswith("Pipeline rank 0 of 4 (the first stage") for n in result.notes)
+    trace = PP70_TRACES[0]
+    assert abs(result.allocated_peak_bytes - trace) / trace < 0.05
+
+
 def test_context_parallel_holds_a_ranks_tokens() -> None:
     run = TrainingSetup(
         method="lora", lora_rank=16, lora_targets="all-linear", precision="bf16-mixed",
