@@ -39,6 +39,8 @@ _LAYER_BACKWARD = frozenset({MomentId.TOP_LAYER_BACKWARD, MomentId.BLOCK_BELOW_T
 def _with_fp8_casts(c: StepContext, moments: list[Moment]) -> list[Moment]:
     """Under torchao float8, every layer-backward moment with the casts alive above the bf16
     layer's peak (`vram.memory.fp8`)."""
+    if c.setup.fp8 not in fp8.TORCHAO_EAGER:
+        return moments
     casts = fp8.layer_backward_cast_bytes(c.model, c.setup, c.plan.tokens,
                                           compiled=profile_for(c.setup).compiled)
     if casts:
