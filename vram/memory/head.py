@@ -69,7 +69,11 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
                                formula="a few values per sequence",
                                label="classification head", kept_per_token=0)
     full = setup.method is Method.FULL
-    norm = (FP32 + (n.compute if full else 0)) * model.hidden_size
+    # Under sequence parallel the final norm runs on the rank's s / tp tokens (`SequenceParallel`)
+    # and the head's input is all-gathered whole (`ColwiseParallel(input_layouts=Shard(1))`:
+    # torchtitan/models/llama3/infra/parallelize.py@v0.2.2 apply_tp; the trace at tp 8, 32k:
+    # the gathered bf16 input and a 1/8 fp32 norm shard at the loss)
+    norm = (FP32 + (n.compute if full else 0)) * model.hidden_size // profile.seq_split
     if full or (profile.quantizes_head and profile.quantized_linear_keeps_input):
         norm += n.compute * model.hidden_size  # the lm_head input
     elif head_targeted(setup):

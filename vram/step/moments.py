@@ -7,11 +7,13 @@ backward, the embedding's backward and the optimizer step. Each is a small funct
 from __future__ import annotations
 
 from vram.memory import activations as act
+from vram.memory import fp8
 from vram.memory.gradients import GradientPart
 from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
 from vram.result import LineItem, MomentId, Phase
 from vram.setup import TrainingSetup
+from vram.stacks.profile import profile_for
 from vram.step.context import HEAD_SOURCE, Moment, StepContext, step_context
 from vram.step.draft import Alive, ItemDraft
 from vram.step.fsdp2_moments import with_fsdp2
@@ -24,10 +26,32 @@ def step_moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
     holds the weight copies alive at each stage."""
     c = step_context(model, setup, plan, grads, working, step_temp)
     # Order matters for ties: the allocator reaches a peak at its first moment.
-    return with_fsdp2(c, [
+    return _with_fp8_casts(c, with_fsdp2(c, [
         *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
         _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
-        _optimizer_step(c)])
+        _optimizer_step(c)]))
+
+
+_LAYER_BACKWARD = frozenset({MomentId.TOP_LAYER_BACKWARD, MomentId.BLOCK_BELOW_TOP_BACKWARD,
+                             MomentId.SECOND_LAYER_BACKWARD, MomentId.FIRST_LAYER_BACKWARD})
+
+
+def _with_fp8_casts(c: StepContext, moments: list[Moment]) -> list[Moment]:
+    """Under torchao float8, every layer-backward moment with the casts alive above the bf16
+    layer's peak (`vram.memory.fp8`)."""
+    if c.setup.fp8 not in fp8.TORCHAO_EAGER:
+        return moments
+    casts = fp8.layer_backward_cast_bytes(c.model, c.setup, c.plan.tokens,
+                                          compiled=profile_for(c.setup).compiled)
+    if casts:
+        for moment in moments:
+            if moment.label in _LAYER_BACKWARD:
+                moment.activation_items.append(ItemDraft(
+                    key="activations.fp8_casts", label="float8 casts in the layer's backward",
+                    formula="max(8 t I + W, 9 W − 7.5 t I)",
+                    inputs={"tokens": c.plan.tokens, "recipe": c.setup.fp8.value},
+                    bytes=casts, source=fp8.SOURCE))
+    return moments
 
 
 def _last_layer_forward(c: StepContext) -> list[Moment]:
@@ -147,7 +171,25 @@ def _embedding_backward(c: StepContext) -> Moment:
         ItemDraft(key="activations.embedding_grad", label="embedding gradient being built",
                   formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
                   bytes=grads.embedding, source="aten embedding_dense_backward"),
-        *c.tied_pending])
+        *_tp_embedding_output_grad(c), *c.tied_pending])
+
+
+def _tp_embedding_output_grad(c: StepContext) -> list[Alive]:
+    """Under tensor parallel the vocabulary-parallel embedding's backward reads its output's
+    gradient whole over the rank's tokens: `RowwiseParallel` (output `Shard(1)` under
+    sequence parallel, reduce-scattered in the forward) all-gathers it in the backward into a
+    new `b s h` tensor, alive while `embedding_dense_backward` builds the full-vocabulary
+    gradient (the parallel grid's traces: TP 4 and 8 + SP at 8k, +67 MB at the embedding's
+    backward)."""
+    if c.setup.tp == 1:
+        return []
+    return [ItemDraft(
+        key="activations.embedding_output_grad", label="the embedding output's gradient, "
+        "gathered over the sequence", formula="tokens × hidden × compute bytes",
+        inputs={"tokens": c.plan.tokens, "hidden": c.model.hidden_size},
+        bytes=c.plan.tokens * c.model.hidden_size * profile_for(c.setup).precision.compute,
+        source="torch/distributed/tensor/parallel/style.py@v2.13.0 RowwiseParallel; "
+               "torchtitan/models/llama3/infra/parallelize.py@v0.2.2 apply_tp")]
 
 
 def _optimizer_step(c: StepContext) -> Moment:

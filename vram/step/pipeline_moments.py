@@ -11,11 +11,16 @@ parameter's gradient unsharded, accumulated in the reduce dtype
 fp32 under a bf16 policy), and reduce-scatters them after the last micro-batch (#L1173-L1176).
 So through the backward the rank holds every gradient of its stage whole, in fp32, instead of
 its shard (the trace of Llama 3.1 70B, tp 8, pp 4, dp 2: 9.1 GB unsharded on each stage).
+Under tensor parallel the first stage's embedding gradient is accumulated whole over the
+vocabulary, not its `V / tp` rows (`vram.memory.gradients.whole_embedding_factor`: DTensor's
+`embedding_dense_backward` is full-vocab): the same trace's stage 0 holds 12.76 GB of
+accumulated gradients, 8.56 GB of blocks and the 128,256 x 8,192 fp32 embedding gradient.
 """
 
 from __future__ import annotations
 
 from vram.memory import activations as act
+from vram.memory.gradients import whole_embedding_factor
 from vram.model.params import ParamGroup
 from vram.model.spec import ModelSpec
 from vram.result import LineItem, MomentId
@@ -51,7 +56,7 @@ def with_pipeline(moments: list[Moment], stage: StagePlan, model: ModelSpec,
                 bytes=others, source=SOURCE))
         if profile.fsdp2 and setup.grad_accum > 1 and moment.label is not \
                 MomentId.OPTIMIZER_STEP:
-            _accumulate_unsharded(moment, profile, groups)
+            _accumulate_unsharded(moment, setup, profile, groups)
         if buffers:
             moment.activation_items.append(ItemDraft(
                 key="activations.pipeline_buffers",
@@ -63,16 +68,21 @@ def with_pipeline(moments: list[Moment], stage: StagePlan, model: ModelSpec,
                        "_create_grad_recv_info"))
 
 
-def _accumulate_unsharded(moment: Moment, profile: StackProfile,
+def _accumulate_unsharded(moment: Moment, setup: TrainingSetup, profile: StackProfile,
                           groups: list[ParamGroup]) -> None:
-    """The stage's gradients whole in the reduce dtype, in place of the sharded ones."""
-    whole = sum(g.n_params * fsdp2.reduce_bytes(g, profile) for g in groups if g.trainable)
+    """The stage's gradients whole in the reduce dtype, in place of the sharded ones (a
+    tensor-parallel embedding's over the whole vocabulary)."""
+    whole = sum(g.n_params * fsdp2.reduce_bytes(g, profile)
+                * (whole_embedding_factor(setup) if g.key == "embedding" else 1)
+                for g in groups if g.trainable)
     moment.gradient_bytes = 0
     moment.in_flight_items = [
         *(i for i in moment.in_flight_items if not i.key.startswith("gradients.")),
         LineItem.assemble(
             "gradients.pipeline_unsharded", "gradients accumulated unsharded over micro-batches",
-            "trainable params × reduce dtype bytes (no sync before the last micro-batch)",
+            "trainable params (the embedding's × tp) × reduce dtype bytes (no sync before the "
+            "last micro-batch)",
             {"trainable_params": sum(g.n_params for g in groups if g.trainable)}, whole,
             "torch/distributed/pipelining/stage.py@v2.13.0 #L844-L848; "
-            "_fsdp_param.py@v2.13.0 to_accumulated_grad_if_needed")]
+            "_fsdp_param.py@v2.13.0 to_accumulated_grad_if_needed; "
+            "torch/distributed/tensor/_ops/_embedding_ops.py@v2.13.0 #L66-L97")]

@@ -81,6 +81,14 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
         # trained down projection has just released its saved (16-bit) input
         released = e if c.keeps_inputs else 0
         mlp_transient = (3 * FP32 - released) * stack.intermediate_size * c.experts
+    if c.profile.seq_split > 1:
+        # Sequence parallel: the MLP's output gradient arrives split over the sequence and is
+        # all-gathered whole (the backward of `RowwiseParallel(output_layouts=Shard(1))`)
+        # before the down projection's backward writes the product's gradient: e·h + e·I,
+        # above the later MulBackward's copies when I / tp is small (the trace, Mistral 7B,
+        # tp 8 + SP, 8k: three gathered `s h` tensors at the MLP's backward, 455.4 MB; this
+        # moment 455.3 MB; torchtitan/models/llama3/infra/parallelize.py@v0.2.2 apply_tp)
+        mlp_transient = max(mlp_transient, e * c.hidden + e * stack.intermediate_size * c.experts)
     # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
     attention_transient = 2 * e * (c.q_out + a.kv_width + a.v_width)
     if a.kernel.explicit_scores:
