@@ -41,3 +41,11 @@ class TrainingConfigError(VramError):
     def __init__(self, key: str, message: str) -> None:
         self.key = key
         super().__init__(f"{shown_name(key)}: {message}")
+
+
+class InputError(VramError):
+    """An argument of the Python API is out of its range (the message names the argument)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        self.name = name
+        super().__init__(f"{shown_name(name)}: {message}")

@@ -11,6 +11,11 @@ datacenter; `vram.plan.throughput.GpuClass`). Rows measured with CPU offload of 
 optimizer, and rows marked `calibrate=no` (the notes say why), are predicted but not used to
 calibrate.
 
+A row names the GPU it was measured on by its id in the shipped catalog (`data/gpus.csv`),
+whose figures (dense bf16 rate, bandwidth, segment) are that GPU's, whatever list a team
+points `VRAM_GPUS_CSV` at: the table is read by GPU kind (class), and a team's GPU is timed
+with its own figures and its kind's MFU (`MfuTable.basis` says which, issue 25).
+
     python -m vram validate-speed      # the time model's error on every row
 """
 
@@ -19,14 +24,14 @@ from __future__ import annotations
 import csv
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
 from vram.catalog import load_model
 from vram.errors import CatalogError
 from vram.estimate import estimate
-from vram.gpus import Gpu, load_gpus
+from vram.gpus import Gpu, load_gpus, shipped_gpus_path
 from vram.paths import data_dir
 from vram.plan.flops import Recompute
 from vram.plan.throughput import (
@@ -75,12 +80,32 @@ class MfuTable:
     by_class: dict[GpuClass, float]
     by_method: dict[Method, float]
     overall: float
+    #: Rows behind each cell and each class, and the GPUs (catalog ids) they were measured on.
+    cell_rows: dict[tuple[Method, GpuClass], int] = field(default_factory=dict)
+    class_rows: dict[GpuClass, int] = field(default_factory=dict)
+    measured_gpus: frozenset[str] = frozenset()
 
     def mfu(self, method: Method, cls: GpuClass) -> float:
         if (method, cls) in self.cells:
             return self.cells[(method, cls)]
         method_ratio = self.by_method.get(method, self.overall) / self.overall
         return self.by_class.get(cls, self.overall) * method_ratio
+
+    def basis(self, method: Method, cls: GpuClass) -> str:
+        """Where `mfu(method, cls)` comes from, in words (the plan shows it)."""
+        value = self.mfu(method, cls)
+        if (method, cls) in self.cells:
+            n = self.cell_rows.get((method, cls), 0)
+            return (f"MFU {value:.2f}: the median of {n} measured {method.value} run(s) on "
+                    f"{cls.value} GPUs")
+        if not self.class_rows:
+            return f"MFU {value:.2f}: no measured run to calibrate on (a default)"
+        if cls in self.by_class:
+            return (f"MFU {value:.2f}: no measured {method.value} run on {cls.value} GPUs: "
+                    f"their median ({self.class_rows[cls]} runs) scaled by {method.value}'s "
+                    "ratio to all methods")
+        return (f"MFU {value:.2f}: no measured run on {cls.value} GPUs: the median of all "
+                f"{sum(self.class_rows.values())} runs scaled by {method.value}'s ratio")
 
 
 def _setup_from_row(row: dict[str, str]) -> tuple[TrainingSetup, Recompute]:
@@ -104,16 +129,23 @@ def _setup_from_row(row: dict[str, str]) -> tuple[TrainingSetup, Recompute]:
 
 def read_runs(path: str | Path | None = None, gpus: Sequence[Gpu] | None = None,
               ) -> tuple[MeasuredRun, ...]:
-    """The measured table, each row turned into a workload (an error names the row)."""
+    """The measured table, each row turned into a workload (an error names the row).
+
+    A row's `gpu` is looked up in `gpus`, by default the shipped catalog: the GPU it was
+    measured on, never a team's list (`VRAM_GPUS_CSV`), whose ids and figures are its own."""
     csv_path = Path(path) if path is not None else data_dir() / "throughput.csv"
-    by_id = {gpu.id: gpu for gpu in (gpus if gpus is not None else load_gpus())}
+    listed = gpus if gpus is not None else load_gpus(shipped_gpus_path())
+    by_id = {gpu.id: gpu for gpu in listed}
     runs: list[MeasuredRun] = []
     with open(csv_path, newline="", encoding="utf-8") as handle:
         for line, row in enumerate(csv.DictReader(handle), start=2):
             try:
                 setup, recompute = _setup_from_row(row)
                 model = load_model(row["model"].strip())
-                gpu = by_id[row["gpu"].strip()]
+                gpu_id = row["gpu"].strip()
+                if gpu_id not in by_id:
+                    raise ValueError(f"gpu {gpu_id[:40]!r} is not in the GPU catalog")
+                gpu = by_id[gpu_id]
                 result = estimate(model, setup)
                 measured = float(row["tokens_per_second_per_gpu"])
                 calibrate = (row.get("calibrate") or "yes").strip().lower()
@@ -151,6 +183,9 @@ def calibrate(runs: Sequence[MeasuredRun]) -> MfuTable:
         by_class={key: statistics.median(values) for key, values in classes.items()},
         by_method={key: statistics.median(values) for key, values in methods.items()},
         overall=statistics.median(run.achieved_mfu() for run in usable),
+        cell_rows={key: len(values) for key, values in cells.items()},
+        class_rows={key: len(values) for key, values in classes.items()},
+        measured_gpus=frozenset(run.work.gpu.id for run in usable),
     )
 
 

@@ -10,19 +10,22 @@ fits (and what each change costs), and what the whole run costs on every catalog
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from vram.architecture import ModelSpec
+from vram.errors import InputError
 from vram.gpus import Gpu, load_gpus
 from vram.plan.calibration import MfuTable, default_mfu_table
 from vram.plan.hardware import Estimator, Hardware, find_gpu, largest_count, setup_on
 from vram.plan.levers import LEVERS, MORE_GPUS, TIER_PENALTY, LeverSpec, applied, describe_change
 from vram.plan.solve import Proof, fewest_gpus, max_micro_batch, max_seq_len
 from vram.plan.throughput import Workload, gpu_class, offloaded_activations, seconds_per_token
-from vram.setup import TrainingSetup
+from vram.setup import Method, TrainingSetup
 
 #: Used for time ratios only, on a GPU whose catalog row has no FLOP/s figure.
 NOMINAL_TFLOPS = 100.0
@@ -99,6 +102,8 @@ class Plan(BaseModel):
     path_fits: bool
     path_setup: TrainingSetup
     path_summary: str
+    #: How the time was had: the GPU's kind and figures, and the MFU's source (`MfuTable`).
+    speed_basis: str
     tokens: float | None
     tokens_per_second: float | None
     hours: float | None
@@ -270,12 +275,42 @@ def _options(model: ModelSpec, est: Estimator, setup: TrainingSetup, gpus: Seque
     return options
 
 
+#: The most tokens a plan prices (the CLI's --tokens bound): 10 quadrillion.
+MAX_TOKENS = 1e16
+
+
+def checked_tokens(tokens: float | None) -> float | None:
+    """`tokens` as a float, or InputError naming it: a finite number above 0, at most 1e16."""
+    if tokens is None:
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real):
+        raise InputError("tokens", f"a number of tokens to train, not {type(tokens).__name__}")
+    value = float(tokens)
+    if not (math.isfinite(value) and 0 < value <= MAX_TOKENS):
+        raise InputError("tokens", f"{tokens!r}: a finite number above 0 and at most "
+                         f"{MAX_TOKENS:.0e} (or None: no time and cost)")
+    return value
+
+
+def speed_basis(gpu: Gpu, method: Method, table: MfuTable) -> str:
+    """What the plan's time rests on: the GPU's own rate and kind from its list, and where its
+    kind's MFU comes from; a GPU no measured run used says so (a team's own ids)."""
+    if not gpu.bf16_dense_tflops:
+        return f"{gpu.id}: no bf16_dense_tflops in the GPU list, so no time or cost"
+    cls = gpu_class(gpu)
+    measured = ("a measured GPU" if gpu.id in table.measured_gpus
+                else "not among the measured GPUs: timed by its kind")
+    return (f"{gpu.id}: {gpu.bf16_dense_tflops:g} TFLOP/s dense bf16 from the GPU list, "
+            f"{cls.value} class, {measured}; {table.basis(method, cls)}")
+
+
 def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = None,
          tokens: float | None = None, gpus: Sequence[Gpu] | None = None,
          mfu: MfuTable | None = None) -> Plan:
     """Plan `setup` on `hardware` (default: the cheapest catalog option that holds it, else
     the GPU with the most memory): verdict, largest batch and sequence, levers, the path
     that fits, and time and cost for `tokens` on every catalog option."""
+    tokens = checked_tokens(tokens)
     catalog = tuple(gpus) if gpus is not None else load_gpus()
     table = mfu if mfu is not None else default_mfu_table()
     est = Estimator(model)
@@ -305,6 +340,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = 
     price = gpu.usd_per_hour * hardware.total if gpu.usd_per_hour else None
     hours = tokens / rate / 3600 if rate and tokens else None
     return Plan(
+        speed_basis=speed_basis(gpu, final.method, table),
         model_name=model.name, setup=setup, hardware=hardware, hardware_given=given,
         run_setup=run_setup, fits=fits, device_peak_bytes=peak, usable_bytes=usable,
         headroom_bytes=usable - peak,
