@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow as pa
 import streamlit as st
 
-from ui import charts, data
+from ui import charts, data, text
 from ui.charts import Unit, format_bytes
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
@@ -76,11 +76,12 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
         priced = [o for o in report.fits if o.usd_per_hour is not None]
         best = (priced or list(report.fits))[0]
         full, compact = data.short_gpu_name(best.gpu.name), charts.compact_gpu_name(best.gpu.name)
-        cheapest.metric(
+        cheapest.metric(  # a GPU's name may come from a team's list: text, never Markdown
             "Cheapest GPUs that hold it",
-            f"{best.count}× {compact}",
+            f"{best.count}× {text.plain(compact)}",
             # the full name below the big one when that is shortened
-            delta=(f"{full} · " if compact != full else "") + gpu_price(best.usd_per_hour),
+            delta=(f"{text.plain(full)} · " if compact != full else "")
+            + text.plain(gpu_price(best.usd_per_hour)),
             delta_color="off",
             delta_arrow="off",
             help="Cheapest by the total price per hour of the GPUs needed.",
@@ -249,7 +250,7 @@ def fit_tables(fits: Any, misses: Any, unit: Unit = "GB", *, n_gpus: int = 1,
     each = "one GPU" if n_gpus == 1 else f"{n_gpus} GPUs, each"
     st.subheader(f"Too small on {each} ({len(misses)})")
     if unsupported:
-        names = ", ".join(data.short_gpu_name(g.name) for g in unsupported)
+        names = text.plain(", ".join(data.short_gpu_name(g.name) for g in unsupported))
         hint = (" Set Precision to fp16 mixed to run there (fp16 needs loss scaling; "
                 "bf16 does not)." if bf16 else "")
         st.caption(f"Left out: {names}, which have no bf16 hardware.{hint}")
