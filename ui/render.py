@@ -81,7 +81,7 @@ def metrics(est: Estimate, report: FitReport, unit: Unit) -> None:
             f"{best.count}× {text.plain(compact)}",
             # the full name below the big one when that is shortened
             delta=(f"{text.plain(full)} · " if compact != full else "")
-            + text.plain(gpu_price(best.usd_per_hour)),
+            + gpu_price(best.usd_per_hour),
             delta_color="off",
             delta_arrow="off",
             help="Cheapest by the total price per hour of the GPUs needed.",
