@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from ui import urlpack
 from vram.knobs import (
@@ -300,6 +301,45 @@ def dump_pin(reg: Registry, state: Mapping[str, Any]) -> str:
     query = to_query(reg, state)
     query.pop("unit", None)
     return json.dumps(query, separators=(",", ":"), sort_keys=True)
+
+
+Query = dict[str, str | list[str]]
+
+
+def query_chars(query: Mapping[str, str | list[str]]) -> int:
+    """How long the query string of a link is (form-encoded, as a browser writes it)."""
+    return len(urlencode(query, doseq=True))
+
+
+def short_link(query: Mapping[str, str | list[str]],
+               limit: int = urlpack.MAX_QUERY_CHARS) -> tuple[Query, str | None]:
+    """`query` as it is when its link fits `limit` characters; else without the uploaded
+    config.json (its own and the pinned setups'), and a note saying what was left out."""
+    out: Query = dict(query)
+    if query_chars(out) <= limit:
+        return out, None
+    out.pop("config", None)
+    pins = out.get("pin")
+    if isinstance(pins, list):
+        out["pin"] = [_without_config(pin) for pin in pins]
+    note = (f"This page's link leaves out the uploaded config.json: with it the link would be "
+            f"{query_chars(query):,} characters, and proxies refuse links over about 8 KB. "
+            "Share the file with the link; the link opens the other settings.")
+    if query_chars(out) > limit:  # pins alone cannot get here (4 short JSON objects)
+        out.pop("pin", None)
+        note += " It leaves out the pinned setups too."
+    return out, note
+
+
+def _without_config(pin: str) -> str:
+    try:
+        fields = json.loads(pin)
+    except ValueError:
+        return pin
+    if isinstance(fields, dict):
+        fields.pop("config", None)
+        return json.dumps(fields, separators=(",", ":"), sort_keys=True)
+    return pin
 
 
 def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State], list[str]]:
