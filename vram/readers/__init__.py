@@ -31,9 +31,9 @@ from vram.setup import TrainingSetup
 
 __all__ = [
     "FORMATS",
+    "NOT_IN_CATALOG",
     "LoadedTrainingConfig",
     "MappingReport",
-    "NOT_IN_CATALOG",
     "ReadResult",
     "infer_format",
     "load_training_config",
