@@ -36,15 +36,16 @@ server.tune_gc()
 
 #: Distinct states kept per kind of value (result, each figure, tables, plan, ...).
 MAX_STATES = 256
-#: Bytes all the state caches hold together (`vram.memo.approx_bytes`; the models and GPUs
-#: they point at are cached once elsewhere and not counted). A state's result, figures and
-#: tables take about 0.15 MB, a plan and its chart about 0.3 MB: some 250 states, or fewer
-#: with plans, before the least recently used go (issue 25: unbounded by bytes, the plans
-#: alone could hold 100 MB).
+#: Bytes all the state caches hold together (`vram.memo.approx_bytes`; a result counts its
+#: model, 15-25 KB, even when the model cache holds it too, as an evicted model lives on in
+#: the results that point at it; the GPU list is loaded once per process and not counted). A
+#: state's result, figures and tables take about 0.15 MB, a plan and its chart about 0.3 MB:
+#: some 250 states, or fewer with plans, before the least recently used go (issue 25:
+#: unbounded by bytes, the plans alone could hold 100 MB).
 MAX_CACHE_BYTES = 48 * 2**20
 
 _CACHE: BoundedCache[tuple[str, Hashable], Any] = BoundedCache(
-    max_entries=MAX_STATES * 9, max_bytes=MAX_CACHE_BYTES, opaque=(vram.ModelSpec, Gpu),
+    max_entries=MAX_STATES * 9, max_bytes=MAX_CACHE_BYTES, opaque=(Gpu,),
     kind=lambda key: key[0])
 _cached = cached_in(_CACHE)
 
