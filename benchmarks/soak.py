@@ -246,11 +246,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     idle = f"; after {args.idle:.0f} s idle {result.idle_rss_mib:.0f} MiB" if (
         result.idle_rss_mib is not None) else ""
     peak = max(s.peak_mib, result.burst_peak_mib or 0.0)
-    burst = (f"; {args.burst} at once after it: peak {result.burst_peak_mib:.0f} MiB"
-             if result.burst_peak_mib is not None else "")
+    at_once = (f"; {args.burst} at once after it: peak {result.burst_peak_mib:.0f} MiB"
+               if result.burst_peak_mib is not None else "")
     print(f"RSS at {args.warmup} sessions (warm) {s.warm_mib:.0f} MiB; after: low "
           f"{s.low_mib:.0f}, high {s.high_mib:.0f}, final {s.final_mib:.0f} MiB; growth "
-          f"{100 * s.growth:+.1f} %; peak {s.peak_mib:.0f} MiB{idle}{burst}; errors "
+          f"{100 * s.growth:+.1f} %; peak {s.peak_mib:.0f} MiB{idle}{at_once}; errors "
           f"{len(result.errors)}")
     failed = bool(result.errors) or s.growth > 0.10
     if args.limit_mib is not None:
