@@ -13,11 +13,11 @@ RUN groupadd --gid 10001 app && useradd --no-create-home --home-dir /tmp --uid 1
 WORKDIR /app
 
 # Dependencies first, so code changes reuse the layer. The names come from pyproject.toml (the
-# one list); every version, transitive ones included, from requirements/app.lock (CI installs
+# core dependencies and the `app` extra); every version, transitive ones included, from requirements/app.lock (CI installs
 # with the same pins). `pip check` fails the build if the lock and the names disagree.
 COPY pyproject.toml ./
 COPY requirements/app.lock ./requirements/app.lock
-RUN python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; print(*p['dependencies'], *p['optional-dependencies']['app'], sep='\n')" > /tmp/requirements.txt \
     && pip install --constraint requirements/app.lock --requirement /tmp/requirements.txt \
     && pip check \
     && rm /tmp/requirements.txt

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vram.validate import CaseResult, run_cases, summarize
+from vram.io.validate import CaseResult, run_cases, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CASES = ROOT.parent / "shared" / "validation" / "cases.csv"

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from vram import TrainingSetup, estimate
-from vram.architecture import ModelSpec, model_from_config
-from vram.catalog import load_config
+from vram.model.architecture import ModelSpec, model_from_config
+from vram.model.catalog import load_config
 
 MIB = 2**20
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vram.architecture import model_from_config
+from vram.model.architecture import model_from_config
 from vram.rl import RLSetup
 from vram.rl import estimate as rl_estimate
 from vram.setup import TrainingSetup

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import load
 from ui import urlpack
-from vram.catalog import model_catalog
+from vram.model.catalog import model_catalog
 from vram.paths import data_dir
 
 METHODS = ("full", "lora", "qlora")

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vram import Estimate, MomentBytes, TrainingSetup, estimate, load_model
-from vram.catalog import load_config
+from vram.model.catalog import load_config
 
 MIB = 2**20
 TOLERANCE = {"weights": 0.01, "gradients": 0.01, "optimizer": 0.01, "activations": 0.05,

@@ -35,7 +35,7 @@ from typing import Any
 
 from benchmarks.trace_grid import moments_for, relative_error
 from vram import Estimate, MomentBytes, TrainingSetup, estimate, load_model
-from vram.catalog import load_config
+from vram.model.catalog import load_config
 
 TOLERANCE = {"weights": 0.01, "gradients": 0.01, "optimizer": 0.01, "activations": 0.05,
              "in_flight": 0.05, "peak": 0.05}

@@ -11,7 +11,7 @@ fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch is pinned to the CPU build (2.13.0) by the trace extra; the app's dependencies to the
 # versions the Docker image installs (requirements/app.lock, written by scripts/lock.sh).
-.venv/bin/python -m pip install --quiet --constraint requirements/app.lock -e '.[dev,trace]'
+.venv/bin/python -m pip install --quiet --constraint requirements/app.lock -e '.[app,dev,trace]'
 
 # The browser test drives Debian's Chromium through Playwright (no browser download).
 if ! command -v chromium >/dev/null 2>&1; then

@@ -2,7 +2,7 @@
 the exact trace's agreement; pure functions (no Streamlit), the page only draws them.
 
 Sources: `../shared/validation/cases.csv` (published measured runs, estimated by
-`vram.validate.run_cases`; absent in the Docker image, which the page says), the committed
+`vram.io.validate.run_cases`; absent in the Docker image, which the page says), the committed
 H200 measurements `benchmarks/gpu_h200.csv`, and the trace grid `benchmarks/trace_grid.txt`.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from ui.charts import BUCKET_COLORS, FONT_FAMILY, SMALL_FONT_SIZE
-from vram import validate
+from vram.io import validate
 from vram.result import BucketName
 from vram.units import GB, MIB
 

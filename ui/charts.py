@@ -18,7 +18,7 @@ import plotly.graph_objects as go
 
 from ui import label_layout
 from vram.result import BUCKET_ORDER, BucketName, Estimate
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 from vram.units import GB, GIB
 
 Unit = Literal["GB", "GiB"]

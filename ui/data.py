@@ -1,7 +1,8 @@
 """Cached reads of the data files, and the model a state dict points at.
 
 Streamlit reruns the whole page script on every widget change, so file reads are cached here
-(practice 8); `vram.estimate` is not, it takes microseconds.
+(practice 8). The estimate takes microseconds; `ui.results` remembers a state's estimate and
+fit together, because the fit over the whole GPU catalog is what costs.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from streamlit.errors import FragmentHandledException
 
 import vram
 from ui import charts, params, text
-from vram.architecture import read_config_text
-from vram.catalog import load_config
 from vram.errors import VramError
 from vram.memo import BoundedCache, cached_in
+from vram.model.architecture import read_config_text
+from vram.model.catalog import load_config
 
 #: GPUs whose capacity is drawn as a line on the charts, when the catalog has them.
 COMMON_GPU_IDS: tuple[str, ...] = (

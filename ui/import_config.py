@@ -13,10 +13,10 @@ from typing import Any
 import streamlit as st
 
 from ui import data, params, text
-from vram.catalog import catalog_entry
 from vram.errors import VramError
-from vram.knobs import setup_knobs
-from vram.readers import FORMATS, LoadedTrainingConfig, load_training_config
+from vram.io.knobs import setup_knobs
+from vram.io.readers import FORMATS, LoadedTrainingConfig, load_training_config
+from vram.model.catalog import catalog_entry
 from vram.setup import TrainingSetup
 
 MAX_IMPORT_BYTES = 512_000
@@ -129,7 +129,7 @@ def _contents() -> None:
 
 def export_downloads(setup: TrainingSetup, model_choice: str) -> None:
     """Download buttons: this run as an axolotl YAML and as a TRL config."""
-    from vram.export import to_axolotl_yaml, to_trl_yaml
+    from vram.io.export import to_axolotl_yaml, to_trl_yaml
 
     model = model_choice if catalog_entry(model_choice) else "YOUR-ORG/YOUR-MODEL"
     left, right = st.columns(2)

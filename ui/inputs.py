@@ -16,8 +16,8 @@ import streamlit as st
 
 from ui import data, import_config, params, present, render, text
 from ui.charts import Unit
-from vram.architecture import read_config_text
 from vram.errors import VramError
+from vram.model.architecture import read_config_text
 
 #: Bigger than the default 1 MB cap would allow for nothing: a real config.json is a few KB.
 MAX_UPLOAD_BYTES = params.MAX_CONFIG_BYTES

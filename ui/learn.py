@@ -12,7 +12,7 @@ from typing import Any
 from ui import params
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 from vram.units import GB
 
 
@@ -318,7 +318,7 @@ SEEDS: tuple[Seed, ...] = (
          "(one absmax per 64 weights: up to about 0.06 bytes per parameter): 35-40 GB.",
          "What real stacks add on top: the embeddings and the LM head stay unquantized in "
          "16 bits (about 4 GB for Llama 3.1 70B's 128k vocabulary), the activations and the "
-         "logits, and with reentrant checkpointing bitsandbytes keeps each layer's input.",
+         "logits, and with non-reentrant checkpointing bitsandbytes keeps each layer's input.",
          {"model": "llama-3.1-70b", "method": "qlora", **TEACHING_STATE},
          upper_bytes_per_param=0.5625),
 )

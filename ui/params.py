@@ -16,16 +16,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ui import urlpack
-from vram.knobs import (
+from vram.io.knobs import (
     AUTO,
     MAX_NUMBER_CHARS,
-    TARGET_ORDER,
     KnobError,
     SetupKnob,
     setup_knobs,
 )
-from vram.knobs import build_setup as build_knob_setup
-from vram.setup import ALL_LINEAR, Sharding, TrainingSetup
+from vram.io.knobs import build_setup as build_knob_setup
+from vram.setup import ALL_LINEAR, LORA_TARGETS, Sharding, TrainingSetup
 
 State = dict[str, Any]
 
@@ -75,7 +74,7 @@ def options(key: str) -> tuple[Any, ...]:
     if knob.kind == "bool":
         return (*auto, True, False)
     if knob.kind == "targets":
-        return (ALL_LINEAR, *TARGET_ORDER)
+        return (ALL_LINEAR, *LORA_TARGETS)
     return (*auto, *knob.choices)
 
 
@@ -394,7 +393,7 @@ def sharding_for(gpus: int, shard: str) -> str:
 
     One GPU allows none or zero3 (FSDP on one card, for offload); several need a strategy.
     """
-    if gpus == 1 and shard in ("ddp", "zero1", "zero2"):
+    if gpus == 1 and shard not in (Sharding.NONE, Sharding.ZERO3):
         return Sharding.NONE.value
     if gpus > 1 and shard == Sharding.NONE.value:
         return Sharding.DDP.value

@@ -18,7 +18,7 @@ from ui.charts import Unit, format_bytes
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
 from vram.result import BUCKET_ORDER, BucketName, Estimate, LineItem
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 
 #: Big numbers for the back of the room; charts set their own fonts (16 px and up).
 _CSS = """

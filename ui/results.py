@@ -25,8 +25,9 @@ from ui import charts, data, params, render, server
 from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
-from vram import gpus, report
+from vram import gpus
 from vram.gpus import FitReport, Gpu
+from vram.io import report
 from vram.memo import BoundedCache, cached_in
 from vram.plan.hardware import Hardware
 from vram.plan.planner import Plan
@@ -177,7 +178,7 @@ def _download_json(key: StateKey, gpu_list: str | None) -> str:
 
 def download_json(state: Mapping[str, Any]) -> str:
     """The JSON file the page offers: byte for byte what ``python -m vram estimate --json``
-    prints for the same state (one serializer, vram.report)."""
+    prints for the same state (one serializer, vram.io.report)."""
     return _download_json(state_key(state), _gpu_list_path())
 
 

@@ -24,7 +24,7 @@ from ui.charts import (
     WORKING_COLOR,
     Unit,
 )
-from vram.knobs import MAX_NUMBER_CHARS
+from vram.io.knobs import MAX_NUMBER_CHARS
 from vram.result import BucketName
 from vram.rl.setup import max_batch
 

@@ -10,13 +10,14 @@
     >>> loaded = vram.load_training_config("qlora.yml")  # axolotl, torchtune, LLaMA-Factory, TRL
 """
 
-from vram.architecture import ModelSpec, model_from_config, model_from_param_count
-from vram.catalog import CatalogEntry, load_model, model_catalog, teaching_models
 from vram.errors import CatalogError, ConfigError, VramError
-from vram.estimate import estimate, estimate_peaks
 from vram.gpus import FitOption, FitReport, Gpu, fit, load_gpus
-from vram.plan import Hardware, Plan, plan  # `vram.plan` is the function; the package is
-from vram.readers import LoadedTrainingConfig, load_training_config
+from vram.io.readers import LoadedTrainingConfig, load_training_config
+from vram.model.architecture import ModelSpec, model_from_config, model_from_param_count
+from vram.model.catalog import CatalogEntry, load_model, model_catalog, teaching_models
+
+# `vram.plan` is the function; its modules stay importable as vram.plan.<module>.
+from vram.plan import Hardware, Plan, plan
 from vram.result import (
     Bucket,
     BucketName,
@@ -40,6 +41,7 @@ from vram.setup import (
     Sharding,
     TrainingSetup,
 )
+from vram.step.estimate import estimate, estimate_peaks
 
 __all__ = [
     "Attention",

@@ -16,15 +16,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from vram.architecture import ModelSpec
 from vram.errors import CatalogError, FileReadError
-from vram.estimate import estimate_peaks
 from vram.files import read_csv_rows
-from vram.knobs import MAX_NUMBER_CHARS
+from vram.io.knobs import MAX_NUMBER_CHARS
 from vram.memo import memoized
-from vram.overhead import cuda_context_bytes
+from vram.memory.overhead import cuda_context_bytes
+from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
-from vram.setup import MAX_CONTEXT_MIB, Precision, Sharding, TrainingSetup
+from vram.setup import MAX_CONTEXT_MIB, Offload, Precision, Sharding, TrainingSetup
+from vram.step.estimate import estimate_peaks
 from vram.units import MIB
 
 GPUS_ENV = "VRAM_GPUS_CSV"
@@ -192,11 +192,8 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
         sharding = Sharding.NONE if setup.sharding is not Sharding.ZERO3 else Sharding.ZERO3
     else:
         sharding = setup.sharding if setup.sharding is not Sharding.NONE else Sharding.ZERO3
-    offload = setup.offload
-    if sharding is not Sharding.ZERO3 and offload.value == "params+optimizer":
-        offload = setup.offload.__class__("none")
-    if sharding in (Sharding.NONE, Sharding.DDP) and offload.value == "optimizer":
-        offload = setup.offload.__class__("none")
+    # the setup's own rule (`TrainingSetup`): an offload the new sharding cannot run is dropped
+    offload = setup.offload if setup.offload.runs_with(sharding) else Offload.NONE
     return setup.model_copy(update={"n_gpus": count, "sharding": sharding, "offload": offload})
 
 

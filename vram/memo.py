@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
 from pydantic import BaseModel
 
-if TYPE_CHECKING:  # imported by vram.spec itself: no runtime import of the model types
+if TYPE_CHECKING:  # imported by vram.model.spec itself: no runtime import of the model types
     from vram.setup import TrainingSetup
 
 T = TypeVar("T")
@@ -381,13 +381,13 @@ def memoized(model: object, key: Hashable, compute: Callable[[], T]) -> T:
     return value
 
 
-#: Setup fields a structure key leaves out: the batch shape (`vram.estimate.StatePart`).
+#: Setup fields a structure key leaves out: the batch shape (`vram.step.estimate.StatePart`).
 TOKEN_FIELDS = frozenset({"micro_batch", "seq_len"})
 
 
 def per_token_key(setup: TrainingSetup) -> tuple[object, ...]:
     """The key of a per-token figure (a layer's activation bytes per token): every field but
     the batch size, of which only "one sequence or more" matters (Transformers' eager
-    attention expands K/V only for a batch of more than one: `vram.activations`). Its first
+    attention expands K/V only for a batch of more than one: `vram.memory.activations`). Its first
     part is the structure key `vram.estimate` has just made for the same setup."""
     return (setup_key(setup, TOKEN_FIELDS), setup.seq_len, setup.micro_batch > 1)

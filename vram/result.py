@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from functools import cache
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,12 +24,22 @@ NonNegativeInt = Annotated[int, Field(ge=0)]
 InputValue = int | float | str | bool
 
 _Model = TypeVar("_Model", bound=BaseModel)
-# The slots pydantic's own `model_construct` fills (it bypasses frozen), written through their
-# descriptors (C calls, no attribute lookup by name).
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
+
+
+def _slot_setters() -> tuple[Any, Any, Any, Any] | None:
+    """The setters of the slots pydantic's own `model_construct` fills (it bypasses frozen),
+    through their descriptors (C calls, no attribute lookup by name); None where a pydantic
+    release has moved them, and `_assembled` then calls the public `model_construct`."""
+    slots = BaseModel.__dict__
+    names = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__",
+             "__pydantic_private__")
+    if not all(hasattr(slots.get(name), "__set__") for name in names):
+        return None
+    set_dict, set_fields, set_extra, set_private = (slots[name].__set__ for name in names)
+    return set_dict, set_fields, set_extra, set_private
+
+
+_SETTERS = _slot_setters()
 
 
 def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
@@ -38,13 +48,16 @@ def _assembled(kind: type[_Model], fields: dict[str, object]) -> _Model:
     its per-field Python loop, which is slower than validating. Only for values `vram` computed
     itself, of the fields' exact types (the `assemble` methods below; a test compares them
     with validated instances); input from people is always validated."""
+    if _SETTERS is None:
+        return kind.model_construct(None, **fields)
+    set_dict, set_fields_set, set_extra, set_private = _SETTERS
     instance = kind.__new__(kind)
-    _set_dict(instance, fields)
+    set_dict(instance, fields)
     # every field is given; one set per class can be shared: these models are frozen, and
     # pydantic copies the set before `model_copy(update=...)` adds to it
-    _set_fields_set(instance, _all_fields(kind))
-    _set_extra(instance, None)
-    _set_private(instance, None)
+    set_fields_set(instance, _all_fields(kind))
+    set_extra(instance, None)
+    set_private(instance, None)
     return instance
 
 
@@ -76,6 +89,26 @@ class Phase(StrEnum):
     OPTIMIZER_STEP = "optimizer step"
 
 
+class MomentId(StrEnum):
+    """The candidate peaks of a step (`vram.step.moments`); each value is the moment's label,
+    which `MomentBytes.label` and every report show. Code keys on the member, never the text."""
+
+    #: FSDP2: the last block all-gathered, the blocks before it saved.
+    LAST_BLOCK_ALL_GATHER = "the last block's all-gather"
+    LAST_LAYER_FORWARD = "the last layer's forward"
+    FORWARD_END = "end of forward"
+    #: Right after a stack casts the model's output to fp32 (Lightning Fabric).
+    OUTPUT_CAST = "the output cast to fp32"
+    LOSS = "the loss"
+    TOP_LAYER_BACKWARD = "the top layer's backward"
+    #: FSDP2: the two ends of the run of middle blocks.
+    BLOCK_BELOW_TOP_BACKWARD = "the block below the top's backward"
+    SECOND_LAYER_BACKWARD = "the second layer's backward"
+    FIRST_LAYER_BACKWARD = "the first layer's backward"
+    EMBEDDING_BACKWARD = "the embedding's backward"
+    OPTIMIZER_STEP = "the optimizer step"
+
+
 class LineItem(BaseModel):
     """One term of a bucket: what it is, the formula, its inputs, and its bytes."""
 
@@ -96,17 +129,10 @@ class LineItem(BaseModel):
         validating them was a third of its time); `bytes` must be a non-negative int."""
         if bytes < 0:
             _refuse_negative(key, bytes)
-        # `_assembled`, written out: an estimate's most built object
-        item = cls.__new__(cls)
-        _set_dict(item, {"key": key, "label": label, "formula": formula, "inputs": inputs,
-                         "bytes": bytes, "source": source, "note": note})
-        _set_fields_set(item, _LINE_ITEM_FIELDS)
-        _set_extra(item, None)
-        _set_private(item, None)
-        return item
+        return _assembled(cls, {"key": key, "label": label, "formula": formula,
+                                "inputs": inputs, "bytes": bytes, "source": source,
+                                "note": note})
 
-
-_LINE_ITEM_FIELDS = _all_fields(LineItem)
 
 
 class Bucket(BaseModel):
@@ -155,33 +181,26 @@ class MomentBytes(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     phase: Phase
-    label: str
+    label: MomentId
     allocated_bytes: NonNegativeInt
     gradient_bytes: NonNegativeInt
     activation_bytes: NonNegativeInt
     #: What FSDP2 holds unsharded at this moment (gathered parameters, unsharded gradients,
-    #: reduce buffers; `vram.fsdp2`); in `allocated_bytes`, in neither of the two above.
+    #: reduce buffers; `vram.sharding.fsdp2`); in `allocated_bytes`, in neither of the two above.
     in_flight_bytes: NonNegativeInt = 0
 
     @classmethod
-    def assemble(cls, phase: Phase, label: str, allocated_bytes: int, gradient_bytes: int,
+    def assemble(cls, phase: Phase, label: MomentId, allocated_bytes: int, gradient_bytes: int,
                  activation_bytes: int, in_flight_bytes: int) -> MomentBytes:
         """A `MomentBytes` of sums the estimate made (ints; each part checked >= 0)."""
         if gradient_bytes < 0 or activation_bytes < 0 or in_flight_bytes < 0:
             raise ValueError(f"{label}: bytes must be >= 0")
-        # `_assembled`, written out: six or more per estimate
-        moment = cls.__new__(cls)
-        _set_dict(moment, {"phase": phase, "label": label, "allocated_bytes": allocated_bytes,
-                           "gradient_bytes": gradient_bytes,
-                           "activation_bytes": activation_bytes,
-                           "in_flight_bytes": in_flight_bytes})
-        _set_fields_set(moment, _MOMENT_FIELDS)
-        _set_extra(moment, None)
-        _set_private(moment, None)
-        return moment
+        return _assembled(cls, {"phase": phase, "label": label,
+                                "allocated_bytes": allocated_bytes,
+                                "gradient_bytes": gradient_bytes,
+                                "activation_bytes": activation_bytes,
+                                "in_flight_bytes": in_flight_bytes})
 
-
-_MOMENT_FIELDS = _all_fields(MomentBytes)
 
 
 class PeakBytes(BaseModel):

@@ -20,7 +20,6 @@ BF16_BYTES = 2
 FP16_BYTES = 2
 INT8_BYTES = 1
 
-KIB = 2**10
 MIB = 2**20
 GIB = 2**30
 GB = 10**9

@@ -8,7 +8,7 @@ import plotly.graph_objects as go
 import pytest
 
 from ui import accuracy
-from vram import validate
+from vram.io import validate
 
 
 def test_shared_points_summarise_as_validate_does(cases_csv: Path) -> None:

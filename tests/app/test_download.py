@@ -1,4 +1,4 @@
-"""The app's JSON download is the CLI's ``estimate --json``, byte for byte (vram.report)."""
+"""The app's JSON download is the CLI's ``estimate --json``, byte for byte (vram.io.report)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from streamlit.testing.v1 import AppTest
 
 from ui.import_config import OPEN, state_from_loaded
 from ui.text import shown
-from vram.readers import load_training_config
+from vram.io.readers import load_training_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 

@@ -19,7 +19,7 @@ import pytest
 from benchmarks import load, soak
 from ui import data, params, results
 from vram import memo
-from vram.catalog import model_catalog
+from vram.model.catalog import model_catalog
 
 UI_BYTES = 3 * 2**20
 MEMO_BYTES = 2 * 2**20

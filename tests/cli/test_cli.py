@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from vram.cli import build_parser, main, setup_from_args
-from vram.knobs import setup_knobs
+from vram.cli import build_parser, main
+from vram.cli.flags import setup_from_args
+from vram.io.knobs import setup_knobs
 from vram.setup import TrainingSetup
 
 ESTIMATE = ["estimate", "--model", "llama-3.1-8b", "--method", "qlora", "--optimizer", "adamw",

@@ -103,7 +103,7 @@ def test_method_flag_drops_the_files_quantized_base(capsys: pytest.CaptureFixtur
 
 def test_abbreviated_flags_override_too() -> None:
     from vram.cli import build_parser
-    from vram.readers.cli_hook import explicit_dests
+    from vram.io.readers.cli_hook import explicit_dests
     parser = build_parser()
     dests = explicit_dests(parser, ["estimate", "--from", "x.yml", "--bat", "4",
                                     "--seq=8192", "--json"])

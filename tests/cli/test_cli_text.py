@@ -7,7 +7,7 @@ import re
 import pytest
 
 import vram
-from vram.report import estimate_table, inference_line, setup_warnings
+from vram.io.report import estimate_table, inference_line, setup_warnings
 from vram.setup import TrainingSetup
 
 

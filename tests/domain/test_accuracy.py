@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import vram
-from vram.validate import run_cases, setup_from_row, summarize
+from vram.io.validate import run_cases, setup_from_row, summarize
 
 
 def test_every_scored_case_is_estimated(cases_csv: Path) -> None:

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from vram import TrainingSetup, estimate, load_model
-from vram.result import Bucket, BucketName, LineItem, MomentBytes, Phase
+from vram.result import Bucket, BucketName, LineItem, MomentBytes, MomentId, Phase
 
 MODELS = ["llama-3.1-8b", "mixtral-8x7b-v0.1", "t0_3b", "gemma-2-9b", "bert-large-uncased",
           "qwen3-30b-a3b", "phi-2"]
@@ -73,7 +73,7 @@ def test_assembled_parts_equal_validated_ones() -> None:
                                       inputs={"tokens": 8}, bytes=16, source="s"))
     bucket = Bucket.assemble(BucketName.ACTIVATIONS, (item,))
     assert_same_object(bucket, Bucket(name="activations", items=(item,)))
-    moment = MomentBytes.assemble(Phase.BACKWARD, "the loss", 10, 2, 3, 0)
+    moment = MomentBytes.assemble(Phase.BACKWARD, MomentId.LOSS, 10, 2, 3, 0)
     assert_same_object(moment, MomentBytes(phase="backward", label="the loss",
                                            allocated_bytes=10, gradient_bytes=2,
                                            activation_bytes=3))
@@ -89,4 +89,17 @@ def test_negative_bytes_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match=r"activations\.x: bytes must be >= 0, got -1"):
         LineItem.assemble("activations.x", "x", "f", {}, -1)
     with pytest.raises(ValueError, match="the loss: bytes must be >= 0"):
-        MomentBytes.assemble(Phase.BACKWARD, "the loss", 10, -2, 3, 0)
+        MomentBytes.assemble(Phase.BACKWARD, MomentId.LOSS, 10, -2, 3, 0)
+
+
+def test_without_pydantics_slot_setters_the_public_model_construct_builds_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a pydantic release moves the slots `_assembled` writes, it falls back to
+    `model_construct`: the same estimate, field by field."""
+    import vram.result
+
+    model = load_model("llama-3.1-8b")
+    setup = TrainingSetup(method="qlora", grad_ckpt=True, seq_len=4096)
+    fast = estimate(model, setup).model_dump()
+    monkeypatch.setattr(vram.result, "_SETTERS", None)
+    assert estimate(model.model_copy(), setup).model_dump() == fast

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from vram import ConfigError, TrainingSetup, VramError, load_model, model_from_config
-from vram.architecture import MAX_CONFIG_BYTES, model_from_config_file, read_config_text
+from vram.model.architecture import MAX_CONFIG_BYTES, model_from_config_file, read_config_text
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -6,7 +6,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vram import TrainingSetup, estimate, load_model
-from vram.estimate import _state_part, state_part
+from vram.step.estimate import _state_part, state_part
 
 MODELS = ["llama-3.1-8b", "mixtral-8x7b-v0.1", "t0_3b", "gemma-2-9b", "bert-large-uncased",
           "falcon-7b", "phi-2"]

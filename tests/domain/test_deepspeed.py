@@ -1,5 +1,6 @@
-"""DeepSpeed's ZeRO engine: what it keeps on the GPU, read from its source (vram.deepspeed_zero,
-vram.precision), on DeepSpeedExamples' 254M SimpleTransformer (the dsbf16 case rows)."""
+"""DeepSpeed's ZeRO engine: what it keeps on the GPU, read from its source
+(vram.sharding.deepspeed_zero, vram.stacks.precision), on DeepSpeedExamples' 254M
+SimpleTransformer (the dsbf16 case rows)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from vram import TrainingSetup, estimate
-from vram.architecture import ModelSpec, model_from_config_file
-from vram.knobs import setup_record
+from vram.io.knobs import setup_record
+from vram.model.architecture import ModelSpec, model_from_config_file
 
 CONFIG = (Path(__file__).resolve().parents[2].parent / "shared" / "validation" / "configs"
           / "ds-simpletransformer-254m.json")

@@ -1,21 +1,18 @@
-"""Drafts and groups (`vram.draft`): moments that are not the peak are compared by bytes; what
+"""Drafts and groups (`vram.step.draft`): moments that are not the peak are compared by bytes; what
 the peak writes out must be exactly what was counted."""
 
 from __future__ import annotations
-
-import importlib
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vram import TrainingSetup, estimate, load_model
-from vram.activations import plan
-from vram.draft import ItemDraft, ItemGroup, line_items
+from vram.memory.activations import plan
 from vram.result import LineItem
-
-# `vram.estimate` the module (the package exports the function under the same name)
-estimate_module = importlib.import_module("vram.estimate")
+from vram.step.draft import ItemDraft, ItemGroup, line_items
+from vram.step.estimate import state_part
+from vram.step.moments import step_moments
 
 
 def test_line_items_keep_the_order_and_write_groups_out_in_place() -> None:
@@ -49,8 +46,8 @@ def test_every_moment_counts_what_it_would_write_out(name: str, method: str, gra
     model = load_model(name)
     setup = TrainingSetup(method=method, grad_ckpt=grad_ckpt, attention=attention, loss=loss,
                           micro_batch=micro_batch, seq_len=seq_len)
-    part = estimate_module.state_part(model, setup)
-    moments = estimate_module._moments(
+    part = state_part(model, setup)
+    moments = step_moments(
         model, setup, plan(model, setup, part.profile), part.grads, part.working,
         part.optimizer.step_temp_bytes + part.zero.step_copies_bytes)
     for moment in moments:

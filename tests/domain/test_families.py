@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from vram import TrainingSetup, load_model, model_from_config
-from vram.activations import Kernel, attention_kernel, layer_activations
-from vram.architecture import SUPPORTED_FAMILIES
 from vram.errors import ConfigError
-from vram.families import ALIASES, FAMILIES
-from vram.stack import profile_for
+from vram.memory.activations import Kernel, attention_kernel, layer_activations
+from vram.model.architecture import SUPPORTED_FAMILIES
+from vram.model.families import ALIASES, FAMILIES
+from vram.stacks.profile import profile_for
 
 VRAM = Path(__file__).resolve().parents[2] / "vram"
 
@@ -36,7 +36,7 @@ def test_one_table_names_every_supported_family() -> None:
 
 
 def test_the_estimator_never_tests_a_family_name() -> None:
-    """Behaviour is a flag on the spec (`Stack` fields), not `model.family == "..."`."""
+    """Behaviour is a flag on the spec (`LayerStack` fields), not `model.family == "..."`."""
     offenders = [
         f"{path.name}:{n}" for path in VRAM.rglob("*.py") if "families" not in path.parts
         for n, line in enumerate(path.read_text().splitlines(), 1)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 
 from vram import TrainingSetup, load_model, model_from_config
-from vram.activations import layer_activations
-from vram.architecture import SUPPORTED_FAMILIES
 from vram.errors import ConfigError
-from vram.stack import profile_for
+from vram.memory.activations import layer_activations
+from vram.model.architecture import SUPPORTED_FAMILIES
+from vram.stacks.profile import profile_for
 
 
 def _opt_block(h: int, ffn: int) -> int:
@@ -122,7 +122,6 @@ def test_gpt_bigcode_weights_bucket_holds_its_causal_mask_buffer() -> None:
     is the bf16 parameters plus 8192² bytes (the trace's weights: +0.00 % with it, -2.9 %
     without, on starcoderbase-1b)."""
     from vram import estimate
-
     spec = load_model("starcoderbase-1b")
     setup = TrainingSetup(method="full", precision="bf16-true", micro_batch=1, seq_len=512,
                           framework="hf-trainer")

@@ -1,6 +1,6 @@
-"""What FSDP2 holds unsharded around the end of the forward (vram.fsdp2), read in PyTorch 2.13.0
-and measured by the sharded trace: the last block's all-gather buffer lives through the head and
-the loss (inside the root's forward) and is freed by the root's post-forward
+"""What FSDP2 holds unsharded around the end of the forward (vram.sharding.fsdp2), read in PyTorch
+2.13.0 and measured by the sharded trace: the last block's all-gather buffer lives through the
+head and the loss (inside the root's forward) and is freed by the root's post-forward
 (torch/distributed/fsdp/_fully_shard/_fsdp_state.py@v2.13.0 _post_forward #L333-L342)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from vram import TrainingSetup, estimate, load_model
-from vram.fsdp2 import (
+from vram.result import LineItem
+from vram.sharding.fsdp2 import (
     Fsdp2Units,
     after_forward,
     below_top_block_backward,
@@ -18,7 +19,6 @@ from vram.fsdp2 import (
     second_block_backward,
     top_block_backward,
 )
-from vram.result import LineItem
 
 ROOT, BLOCK, GRADS, HEAD, LAYERS = 1_000, 100, 60, 10, 4
 
@@ -68,8 +68,8 @@ def test_mistral_loss_backward_holds_one_block_less_than_the_forward_end() -> No
 
 def _mlp_transient(method: str, **fields: object) -> int:
     """One layer's backward peak above its saved tensors (Mistral 7B, 1 × 1,024 tokens, bf16)."""
-    from vram import activations as act
-    from vram.stack import profile_for
+    from vram.memory import activations as act
+    from vram.stacks.profile import profile_for
 
     setup = TrainingSetup(method=method, precision="bf16-true", micro_batch=1, seq_len=1024,
                           lora_targets="q_proj,v_proj", **fields)  # type: ignore[arg-type]

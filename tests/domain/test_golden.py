@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from vram import TrainingSetup, estimate, load_model, model_from_config
-from vram.activations import layer_activations
-from vram.optimizer import optimizer_state
-from vram.params import Storage, param_groups, quantized_bytes
-from vram.stack import profile_for
+from vram.memory.activations import layer_activations
+from vram.memory.optimizer import optimizer_state
+from vram.model.params import Storage, param_groups, quantized_bytes
+from vram.stacks.profile import profile_for
 
 GB = 10**9
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from vram import ConfigError, VramError, load_model, model_from_config
-from vram.architecture import read_config_text
-from vram.catalog import load_config, parse_param_count
-from vram.config_checks import FLOAT_RANGES
 from vram.errors import CatalogError, FileReadError
 from vram.files import read_csv_rows, read_limited
 from vram.gpus import load_gpus
+from vram.model.architecture import read_config_text
+from vram.model.catalog import load_config, parse_param_count
+from vram.model.config_checks import FLOAT_RANGES
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

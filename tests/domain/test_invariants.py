@@ -6,8 +6,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vram import Estimate, TrainingSetup, estimate, load_model
-from vram.params import param_groups
-from vram.stack import profile_for
+from vram.model.params import param_groups
+from vram.stacks.profile import profile_for
 
 MODELS = [
     "llama-3.2-1b",

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import vram
-from vram.knobs import KnobError, SetupKnob, knob_for, setup_knobs
+from vram.io.knobs import KnobError, SetupKnob, knob_for, setup_knobs
+from vram.io.validate import setup_from_row
 from vram.setup import TrainingSetup
-from vram.validate import setup_from_row
 
 CASES = Path(__file__).resolve().parents[3] / "shared" / "validation" / "cases.csv"
 
@@ -203,7 +203,7 @@ def test_fit_uses_each_gpus_own_cuda_context() -> None:
 
 def test_the_docs_table_is_the_declarations() -> None:
     """docs/knobs.md lists every knob as declared (regenerate it with `markdown_table()`)."""
-    from vram.knobs import markdown_table
+    from vram.io.knobs import markdown_table
 
     docs = Path(__file__).resolve().parents[2] / "docs" / "knobs.md"
     assert markdown_table() in docs.read_text(encoding="utf-8")

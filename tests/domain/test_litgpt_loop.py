@@ -8,8 +8,8 @@ LitGPT's published QLoRA peaks (benchmarks/ACCURACY.md).
 from __future__ import annotations
 
 from vram import TrainingSetup, estimate, load_model
-from vram.activations import layer_activations, plan
-from vram.stack import profile_for
+from vram.memory.activations import layer_activations, plan
+from vram.stacks.profile import profile_for
 
 LLAMA3_8B = "meta-llama-3-8b"
 

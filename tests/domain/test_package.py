@@ -11,42 +11,61 @@ import pytest
 
 import vram
 
-EXPECTED_API = {
-    "Attention", "Bucket", "BucketName", "CatalogEntry", "CatalogError", "ConfigError",
-    "Estimate", "FitOption", "FitReport", "Framework", "Gpu", "InferenceEstimate", "LineItem",
-    "MomentBytes",
-    "Loss", "Method", "ModelSpec", "Offload", "Optimizer", "ParamCounts", "Phase", "Precision",
-    "Quant", "Sharding", "TrainingSetup", "VramError", "estimate", "fit", "load_gpus",
-    "load_model", "model_catalog", "model_from_config", "model_from_param_count",
-    "teaching_models", "LoadedTrainingConfig", "load_training_config",
-    # the planner (issue 10)
-    "Hardware", "Plan", "plan",
-    # the peaks alone, for sweeps and searches (issue 10's speed bars)
-    "PeakBytes", "estimate_peaks",
-}
-
-
-def test_public_api_is_pinned() -> None:
-    assert set(vram.__all__) == EXPECTED_API
-    assert all(hasattr(vram, name) for name in vram.__all__)
-
 
 def test_the_core_is_light() -> None:
     """`import vram` (and its CLI, validation and trace entry points) loads none of the app's
     dependencies: no Streamlit, no plotly, no pandas (a light core, issue 15)."""
-    code = ("import sys, vram, vram.cli, vram.knobs, vram.validate, vram.trace, vram.export, "
-            "vram.readers; "
+    code = ("import sys, vram, vram.cli, vram.io.knobs, vram.io.validate, vram.trace, "
+            "vram.io.export, vram.io.readers; "
             "print(sorted(m for m in ('streamlit', 'plotly', 'pandas') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
 
 
+#: The app's dependencies: none of them is needed by the package or its command line.
+APP_ONLY = ("streamlit", "plotly", "pandas")
+
+
+def test_the_install_is_light() -> None:
+    """`pip install vram` installs the estimate and the CLI only; the app's dependencies are
+    the `app` extra (httpx's `[cli]`, the other way round)."""
+    import tomllib
+
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml")
+                            .read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    assert not [name for name in APP_ONLY if name in core], core
+    app = " ".join(project["optional-dependencies"]["app"]).lower()
+    assert all(name in app for name in APP_ONLY), app
+
+
+@pytest.mark.parametrize("argv", [
+    ["estimate", "--model", "llama-3.2-1b", "--method", "qlora", "--json"],
+    ["plan", "--model", "llama-3.1-8b", "--method", "qlora", "--gpu", "rtx-4090", "--json"],
+    ["gpus", "--json"],
+    ["models"],
+])
+def test_the_cli_runs_where_the_app_dependencies_cannot_be_imported(argv: list[str]) -> None:
+    """An environment without streamlit, plotly or pandas (each import made to fail, as in a
+    `pip install vram` without the extra) still imports vram and runs the command line."""
+    code = ("import sys\n"
+            f"for name in {APP_ONLY!r}:\n"
+            "    sys.modules[name] = None  # `import name` now raises ImportError\n"
+            "import vram\n"
+            "from vram.cli import main\n"
+            f"raise SystemExit(main({argv!r}))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip()
+
+
 def test_package_is_typed() -> None:
     assert (Path(vram.__file__).parent / "py.typed").exists()
 
 
-@pytest.mark.parametrize("module", ["vram.estimate", "ui.render", "ui"])
+@pytest.mark.parametrize("module", ["vram.step.estimate", "ui.render", "ui"])
 @pytest.mark.parametrize("category", [DeprecationWarning, FutureWarning])
 def test_a_deprecation_from_our_own_code_fails_the_tests(module: str,
                                                          category: type[Warning]) -> None:

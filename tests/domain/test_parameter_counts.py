@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vram import load_model, model_catalog, teaching_models
-from vram.architecture import model_from_config_file
+from vram.model.architecture import model_from_config_file
 
 CATALOG = model_catalog()
 

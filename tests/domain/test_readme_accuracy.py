@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from benchmarks.accuracy_table import END, START, replaced, table
-from vram.validate import CaseResult, run_cases
+from vram.io.validate import CaseResult, run_cases
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

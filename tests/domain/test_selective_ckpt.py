@@ -12,10 +12,10 @@ import pytest
 
 import vram
 from vram import TrainingSetup, estimate
-from vram.activations import plan
-from vram.knobs import KnobError, setup_from_texts
-from vram.stack import profile_for
-from vram.validate import setup_from_row
+from vram.io.knobs import KnobError, setup_from_texts
+from vram.io.validate import setup_from_row
+from vram.memory.activations import plan
+from vram.stacks.profile import profile_for
 
 #: torchtitan's Llama 3.1 8B pre-training recipe (train_configs/llama3_8b.toml): FSDP2 with
 #: bf16 parameters and fp32 reduction, AdamW, SDPA (flash), selective op checkpointing.

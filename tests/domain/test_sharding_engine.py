@@ -14,13 +14,12 @@ import pytest
 
 import vram
 from vram import TrainingSetup, estimate
-from vram.architecture import model_from_config_file
-from vram.knob_rules import effective_fsdp_version
-from vram.knobs import KnobError, setup_from_texts, setup_record
-from vram.readers import load_training_config
+from vram.io.knobs import KnobError, setup_from_texts, setup_record
+from vram.io.readers import load_training_config
+from vram.io.validate import setup_from_row
+from vram.model.architecture import model_from_config_file
 from vram.setup import Framework
-from vram.stack import stack_row
-from vram.validate import setup_from_row
+from vram.stacks.resolve import resolve
 
 CASES = Path(__file__).resolve().parents[2].parent / "shared" / "validation" / "cases.csv"
 BASE = dict(method="full", n_gpus=8, sharding="zero3", grad_ckpt=True, seq_len=2048)
@@ -28,7 +27,7 @@ BASE = dict(method="full", n_gpus=8, sharding="zero3", grad_ckpt=True, seq_len=2
 
 def _version(**fields: object) -> int | None:
     setup = TrainingSetup.model_validate({**BASE, **fields})
-    return effective_fsdp_version(setup, stack_row(setup.framework).default_fsdp_version)
+    return resolve(setup).run.fsdp_version
 
 
 def _keys(**fields: object) -> set[str]:
@@ -121,4 +120,4 @@ def test_a_deepspeed_config_sets_the_engine(tmp_path: Path) -> None:
 
 
 def _version_of(setup: TrainingSetup) -> int | None:
-    return effective_fsdp_version(setup, stack_row(setup.framework).default_fsdp_version)
+    return resolve(setup).run.fsdp_version

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
 
 from tests.conftest import ROOT
 from vram import Estimate, TrainingSetup, estimate, model_from_config
-from vram.activations import numerics, zero_half_model
-from vram.deepspeed_zero import runs_deepspeed_zero
 from vram.errors import VramError
-from vram.optimizer import (
+from vram.memory.optimizer import (
     OPTIMIZERS,
     blockwise_8bit_bytes,
     bnb_8bit_tensor_bytes,
@@ -22,18 +21,15 @@ from vram.optimizer import (
     projection_rank,
     torchao_4bit_tensor_bytes,
 )
-from vram.params import Matrices, ParamGroup, Storage, param_groups
-from vram.params import allocated_bytes as allocated
-from vram.precision import precision_policy
+from vram.model.params import Matrices, ParamGroup, Storage, param_groups
+from vram.model.params import allocated_bytes as allocated
 from vram.setup import Framework, Loss, Optimizer
-from vram.stack import (
-    ROW_FIELDS,
-    STACKS,
-    profile_for,
-    runs_transformers_code,
-    stack_row,
-    stacks_markdown,
-)
+from vram.sharding.deepspeed_zero import runs_deepspeed_zero
+from vram.stacks.docs import stacks_markdown
+from vram.stacks.precision import precision_policy, runs_half_model
+from vram.stacks.profile import profile_for, runs_transformers_code
+from vram.stacks.resolve import resolve
+from vram.stacks.table import BEHAVIOURS, OVERLAYS, stack_row, stacks
 from vram.units import GIB, format_gb, format_gib, size_text
 
 HF_LIKE = (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE, Framework.FSDP_QLORA,
@@ -53,9 +49,49 @@ _TINY: dict[str, object] = {
 def test_every_framework_has_a_row_with_a_versioned_source_per_field(
         framework: Framework) -> None:
     row = stack_row(framework)
-    assert set(row.sources) == set(ROW_FIELDS), framework
+    stated = set(BEHAVIOURS) | {f"defaults.{name}" for name in row.defaults} | {
+        f"{part}.{name}" for part in OVERLAYS for name in getattr(row, part)}
+    assert set(row.sources) == stated, framework
     for name, source in row.sources.items():
         assert "@" in source, f"{framework.value}.{name}: {source!r} names no version"
+
+
+def test_every_stack_states_a_default_for_each_knob_that_defers_to_it() -> None:
+    """The same knobs in every row, each a TrainingSetup field whose None means "the
+    stack's" (a knob added to one row and not the others is refused at load)."""
+    knobs = set(stack_row(Framework.HF_TRAINER).defaults)
+    assert knobs == {"loss", "compile", "ckpt_reentrant", "ckpt_offload", "fsdp_version",
+                     "fsdp_embedding_units", "bitsandbytes_version", "lora_base_16bit",
+                     "zero_reduce_bucket_values", "zero_param_persistence_threshold",
+                     "zero3_linear_wrapper"}
+    for row in stacks().values():
+        assert set(row.defaults) == knobs
+        assert all(TrainingSetup.model_fields[name].default is None for name in knobs)
+
+
+def test_a_stack_table_entry_without_a_source_or_of_the_wrong_type_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows are data, validated as the GPU list is: an error names the stack and entry."""
+    original = (ROOT / "data" / "stacks.toml").read_text()
+    for broken, message in (
+            (original.replace('[litgpt.defaults]\nloss = { value = "chunked"',
+                              '[litgpt.defaults]\nloss = { value = "sideways"'),
+             r"\[litgpt.defaults\] loss"),
+            (original.replace("unties_head = { value = true, source",
+                              "unties_head = { value = 1, source"),
+             r"\[litgpt\] unties_head"),
+            (original.replace('[torchtitan.defaults]\nloss = { value = "standard", source',
+                              '[torchtitan.defaults]\nloss = { value = "standard", sauce'),
+             r"\[torchtitan.defaults\] loss: give")):
+        assert broken != original
+        (tmp_path / "stacks.toml").write_text(broken)
+        monkeypatch.setattr("vram.stacks.table.data_dir", lambda: tmp_path)
+        stacks.cache_clear()
+        try:
+            with pytest.raises(VramError, match=message):
+                stacks()
+        finally:
+            stacks.cache_clear()
 
 
 def test_docs_stacks_md_is_generated_from_the_table() -> None:
@@ -67,10 +103,14 @@ def test_docs_stacks_md_is_generated_from_the_table() -> None:
 
 def test_a_framework_without_a_row_is_an_error_not_hugging_face(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    rows = {k: v for k, v in STACKS.items() if k is not Framework.UNSLOTH}
-    monkeypatch.setattr("vram.stack.STACKS", MappingProxyType(rows))
-    with pytest.raises(VramError, match="framework: no stack profile for 'unsloth'"):
-        profile_for(TrainingSetup(framework="unsloth"))
+    rows = {k: v for k, v in stacks().items() if k is not Framework.UNSLOTH}
+    monkeypatch.setattr("vram.stacks.table.stacks", lambda: MappingProxyType(rows))
+    resolve.cache_clear()
+    try:
+        with pytest.raises(VramError, match="framework: no stack profile for 'unsloth'"):
+            profile_for(TrainingSetup(framework="unsloth"))
+    finally:
+        resolve.cache_clear()
 
 
 def test_model_code_follows_the_stack() -> None:
@@ -81,18 +121,24 @@ def test_model_code_follows_the_stack() -> None:
 
 
 def test_stack_defaults_come_from_the_table() -> None:
-    assert TrainingSetup(framework="torchtune").effective_compile is True
-    assert TrainingSetup(framework="torchtune", compile=False).effective_compile is False
-    assert TrainingSetup(framework="litgpt").effective_loss is Loss.CHUNKED
-    assert TrainingSetup(framework="hf-trainer").effective_loss is Loss.STANDARD
-    assert TrainingSetup(framework="hf-trainer", loss="chunked").effective_loss is Loss.CHUNKED
+    def run(**fields: object) -> TrainingSetup:
+        return resolve(TrainingSetup(**fields)).run  # type: ignore[arg-type]
+
+    assert run(framework="torchtune").compile is True
+    assert run(framework="torchtune", compile=False).compile is False
+    assert run(framework="litgpt").loss is Loss.CHUNKED
+    assert run(framework="hf-trainer").loss is Loss.STANDARD
+    assert run(framework="hf-trainer", loss="chunked").loss is Loss.CHUNKED
+    assert run(framework="litgpt").bitsandbytes_version == "0.42.0"
+    assert run(framework="deepspeed").zero_reduce_bucket_values == 50_000_000
+    assert run(framework="hf-trainer").zero_reduce_bucket_values is None  # DeepSpeed's own
 
 
 def test_checkpoint_reentrancy_defaults_from_source() -> None:
     """axolotl and LLaMA-Factory default to reentrant checkpointing, Transformers 5 and the
     PyTorch-native stacks to non-reentrant; DeepSpeed's own checkpointing is reentrant, and so is
     Unsloth's offloading checkpointer (an autograd.Function whose forward runs under no_grad)."""
-    reentrant = {f for f in Framework if stack_row(f).default_ckpt_reentrant}
+    reentrant = {f for f in Framework if stack_row(f).defaults["ckpt_reentrant"]}
     assert reentrant == {Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.DEEPSPEED,
                          Framework.UNSLOTH}
     ckpt = TrainingSetup(method="qlora", grad_ckpt=True, framework="axolotl")
@@ -100,19 +146,20 @@ def test_checkpoint_reentrancy_defaults_from_source() -> None:
 
 
 def test_fsdp_generation_per_stack() -> None:
-    fsdp2 = {f for f in Framework if stack_row(f).default_fsdp_version == 2}
+    fsdp2 = {f for f in Framework if stack_row(f).defaults["fsdp_version"] == 2}
     assert fsdp2 == {Framework.TORCHTUNE, Framework.TORCHTITAN}
-    assert stack_row(Framework.DEEPSPEED).default_fsdp_version is None
+    assert stack_row(Framework.DEEPSPEED).defaults["fsdp_version"] is None
 
 
 def test_fsdp2_embedding_units_per_stack() -> None:
     """torchtitan's apply_fsdp always wraps tok_embeddings and [norm, output] as units;
     torchtune's full fine-tune configs list them in custom_sharded_layers, its LoRA recipe
     wraps the layers only; every other stack (Accelerate's FSDP2) leaves them in the root."""
-    from vram.stack import fsdp_embedding_units
+    def fsdp_embedding_units(setup: TrainingSetup) -> bool:
+        return bool(resolve(setup).run.fsdp_embedding_units)
 
-    full = {f for f in Framework if stack_row(f).default_fsdp_embedding_units}
-    adapters = {f for f in Framework if stack_row(f).adapter_fsdp_embedding_units}
+    full = {f for f in Framework if stack_row(f).defaults["fsdp_embedding_units"]}
+    adapters = {f for f in Framework if stack_row(f).when_adapters["fsdp_embedding_units"]}
     assert full == {Framework.TORCHTUNE, Framework.TORCHTITAN}
     assert adapters == {Framework.TORCHTITAN}
     tune = {"framework": "torchtune", "sharding": "zero3", "n_gpus": 8}
@@ -198,9 +245,7 @@ def test_precision_record_is_consistent(setup: TrainingSetup) -> None:
     assert p.states == (p.master or trained)
     if not profile.upcasts_frozen_to_fp32:  # (an upcast QLoRA base keeps autocast under ZeRO)
         assert not (p.half_model and p.autocast)
-    assert p.half_model is zero_half_model(setup)
-    n = numerics(setup)
-    assert (n.compute, n.residual, n.attention) == (p.compute, p.residual, p.attention)
+    assert p.half_model is runs_half_model(setup)
 
 
 def test_activation_dtypes_by_recipe() -> None:

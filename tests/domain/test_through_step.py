@@ -1,10 +1,10 @@
-"""Buckets at the peak against the most each holds through the step (vram.through_step)."""
+"""Buckets at the peak against the most each holds through the step (vram.step.through_step)."""
 
 from __future__ import annotations
 
 import vram
 from vram.result import BucketName
-from vram.through_step import through_step
+from vram.step.through_step import through_step
 
 
 def test_a_peak_at_the_loss_holds_no_gradients_but_the_step_holds_them_all() -> None:

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vram import TrainingSetup, estimate
-from vram.export import to_axolotl_yaml, to_trl_yaml
-from vram.readers import load_training_config
+from vram.io.export import to_axolotl_yaml, to_trl_yaml
+from vram.io.readers import load_training_config
+from vram.stacks.resolve import resolve
 
 MODEL = "llama-3.1-8b"
 TARGETS = st.one_of(st.just("all-linear"), st.lists(
@@ -60,8 +61,9 @@ def setups(draw: st.DrawFn, *, tool: str) -> TrainingSetup:
 def canonical(setup: TrainingSetup) -> dict[str, Any]:
     """The setup as the estimate sees it: stack defaults resolved, LoRA knobs only for LoRA."""
     out = setup.model_dump(mode="json")
-    out.update(quant=setup.effective_quant.value, loss=setup.effective_loss.value,
-               compile=setup.effective_compile)
+    run = resolve(setup).run
+    out.update(quant=setup.effective_quant.value, loss=run.loss.value if run.loss else None,
+               compile=run.compile)
     if setup.method.value == "full":
         for field in ("lora_rank", "lora_targets", "lora_dropout"):
             out.pop(field)
@@ -95,11 +97,11 @@ def test_axolotl_round_trip(setup: TrainingSetup) -> None:
     _same(setup, text, "axolotl")
 
 
-def test_export_keeps_knobs_the_setup_does_not_hold_yet() -> None:
+def test_export_writes_the_checkpointing_fsdp_and_loss_knobs() -> None:
     setup = TrainingSetup(method="qlora", quant="nf4-dq", grad_ckpt=True, n_gpus=2,
-                          sharding="zero3", loss="chunked")
-    fields = {"ckpt_reentrant": True, "fsdp_version": 2, "loss": "fused-linear"}
-    text, notes = to_axolotl_yaml(setup, MODEL, fields)
+                          sharding="zero3", loss="fused-linear", ckpt_reentrant=True,
+                          fsdp_version=2)
+    text, notes = to_axolotl_yaml(setup, MODEL)
     back = load_training_config(text, format="axolotl", gpus=2)
     assert back.fields["ckpt_reentrant"] is True
     assert back.fields["fsdp_version"] == 2
@@ -119,5 +121,5 @@ def test_export_of_a_real_file_reads_back_the_same() -> None:
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "data/configs/axolotl/llama3-qlora.yml"
     loaded = load_training_config(path)
-    text, _ = to_trl_yaml(loaded.setup, "meta-llama-3-8b", loaded.fields)
+    text, _ = to_trl_yaml(loaded.setup, "meta-llama-3-8b")
     assert canonical(load_training_config(text, format="trl").setup) == canonical(loaded.setup)

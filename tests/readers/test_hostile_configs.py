@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from vram.errors import TrainingConfigError
-from vram.readers import load_training_config
-from vram.readers.safe_yaml import MAX_EXPANDED_NODES, parse_mapping
+from vram.io.readers import load_training_config
+from vram.io.readers.safe_yaml import MAX_EXPANDED_NODES, parse_mapping
 
 AXOLOTL = "base_model: meta-llama/Llama-3.1-8B\nadapter: qlora\nload_in_4bit: true\nlora_r: 16\n"
 
@@ -189,7 +189,7 @@ def short_tmp() -> Iterator[Path]:
 
 def test_without_the_filesystem_a_path_says_the_same_whatever_is_there(short_tmp: Path) -> None:
     from tests.fuzz.surfaces import within
-    from vram.readers import NOT_IN_CATALOG
+    from vram.io.readers import NOT_IN_CATALOG
 
     problems = {}
     for kind, path in _server_paths(short_tmp).items():

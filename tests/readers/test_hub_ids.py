@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import vram
-from vram import catalog
 from vram.errors import ConfigError
+from vram.model import catalog
 
 
 @pytest.mark.parametrize(("hub_id", "name"), [

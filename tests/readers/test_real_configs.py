@@ -10,8 +10,8 @@ import pytest
 
 import vram
 from vram import TrainingSetup
-from vram.readers import LoadedTrainingConfig, load_training_config
-from vram.readers.mapper import FALLBACKS, accepts
+from vram.io.readers import LoadedTrainingConfig, load_training_config
+from vram.io.readers.mapper import FALLBACKS, accepts
 
 CONFIGS = Path(__file__).resolve().parents[1] / "data" / "configs"
 
@@ -230,8 +230,8 @@ def test_trl_versus_training_arguments_trap() -> None:
     text = "model_name_or_path: meta-llama/Llama-3.1-8B\nper_device_train_batch_size: 2\n"
     trl = vram.load_training_config(text, format="trl")
     assert trl.setup.grad_ckpt is True and trl.setup.precision.value == "bf16-mixed"
-    from vram.readers import trl as trl_reader
-    from vram.readers.safe_yaml import parse_mapping
+    from vram.io.readers import trl as trl_reader
+    from vram.io.readers.safe_yaml import parse_mapping
     plain = trl_reader.read(parse_mapping(text), trainer="training-arguments")
     assert plain.setup_fields["grad_ckpt"] is False
     assert plain.setup_fields["precision"] == "fp32"

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vram.params import allocated_bytes as rounded  # noqa: E402
+from vram.model.params import allocated_bytes as rounded  # noqa: E402
 from vram.setup import TrainingSetup  # noqa: E402
 from vram.trace import attention  # noqa: E402
 from vram.trace.step import trace_depth  # noqa: E402

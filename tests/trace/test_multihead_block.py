@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from vram import TrainingSetup, model_from_config  # noqa: E402
-from vram.activations import layer_activations  # noqa: E402
-from vram.stack import profile_for  # noqa: E402
+from vram.memory.activations import layer_activations  # noqa: E402
+from vram.stacks.profile import profile_for  # noqa: E402
 
 
 class SimpleTransformerBlock(nn.Module):

@@ -1,4 +1,5 @@
-"""The trace's optimizer table agrees with the closed form's rows (vram.optimizer.OPTIMIZERS)."""
+"""The trace's optimizer table agrees with the closed form's rows
+(vram.memory.optimizer.OPTIMIZERS)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from vram.optimizer import OPTIMIZERS
+from vram.memory.optimizer import OPTIMIZERS
 from vram.setup import Optimizer, TrainingSetup
 from vram.trace.optim import TRACE_OPTIMIZERS, make_optimizer
 

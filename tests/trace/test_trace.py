@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-from vram.params import allocated_bytes as rounded  # noqa: E402
+from vram.model.params import allocated_bytes as rounded  # noqa: E402
 from vram.setup import TrainingSetup  # noqa: E402
 from vram.trace import trace_step  # noqa: E402
 from vram.trace.quant import QuantLinear, storage_bytes  # noqa: E402

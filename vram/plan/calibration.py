@@ -28,10 +28,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from vram.catalog import load_model
 from vram.errors import CatalogError
-from vram.estimate import estimate
 from vram.gpus import Gpu, load_gpus, shipped_gpus_path
+from vram.model.catalog import load_model
 from vram.paths import data_dir
 from vram.plan.flops import Recompute
 from vram.plan.throughput import (
@@ -45,6 +44,7 @@ from vram.plan.throughput import (
     time_multiplier,
 )
 from vram.setup import Framework, Method, Offload, Sharding, TrainingSetup
+from vram.step.estimate import estimate
 
 #: Used only when no row at all could be read (a team's empty table).
 DEFAULT_MFU = 0.35

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from vram.architecture import HeadKind, ModelSpec
+from vram.model.architecture import HeadKind, ModelSpec
 from vram.setup import Method, TrainingSetup
 
 

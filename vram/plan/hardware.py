@@ -12,12 +12,12 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vram.architecture import ModelSpec
 from vram.errors import VramError
-from vram.estimate import estimate
 from vram.gpus import MAX_NODES, Gpu, _setup_for
+from vram.model.architecture import ModelSpec
 from vram.result import Estimate
 from vram.setup import TrainingSetup
+from vram.step.estimate import estimate
 
 
 class Hardware(BaseModel):

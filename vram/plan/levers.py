@@ -29,6 +29,7 @@ from vram.setup import (
     Sharding,
     TrainingSetup,
 )
+from vram.stacks.resolve import resolve
 
 Change = dict[str, Any]
 
@@ -74,7 +75,7 @@ def _checkpointing(s: TrainingSetup) -> Change | None:
 
 
 def _chunked_loss(s: TrainingSetup) -> Change | None:
-    return None if s.effective_loss is Loss.CHUNKED else {"loss": Loss.CHUNKED}
+    return None if resolve(s).run.loss is Loss.CHUNKED else {"loss": Loss.CHUNKED}
 
 
 _ADAM_32 = (Optimizer.ADAMW, Optimizer.PAGED_ADAMW)
@@ -137,13 +138,12 @@ def _zero3(s: TrainingSetup) -> Change | None:
     return {"sharding": Sharding.ZERO3}
 
 
-_SHARDED = (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
 
 
 def _offload_optimizer(s: TrainingSetup) -> Change | None:
     if s.offload is not Offload.NONE:
         return None
-    sharding = s.sharding if s.sharding in _SHARDED else (
+    sharding = s.sharding if s.sharding.shards_optimizer else (
         Sharding.ZERO3 if s.n_gpus == 1 else Sharding.ZERO2)
     return {"offload": Offload.OPTIMIZER, "sharding": sharding}
 

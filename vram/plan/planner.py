@@ -17,9 +17,9 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vram.architecture import ModelSpec
 from vram.errors import InputError
 from vram.gpus import Gpu, load_gpus
+from vram.model.architecture import ModelSpec
 from vram.plan.calibration import MfuTable, default_mfu_table
 from vram.plan.hardware import Estimator, Hardware, find_gpu, largest_count, setup_on
 from vram.plan.levers import LEVERS, MORE_GPUS, TIER_PENALTY, LeverSpec, applied, describe_change

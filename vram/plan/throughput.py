@@ -15,11 +15,12 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 
-from vram.architecture import ModelSpec
 from vram.gpus import Gpu
+from vram.model.architecture import ModelSpec
 from vram.plan.flops import Recompute, flops_per_token
 from vram.result import Estimate
 from vram.setup import Loss, Offload, Optimizer, Sharding, TrainingSetup
+from vram.stacks.resolve import resolve
 
 
 class GpuClass(StrEnum):
@@ -108,11 +109,11 @@ def offloaded_activations(setup: TrainingSetup, result: Estimate) -> int:
 def time_multiplier(setup: TrainingSetup) -> float:
     """Measured slow-downs (>1) and speed-ups (<1) of single knobs, multiplied."""
     factor = OPTIMIZER_TIME.get(setup.optimizer, 1.0)
-    if setup.effective_loss is Loss.CHUNKED:
+    if resolve(setup).run.loss is Loss.CHUNKED:
         factor *= CHUNKED_LOSS_TIME
     if setup.offload is Offload.ACTIVATIONS:
         factor *= ACTIVATION_OFFLOAD_TIME
-    if setup.effective_compile:
+    if resolve(setup).run.compile:
         factor /= COMPILE_SPEEDUP
     return factor
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numbers
 
-from vram.architecture import ModelSpec
 from vram.errors import InputError
 from vram.gpus import MAX_MEMORY_BYTES
+from vram.model.architecture import ModelSpec
 from vram.rl.advice import advise
 from vram.rl.estimate import estimate as _estimate
 from vram.rl.result import ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate

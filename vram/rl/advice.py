@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vram.architecture import ModelSpec
+from vram.model.architecture import ModelSpec
 from vram.rl import engine as eng
 from vram.rl.estimate import estimate as rl_estimate
 from vram.rl.result import RLEstimate

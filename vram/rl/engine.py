@@ -16,7 +16,7 @@ is of the memory *free* when the engine starts (model_runner_kv_cache_mixin.py@2
 
 from __future__ import annotations
 
-from vram.architecture import ModelSpec
+from vram.model.architecture import ModelSpec
 from vram.rl.setup import Engine
 from vram.units import BF16_BYTES, FP32_BYTES, GIB
 

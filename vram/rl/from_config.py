@@ -10,7 +10,7 @@ per_device_train_batch_size // num_generations (trl/trainer/grpo_config.py@v1.9.
 from __future__ import annotations
 
 from vram.errors import VramError
-from vram.readers import LoadedTrainingConfig
+from vram.io.readers import LoadedTrainingConfig
 from vram.rl.setup import Algo, Reference, RLSetup, Rollout
 from vram.rl.stacks import rl_default
 

@@ -10,7 +10,7 @@ vllm/v1/core/kv_cache_utils.py@bbf906a8).
 
 from __future__ import annotations
 
-from vram.architecture import ModelSpec
+from vram.model.architecture import ModelSpec
 from vram.units import BF16_BYTES, ceil_div
 
 #: vLLM's default `block_size` (tokens per KV block).

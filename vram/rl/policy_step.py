@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.activations import plan as activation_plan
-from vram.architecture import ModelSpec
-from vram.result import Estimate
+from vram.memory.activations import plan as activation_plan
+from vram.model.architecture import ModelSpec
+from vram.result import Estimate, MomentId
 from vram.rl.setup import OFFLINE, Reference, RLSetup
 from vram.setup import Precision, TrainingSetup
-from vram.stack import profile_for
+from vram.stacks.profile import profile_for
 from vram.units import BF16_BYTES, FP32_BYTES
 
 #: Rows `entropy_from_logits` handles at once (trl/trainer/utils.py@v1.9.0, chunk_size=128);
@@ -46,7 +46,7 @@ class StepMoment:
     """One candidate peak of the policy step: activations (of which the logits' share) and
     the gradients alive."""
 
-    label: str
+    label: MomentId
     activation_bytes: int
     logits_bytes: int
     gradient_bytes: int
@@ -118,12 +118,13 @@ def policy_moments(model: ModelSpec, setup: RLSetup, policy: TrainingSetup,
     plan = activation_plan(model, policy, profile_for(policy))
     forward = loss_forward_logits_bytes(model, setup)
     backward = loss_backward_logits_bytes(model, setup)
-    head = {"end of forward": (plan.head_saved_bytes, forward),
-            "the output cast to fp32": (plan.head_cast_bytes, forward),
-            "the loss": (plan.head_peak_bytes, backward),
-            "the top layer's backward": (plan.head_kept_bytes, 0)}
+    head = {MomentId.FORWARD_END: (plan.head_saved_bytes, forward),
+            MomentId.OUTPUT_CAST: (plan.head_cast_bytes, forward),
+            MomentId.LOSS: (plan.head_peak_bytes, backward),
+            MomentId.TOP_LAYER_BACKWARD: (plan.head_kept_bytes, 0)}
     moments = []
     for m in sft.moments:
+        # the head's own items live in these four moments; the others hold none of them
         sft_head, rl_logits = head.get(m.label, (0, 0))
         layers = max(m.activation_bytes - sft_head, 0)
         moments.append(StepMoment(m.label, layers + rl_logits, rl_logits, m.gradient_bytes))

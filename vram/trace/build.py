@@ -34,10 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.knob_rules import bnb_keeps_matmul_input
-from vram.precision import lora_base_16bit
-from vram.setup import ALL_LINEAR, Method, Precision, TrainingSetup
-from vram.stack import profile_for, stack_row
+from vram.setup import ALL_LINEAR, Attention, Method, Precision, TrainingSetup
+from vram.stacks.precision import lora_base_16bit
+from vram.stacks.profile import profile_for
+from vram.stacks.resolve import resolve
+from vram.stacks.table import stack_row
 from vram.trace.quant import QuantLinear, lora_forward_bnb
 
 #: Config keys that hold the number of repeated blocks.
@@ -170,10 +171,10 @@ def kind_of(model_type: str) -> str:
 
 def weight_dtype(setup: TrainingSetup) -> torch.dtype:
     """The dtype the model is loaded in: 16 bits for pure bf16 and for a LoRA base loaded in
-    16 bits under a mixed recipe (`vram.precision.lora_base_16bit`), else fp32."""
+    16 bits under a mixed recipe (`vram.stacks.precision.lora_base_16bit`), else fp32."""
     if setup.precision is Precision.BF16_TRUE:
         return torch.bfloat16
-    if lora_base_16bit(setup, stack_row(setup.framework).loads_lora_base_16bit):
+    if lora_base_16bit(resolve(setup).run):
         return torch.float16 if setup.precision is Precision.FP16_MIXED else torch.bfloat16
     return torch.float32
 
@@ -216,7 +217,7 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
             f"model_type {model_type!r}: transformers cannot build it ({exc})") from exc
     auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM,
             "classifier": AutoModelForSequenceClassification}[kind]
-    if setup.attention.value == "flash":
+    if setup.attention is Attention.FLASH:
         from vram.trace.attention import register_fused
 
         try:
@@ -224,7 +225,7 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
                                     attn_implementation=register_fused())
         except (ValueError, KeyError):  # no attention interface (Falcon): SDPA, flash-routed
             pass
-    attn = "eager" if setup.attention.value == "eager" else "sdpa"
+    attn = "eager" if setup.attention is Attention.EAGER else "sdpa"
     try:
         model = auto.from_config(hf_config, dtype=weight_dtype(setup), attn_implementation=attn)
     except ValueError as exc:
@@ -271,7 +272,7 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
               quant_head: bool) -> None:
     cdtype = compute_dtype(setup)
     quant = setup.effective_quant.value
-    keeps = bnb_keeps_matmul_input(setup, stack_row(setup.framework).default_bitsandbytes_version)
+    keeps = resolve(setup).bnb_keeps_matmul_input
     # transformers keeps these in full precision under bitsandbytes (T5's `wo`).
     keep = set(getattr(model, "_keep_in_fp32_modules", None) or [])
     for _, blocks in lists:
@@ -305,7 +306,7 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         # Conv1D stores its weight transposed; PEFT would set this itself, with a warning
         fan_in_fan_out=model_type in CONV1D_TYPES,
     )
-    # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stack).
+    # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stacks.table).
     keep_dtype = not stack_row(setup.framework).fp32_adapters
     peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
     if keep_dtype:
@@ -353,6 +354,7 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
             raise TraceUnsupported(f"model_type {model_type!r}: no gradient checkpointing")
         # transformers 5.x renamed it (the old name warns "deprecated ... removed in v6" and
         # calls the new one); the pinned trace extra has the new name, an older one the old.
+        # Always non-reentrant: a reentrant setup gets a note (`vram.trace.step`).
         kwargs = {"use_reentrant": False}
         enable: Any = getattr(model, "activation_checkpointing_enable", None)
         if enable is not None:

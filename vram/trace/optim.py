@@ -31,9 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.optimizer import BNB_BLOCK, BNB_MIN_8BIT_SIZE
+from vram.memory.optimizer import BNB_BLOCK, BNB_MIN_8BIT_SIZE
 from vram.setup import Optimizer, TrainingSetup
-from vram.stack import profile_for
+from vram.stacks.profile import profile_for
 
 LR = 1e-5
 BNB_MIN_PAGED_SIZE = 100_000
@@ -144,7 +144,7 @@ def _adafactor(params: list[nn.Parameter],
                      warmup_init=False)
 
 
-#: The traced optimizer of each `vram.optimizer.OPTIMIZERS` row the trace can run; None: one
+#: The traced optimizer of each `vram.memory.optimizer.OPTIMIZERS` row the trace can run; None: one
 #: AdamW per parameter stepped inside backward (`in_backward`). AdamW is fused instead where
 #: the stack fuses it (`StackProfile.fused_optimizer`). A row missing here is not traced.
 TRACE_OPTIMIZERS: dict[Optimizer, OptimizerFactory | None] = {

@@ -61,7 +61,7 @@ class _Dequant4bitMatmul(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, module: QuantLinear) -> torch.Tensor:  # type: ignore[override]
         ctx.module = module
         # bitsandbytes <= 0.43.0: `ctx.tensors = (A, B)` keeps the input alive; >= 0.43.3 keeps
-        # only the packed weight (`(None, B)`): `vram.knob_rules.bnb_keeps_matmul_input`.
+        # only the packed weight (`(None, B)`): `vram.stacks.resolve`.
         ctx.tensors = (x,) if module.keeps_input else ()
         weight = module.dequantize(x.dtype)
         out = nn.functional.linear(x, weight, None)

@@ -6,9 +6,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-#: The buckets a trace fills (the allocator's overhead is outside what a trace sees).
-TRACE_BUCKETS = ("weights", "gradients", "optimizer", "activations")
-
 
 class TimelinePoint(BaseModel):
     """Live bytes right after one op of the traced step."""

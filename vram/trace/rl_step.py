@@ -44,8 +44,8 @@ from vram.trace.attention import cuda_attention
 from vram.trace.build import build, with_depth
 from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
+from vram.trace.engine import HostScalarTracker, optimizer_step, swappable
 from vram.trace.optim import make_optimizer, state_tensors
-from vram.trace.step import _HostScalarTracker, _swappable, optimizer_step
 
 OLD_LOGPS = "old log-probs (no grad)"
 REF_LOGPS = "reference log-probs (no grad)"
@@ -271,7 +271,7 @@ def _maybe_autocast(dtype: torch.dtype | None) -> Iterator[None]:
 
 def _grpo_no_grad_forwards(trainer: Any, setup: RLSetup, model: nn.Module,
                            ref_model: nn.Module | None, inputs: dict[str, torch.Tensor],
-                           tracker: _HostScalarTracker) -> None:
+                           tracker: HostScalarTracker) -> None:
     """`_generate_and_score_completions`' no-grad forwards: old and reference log-probs."""
     from trl.models.utils import disable_gradient_checkpointing
     from trl.trainer.utils import use_adapter
@@ -308,9 +308,9 @@ def trace_rl_training(config: dict[str, Any], setup: RLSetup, *,
     cfg = with_depth(config, n_layers) if n_layers is not None else config
     policy = policy_setup(setup)
     offline = setup.algo in OFFLINE
-    tracker = _HostScalarTracker()
+    tracker = HostScalarTracker()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, _swappable(mode):
+    with mode, swappable(mode):
         built = build(cfg, policy)
         model = built.model
         ref_model = _reference_model(cfg, setup)

@@ -38,15 +38,15 @@ import torch
 
 from vram.setup import Precision, TrainingSetup
 from vram.trace.build import Built, TraceUnsupported, build, with_depth
-from vram.trace.optim import make_optimizer, state_tensors
-from vram.trace.step import (
+from vram.trace.engine import (
+    HostScalarTracker,
     RawTrace,
-    _HostScalarTracker,
-    _install_labels,
-    _numel,
-    _swappable,
+    install_labels,
+    numel,
     run_steps,
+    swappable,
 )
+from vram.trace.optim import make_optimizer, state_tensors
 
 GATHERED, REDUCING = "gathered", "reducing"
 
@@ -99,18 +99,18 @@ def separate_units(built: Built) -> tuple[Any, Any] | None:
 
 def shard(built: Built, setup: TrainingSetup, mesh: Any) -> list[Any]:
     """`fully_shard` every repeated block, then the root; returns the FSDP states. With
-    `fsdp_embedding_units` (`vram.stack.fsdp_embedding_units`) the embedding before the blocks
+    `fsdp_embedding_units` (`vram.stacks.resolve`) the embedding before the blocks
     and the output head after them are units of their own, each with the blocks'
     `reshard_after_forward` (torchtune's `shard_model` with `custom_sharded_layers`,
     torchtune/training/_distributed.py@v0.3.0; the order of the calls does not change what
     runs: the root's lazy init orders the units by module); the root keeps the final norm."""
     from torch.distributed.fsdp import fully_shard
 
-    from vram.stack import fsdp_embedding_units
+    from vram.stacks.resolve import resolve
 
     policy = _mp_policy(setup)
     reshard = fsdp2_reshards_after_forward(setup)
-    own = separate_units(built) if fsdp_embedding_units(setup) else None
+    own = separate_units(built) if resolve(setup).run.fsdp_embedding_units else None
     modules = [block for _, blocks in built.layer_lists for block in blocks]
     if own is not None:
         modules = [own[0], *modules, own[1]]
@@ -127,7 +127,7 @@ def _fsdp_params(states: list[Any]) -> Iterator[Any]:
             yield from group.fsdp_params
 
 
-class ShardedTracker(_HostScalarTracker):
+class ShardedTracker(HostScalarTracker):
     """`StorageTracker` for FSDP2: storage resizes, DTensor and nested fake modes."""
 
     def __init__(self) -> None:
@@ -154,7 +154,7 @@ class ShardedTracker(_HostScalarTracker):
 
     def resized(self, storage: torch.UntypedStorage) -> None:
         """FSDP2 allocates and frees unsharded parameters by resizing their storage."""
-        from vram.params import allocated_bytes
+        from vram.model.params import allocated_bytes
 
         key = self.key(storage)
         info = self.live.get(key)
@@ -274,10 +274,10 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
     with fake_process_group(setup.n_gpus) as mesh:
         mode = FakeTensorMode(allow_non_fake_inputs=True)
         tracker.outer_mode = mode
-        with mode, _swappable(mode):
+        with mode, swappable(mode):
             built = build(cfg, setup)
             built.autocast = None  # the policy all-gathers 16-bit parameters: no autocast
-            params_total = sum(_numel(p) for p in built.model.parameters())
+            params_total = sum(numel(p) for p in built.model.parameters())
             params_trainable = sum(p.numel() for p in built.model.parameters()
                                    if p.requires_grad)
             states = shard(built, setup, mesh)
@@ -312,7 +312,7 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
                 return classes
 
             tracker.classifier = classify
-            _install_labels(built, tracker, label_before_hooks=True)
+            install_labels(built, tracker, label_before_hooks=True)
             with _tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker):
                 run_steps(built, setup, tracker, optimizer)
     return RawTrace(

@@ -22,134 +22,27 @@ are a segment ("mid") of both traces (`SHARDED_START_PERIODS`).
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
-import torch
-from torch import nn
-
-from vram.setup import Loss, Optimizer, TrainingSetup
-from vram.stack import runs_fsdp2
-from vram.trace.attention import cuda_attention
-from vram.trace.build import Built, TraceUnsupported, build, depth, layer_period, with_depth
-from vram.trace.cuda_autocast import cuda_autocast
-from vram.trace.dropout import cuda_dropout
+from vram.setup import Offload, Optimizer, Sharding, TrainingSetup
+from vram.stacks.resolve import resolve
+from vram.trace.build import TraceUnsupported, build, depth, layer_period, with_depth
+from vram.trace.engine import (
+    HostScalarTracker,
+    RawTrace,
+    install_labels,
+    numel,
+    run_steps,
+    swappable,
+    wrap_in_backward,
+)
 from vram.trace.optim import in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
-from vram.trace.tracker import SegmentPeak, StorageTracker
+from vram.trace.tracker import SegmentPeak
 
-CHUNKS = 8
 MAX_POINTS = 2000
-FORWARD, BACKWARD, OPTIMIZER = "forward", "backward", "optimizer step"
-
-
-@dataclass
-class RawTrace:
-    """The outcome of tracing one depth."""
-
-    n_layers: int
-    peaks: dict[tuple[str, ...], SegmentPeak]
-    timeline: list[tuple[int, int, str]]
-    paged_bytes: int
-    params_total: int
-    params_trainable: int
-    seconds: float
-    notes: list[str] = field(default_factory=list)
-
-
-class _HostScalarTracker(StorageTracker):
-    """Leaves out 0-dim tensors made by an optimizer: torch keeps step counters on the host."""
-
-    in_optimizer = False
-
-    def register(self, tensor: torch.Tensor, origin: str = "") -> None:
-        if self.in_optimizer and tensor.dim() == 0:
-            return
-        super().register(tensor, origin)
-
-
-def _roles(index: int, count: int) -> str:
-    roles = []
-    if index == 0:
-        roles.append("first")
-    if index == count - 1:
-        roles.append("last")
-    return "+".join(roles) or "mid"
-
-
-def _install_labels(built: Built, tracker: StorageTracker, *,
-                    label_before_hooks: bool = False) -> None:
-    """Hooks that tell the tracker which block runs, in the forward and the backward pass.
-    With `label_before_hooks`, a block's label is set before its other forward pre-hooks run (FSDP2
-    all-gathers a block's parameters in one: that belongs to the block)."""
-    for stack, blocks in built.layer_lists:
-        for index, block in enumerate(blocks):
-            label = _roles(index, len(blocks))
-
-            def pre(_m: nn.Module, _a: Any, stack: str = stack, label: str = label) -> None:
-                if tracker.phase == FORWARD:
-                    tracker.set_segment(stack, label)
-
-            def post(_m: nn.Module, _a: Any, out: Any, stack: str = stack,
-                     label: str = label) -> None:
-                if tracker.phase != FORWARD:
-                    return
-                tracker.set_segment(stack, label + ":after")
-                first = out[0] if isinstance(out, tuple) else out
-                if isinstance(first, torch.Tensor) and first.requires_grad:
-
-                    def on_grad(_g: torch.Tensor) -> None:
-                        tracker.set_segment(stack, label)
-
-                    first.register_hook(on_grad)
-
-            block.register_forward_pre_hook(pre, prepend=label_before_hooks)
-            block.register_forward_hook(post)
-    _label_embedding_backward(built, tracker)
-
-
-def _label_embedding_backward(built: Built, tracker: StorageTracker) -> None:
-    """A segment of its own for the input embedding's backward (its gradient is built after
-    the first block's backward, and with tied weights summed with the head's)."""
-    get = getattr(built.hf, "get_input_embeddings", None)
-    embedding = get() if callable(get) else None
-    if not isinstance(embedding, nn.Module):
-        return
-
-    def post(_m: nn.Module, _a: Any, out: Any) -> None:
-        if tracker.phase == FORWARD and isinstance(out, torch.Tensor) and out.requires_grad:
-
-            def on_grad(_g: torch.Tensor) -> None:
-                tracker.set_segment("embed")
-
-            out.register_hook(on_grad)
-
-    embedding.register_forward_hook(post)
-
-
-def _loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
-          labels: torch.Tensor) -> torch.Tensor:
-    model = built.model
-    if built.kind == "causal" and setup.effective_loss is Loss.CHUNKED:
-        hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
-        head = built.hf.get_output_embeddings()
-        total: torch.Tensor | None = None
-        for h_chunk, l_chunk in zip(hidden.chunk(CHUNKS, dim=1), labels.chunk(CHUNKS, dim=1),
-                                    strict=True):
-            logits = head(h_chunk).float()
-            part = nn.functional.cross_entropy(logits.flatten(0, 1), l_chunk.flatten(),
-                                               reduction="sum")
-            del logits
-            total = part if total is None else total + part
-        assert total is not None
-        return total / labels.numel()
-    out = model(input_ids=ids, labels=labels)
-    loss: torch.Tensor = out.loss
-    del out
-    return loss
 
 
 def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> RawTrace:
@@ -158,9 +51,9 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
 
     start = time.perf_counter()
     cfg = with_depth(config, n_layers)
-    tracker = _HostScalarTracker()
+    tracker = HostScalarTracker()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, _swappable(mode):
+    with mode, swappable(mode):
         built = build(cfg, setup)
         model = built.model
         params = list(model.parameters())
@@ -169,7 +62,7 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
             raise TraceUnsupported("setup: nothing to train (no parameter requires a gradient)")
         optimizer = make_optimizer(setup, train, tracker.exclude)
         per_param = in_backward(train) if setup.optimizer is Optimizer.ADAMW_IN_BACKWARD else []
-        _wrap_in_backward(per_param, tracker)
+        wrap_in_backward(per_param, tracker)
         optimizers = [optimizer] if optimizer is not None else per_param
 
         weight_keys: dict[int, str] = {}
@@ -190,97 +83,15 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
             return classes
 
         tracker.classifier = classify
-        _install_labels(built, tracker)
+        install_labels(built, tracker)
         run_steps(built, setup, tracker, optimizer)
-        params_total = sum(_numel(p) for p in params)
+        params_total = sum(numel(p) for p in params)
         params_trainable = sum(p.numel() for p in train)
     return RawTrace(
         n_layers=n_layers, peaks=dict(tracker.peaks), timeline=tracker.timeline,
         paged_bytes=tracker.excluded_bytes, params_total=params_total,
         params_trainable=params_trainable, seconds=time.perf_counter() - start,
     )
-
-
-def run_steps(built: Built, setup: TrainingSetup, tracker: _HostScalarTracker,
-              optimizer: torch.optim.Optimizer | None) -> None:
-    """Two steps (forward, loss, backward, optimizer step, zero_grad), recorded by `tracker`."""
-    vocab = max(built.vocab, 2)
-    with tracker, cuda_attention(setup.attention.value), cuda_dropout(), cuda_autocast():
-        batch, seq = setup.micro_batch, setup.seq_len
-        ids = torch.randint(0, vocab, (batch, seq))
-        classes = built.kind == "classifier"
-        labels = torch.randint(0, 2, (batch,)) if classes else ids.clone()
-        tracker.recording = True
-        for _ in range(2):
-            tracker.set_phase(FORWARD, "embed")
-            if built.autocast is not None:
-                with torch.autocast("cpu", dtype=built.autocast):
-                    loss = _loss(built, setup, ids, labels)
-            else:
-                loss = _loss(built, setup, ids, labels)
-            tracker.set_phase(BACKWARD, "head")
-            with tracker.watching_backward(loss):
-                loss.backward()
-            del loss
-            optimizer_step(tracker, optimizer)
-        tracker.recording = False
-
-
-def optimizer_step(tracker: _HostScalarTracker, optimizer: torch.optim.Optimizer | None) -> None:
-    """The step and `zero_grad(set_to_none=True)`, recorded as the optimizer phase (the SFT and
-    the RL trace end each step with it)."""
-    tracker.set_phase(OPTIMIZER)
-    tracker.in_optimizer = True
-    if optimizer is not None:
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    tracker.in_optimizer = False
-    tracker.sample()
-
-
-@contextlib.contextmanager
-def _swappable(mode: Any) -> Iterator[None]:
-    """Let `module.to(...)` swap fake parameters (PEFT moves adapters with it).
-
-    `nn.Module._apply` swaps FakeTensor parameters with `torch.utils.swap_tensors`, which
-    refuses tensors that have weak references; the fake mode's converter memo holds one to
-    every parameter initialised in place. The memo entry is dropped just before the swap.
-    """
-    original = torch.utils.swap_tensors
-    memo = mode.fake_tensor_converter.meta_converter.tensor_memo
-
-    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
-        for key in [k for k, v in list(memo.items()) if v is t1 or v is t2]:
-            del memo[key]
-        original(t1, t2)
-
-    torch.utils.swap_tensors = swap
-    try:
-        yield
-    finally:
-        torch.utils.swap_tensors = original
-
-
-def _numel(p: torch.Tensor) -> int:
-    """Parameters a tensor stands for (a packed 4-bit weight holds two per byte)."""
-    if p.dtype == torch.uint8 and p.dim() == 2 and p.shape[1] == 1:
-        return 2 * p.numel()
-    return p.numel()
-
-
-def _wrap_in_backward(optimizers: list[torch.optim.Optimizer],
-                      tracker: _HostScalarTracker) -> None:
-    for optim in optimizers:
-        original = optim.step
-
-        def step(*args: Any, _orig: Any = original, **kwargs: Any) -> Any:
-            tracker.in_optimizer = True
-            try:
-                return _orig(*args, **kwargs)
-            finally:
-                tracker.in_optimizer = False
-
-        optim.step = step  # type: ignore[method-assign]
 
 
 def _depth_tracer(setup: TrainingSetup) -> Callable[[dict[str, Any], TrainingSetup, int],
@@ -310,7 +121,7 @@ def _top(peak: SegmentPeak) -> list[LiveTensor]:
 def traces_fsdp2(setup: TrainingSetup) -> bool:
     """Whether the trace runs the setup sharded: FSDP2 (`fully_shard`) over 2+ ranks, rank 0
     of a fake process group (see `vram.trace.sharded`)."""
-    return runs_fsdp2(setup)
+    return resolve(setup).fsdp2
 
 
 def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
@@ -319,13 +130,16 @@ def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
     notes = []
     if traces_fsdp2(setup):
         notes.append(f"rank 0 of FSDP2 over {setup.n_gpus} GPUs (a fake process group)")
-    elif setup.sharding.value != "none" or setup.n_gpus > 1:
+    elif setup.sharding is not Sharding.NONE or setup.n_gpus > 1:
         notes.append(f"sharding {setup.sharding.value} over {setup.n_gpus} GPUs is not traced: "
                      "figures are for one unsharded GPU")
-    if setup.offload.value != "none":
+    if setup.offload is not Offload.NONE:
         notes.append(f"offload {setup.offload.value} is not traced")
+    if setup.grad_ckpt and resolve(setup).run.ckpt_reentrant:
+        notes.append("checkpointing is traced non-reentrant (use_reentrant=False); this setup's "
+                     "is reentrant, which keeps no autograd Function's ctx attributes "
+                     "(bitsandbytes' 4-bit inputs) in the checkpointed forward")
     return tuple(notes)
-
 
 #: FSDP2 traces start from three blocks: in backward each block but the first has the next
 #: one all-gathered beside it (the first has none to prefetch), so the second block's backward

@@ -43,7 +43,7 @@ from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from vram.params import allocated_bytes
+from vram.model.params import allocated_bytes
 
 #: How many of the largest live storages a peak lists (`TraceResult.top_tensors`).
 TOP_TENSORS = 12

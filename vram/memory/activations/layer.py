@@ -1,0 +1,84 @@
+"""One layer stack's activations: each part's term, its forward and backward working sets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vram.memory.activations.context import MoeBackward, Term, layer_context
+from vram.memory.activations.lora import lora_term
+from vram.memory.activations.terms import (
+    attention_layout,
+    attention_term,
+    dropout_term,
+    linear_inputs_term,
+    mla_term,
+    mlp_term,
+    norms_term,
+)
+from vram.memory.activations.transients import (
+    backward_peak,
+    forward_working_set_per_token,
+    moe_bank_backward,
+)
+from vram.model.spec import LayerStack, ModelSpec
+from vram.setup import TrainingSetup
+from vram.stacks.profile import StackProfile
+
+
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """What one layer keeps, per token of the micro-batch, and the transients of its passes."""
+
+    stack: str
+    count: int
+    terms: tuple[Term, ...]
+    backward_transient_per_token: int = 0
+    #: Whether the layer's backward peaks in its attention (after the MLP's tensors are
+    #: freed) rather than in its MLP.
+    backward_peak_in_attention: bool = False
+    #: What a layer's forward holds beyond what it keeps: eager attention's scores and masked
+    #: scores (with checkpointing, its probabilities too, which it then drops).
+    forward_transient_per_token: int = 0
+    #: An MoE layer whose expert banks train: per token, what its backward holds beyond what the
+    #: layer saved when the gate/up bank's gradient is written (see `moe_bank_backward`).
+    moe: MoeBackward | None = None
+    #: Each term's texts as an estimate's line item: (key, label, formula). Made once per
+    #: layer (its plan is remembered), not on every estimate that writes the terms out.
+    item_texts: tuple[tuple[str, str, str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "item_texts", tuple(
+            (f"activations.{self.stack}.{term.key}",
+             f"{term.label} × {self.count} {self.stack} layers",
+             f"tokens × layers × ({term.formula})") for term in self.terms))
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(t.bytes_per_token for t in self.terms)
+
+    @property
+    def ctx_kept_per_token(self) -> int:
+        """Bytes held by MatMul4Bit as ctx attributes: non-reentrant checkpointing keeps them."""
+        return sum(t.ctx_kept_per_token for t in self.terms)
+
+
+def layer_activations(
+    model: ModelSpec, stack: LayerStack, setup: TrainingSetup, profile: StackProfile,
+) -> LayerActivations:
+    """Bytes one layer of `stack` keeps per token (attention scores per token × sequence)."""
+    c = layer_context(model, stack, setup, profile)
+    layout = attention_layout(c)
+    norms = norms_term(c)
+    mlp = mlp_term(c)
+    parts = (norms, linear_inputs_term(c), attention_term(c, layout), mla_term(c), mlp,
+             dropout_term(c), lora_term(c))
+    peak = backward_peak(c, layout, mlp_per_token=mlp.bytes_per_token,
+                         norms_per_token=norms.bytes_per_token)
+    return LayerActivations(
+        stack=stack.name, count=stack.count, terms=tuple(t for t in parts if t is not None),
+        backward_transient_per_token=peak.transient_per_token,
+        backward_peak_in_attention=peak.in_attention,
+        forward_transient_per_token=forward_working_set_per_token(c, layout),
+        moe=moe_bank_backward(c, mlp.bytes_per_token),
+    )

@@ -1,0 +1,313 @@
+"""One function per part of a layer, each returning the bytes per token autograd keeps for
+it: norms and the Linear inputs they feed, attention, the MLP (dense or experts), MLA's latent,
+dropout masks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vram.memory.activations.context import LayerContext, Term, hidden_width
+from vram.memory.activations.kernel import (
+    Kernel,
+    needs_mask,
+)
+from vram.model.params import leaves_bank_unquantized
+from vram.model.spec import LayerStack, MlpKind, NormKind, Role
+from vram.setup import Attention, Quant, TrainingSetup
+from vram.stacks.precision import PrecisionPolicy
+from vram.stacks.profile import StackProfile, runs_transformers_code
+from vram.units import FP32_BYTES as FP32
+
+
+def _norm_bytes_per_token(stack: LayerStack, n: PrecisionPolicy, profile: StackProfile, *,
+                          weight_trains: bool) -> int:
+    """One norm, per token.
+
+    RMSNorm (HF LlamaRMSNorm, LitGPT RMSNorm) upcasts its input to fp32 and keeps that copy; a
+    trained weight also needs the normalized input (16-bit in HF's Llama, fp32 in LitGPT and
+    HF's Gemma, which multiply by the weight in fp32: the trace). Compiled, the norm is one
+    fused kernel that keeps its input and 1/rms and recomputes the rest; matmul inputs and
+    SDPA's tensors stay as they are (torchtune's cumulative table: compile saves 9.6 GB of
+    38.7 GB of activations on Llama 3.2 3B, which is what the norms' fp32 copies weigh).
+    `nn.LayerNorm` keeps its input and fp32 mean and rstd.
+    """
+    h = hidden_width(stack)
+    if profile.compiled:
+        return n.residual * h + FP32
+    if stack.norm_kind is NormKind.RMS:
+        kept = FP32 * h
+        if weight_trains:
+            fp32_normalized = profile.norm_keeps_fp32_normalized or n.residual == FP32 or (
+                stack.norm_scales_in_fp32 and runs_transformers_code(profile))
+            kept += (FP32 if fp32_normalized else n.compute) * h
+        return kept
+    # under autocast LayerNorm is on CUDA's fp32 list (autocast_mode.h@v2.13.0 AT_FORALL_FP32):
+    # it keeps the fp32 cast of a 16-bit residual, not the residual itself
+    return (FP32 if n.autocast else n.residual) * h + 2 * FP32
+
+
+def norms_term(c: LayerContext) -> Term:
+    """Every norm of the layer (see `_norm_bytes_per_token`; weights train in a full
+    fine-tune)."""
+    one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
+    norms = one * c.stack.n_norms
+    return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
+
+
+def _input_bytes_per_hidden_unit(n: PrecisionPolicy, n_linears: int) -> int:
+    """Bytes per hidden unit kept as the input of the Linears that read one norm's output.
+
+    Without autocast the Linears share one input tensor; under autocast (or with bnb's own
+    cast on an upcast model) each call casts the fp32 input to 16 bits anew, and each cast
+    copy is kept (autocast caches only leaf casts).
+    """
+    if n.input_copy_per_linear:
+        return 2 * n_linears
+    if n.autocast:
+        return n.compute * n_linears
+    return n.compute if n.residual == n.compute else n.residual
+
+
+def linear_inputs_term(c: LayerContext) -> Term | None:
+    """The inputs of the Linears that read the norms (attention in, MLP in), when they keep
+    them: `nn.Linear` saves its input for grad_W = xᵀ·grad_y (torch/nn/functional.py linear),
+    bitsandbytes' MatMul4Bit keeps it as `ctx.tensors` (bitsandbytes/autograd/_functions.py)."""
+    if not c.keeps_inputs:
+        return None
+    stack, n, h = c.stack, c.n, c.hidden
+    attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
+    mlp_in = [ln for ln in stack.linears
+              if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
+    kept = _input_bytes_per_hidden_unit(n, len(attn_in)) * h
+    # a shared norm's output is kept once, unless each Linear makes its own cast of it
+    if not c.shared_norm or n.input_copy_per_linear or n.autocast:
+        kept += _input_bytes_per_hidden_unit(n, max(1, len(mlp_in))) * h
+    if stack.cross_attention:
+        kept += _input_bytes_per_hidden_unit(n, 1) * h  # the cross-attention query's input
+    return Term("linear_inputs", "Linear inputs (attention in, MLP in)",
+                "e·h per norm output (one copy per call under autocast)", kept,
+                ctx_kept_per_token=kept if c.bnb_kept else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayout:
+    """The dtypes and widths of one layer's attention tensors under its kernel."""
+
+    kernel: Kernel
+    #: Transformers' eager attention (its output needs a contiguous copy for o_proj).
+    hf_eager: bool
+    #: Width of k and of v as the kernel sees them (expanded to every query head, or not).
+    kv_width: int
+    v_width: int
+    #: Bytes of q, k, v and the output as the kernel sees them; q·kᵀ runs in this dtype.
+    qkv_bytes: int
+    #: Bytes per score of the softmax output (explicit scores only).
+    softmax_bytes: int
+    #: Bytes per score of the probabilities' copy eager attention keeps (cast or dropped).
+    probs_copy_bytes: int
+    attn_dropout: bool
+
+
+def attention_layout(c: LayerContext) -> AttentionLayout:
+    """LitGPT and torchtune expand k/v in their own code before SDPA; HF repeats them on the
+    masked (efficient-kernel) path and in its eager attention (`repeat_kv`). Falcon
+    broadcasts instead, and torch.matmul folds the broadcast [batch, heads] into one batch
+    dimension: a view for one sequence, a materialized (and kept) copy for more.
+
+    HF's eager softmax runs in fp32 (upcast, or autocast's fp32 list) and keeps its output;
+    with dropout on the probabilities the matmul with v keeps the dropped probabilities in the
+    compute dtype; without, the cast back to e (none in fp32). PyTorch's math SDPA upcasts
+    16-bit inputs to fp32 and keeps the fp32 probabilities for its matmul.
+    """
+    stack, n, setup, kernel = c.stack, c.n, c.setup, c.kernel
+    # torch's nn.MultiheadAttention is the model's own code, whatever the stack
+    hf_eager = c.hf and kernel is Kernel.EAGER and not stack.torch_multihead_attention
+    expand = (c.profile.expands_kv and setup.attention is not Attention.FLASH) or (
+        kernel is Kernel.EFFICIENT and stack.n_kv_heads < stack.n_heads) or (
+        hf_eager and (not stack.eager_broadcasts_kv or setup.micro_batch > 1))
+    qkv_bytes = n.attention if n.input_copy_per_linear else c.e
+    softmax = FP32
+    probs_copy = 0
+    dropout = stack.attn_dropout > 0
+    if kernel.explicit_scores:
+        # the softmax's output: fp32 where the model upcasts (or autocast does), else q's dtype
+        softmax = FP32 if (stack.softmax_upcast or n.autocast or kernel is Kernel.MATH) \
+            else qkv_bytes
+        if kernel is Kernel.EAGER:
+            if n.autocast:
+                probs_copy = 2  # the matmul with v casts the probabilities to 16 bits, kept
+            elif dropout or qkv_bytes != softmax:
+                probs_copy = qkv_bytes  # cast back to q's dtype, or dropped: kept by the matmul
+    return AttentionLayout(kernel=kernel, hf_eager=hf_eager,
+                           kv_width=c.q_out if expand else c.kv_out,
+                           v_width=c.o_width if expand else c.v_out, qkv_bytes=qkv_bytes,
+                           softmax_bytes=softmax, probs_copy_bytes=probs_copy,
+                           attn_dropout=dropout)
+
+
+def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
+    """q, k, v and the attention output, and what the kernel keeps beyond them: the s×s
+    probabilities (eager, math) or a logsumexp per head (flash, efficient). HF's eager
+    attention keeps no output of its own (its contiguous copy is o_proj's input): the trace.
+    """
+    stack, n, s, q_out = c.stack, c.n, c.setup.seq_len, c.q_out
+    a_b = a.qkv_bytes
+    attn = a_b * (q_out + a.kv_width + a.v_width) + (0 if a.hf_eager else a_b * c.o_width)
+    if a.kernel.explicit_scores:
+        per_score = a.softmax_bytes
+        if a.attn_dropout:
+            per_score += 1  # the mask
+        if a.kernel is Kernel.EAGER:
+            per_score += a.probs_copy_bytes
+        if stack.attn_softcap and a.kernel is Kernel.EAGER:
+            # tanh output of Gemma 2's soft-cap, in the dtype of the scores (16 bits under
+            # autocast, even on an fp32 model)
+            per_score += 2 if n.autocast else a_b
+        attn += stack.n_heads * s * per_score
+        label = f"{a.kernel.value} attention: q, k, v, output, s×s probabilities"
+        formula = "e·(q + 2·kv + o) + a·s·(4 [+ e] [+ dropout mask])"
+    else:
+        attn += FP32 * stack.n_heads  # logsumexp per head
+        label = f"{a.kernel.value} attention kernel: q, k, v, output, logsumexp"
+        formula = "e·(q + 2·kv + o) + 4·a"
+        if a.kernel is Kernel.EFFICIENT and needs_mask(c.model, c.setup, c.profile):
+            # SDPA turns the boolean sliding-window mask into an additive bias in q's dtype on
+            # every call, and the efficient kernel keeps that bias for its backward: one
+            # [b, 1, s, s] tensor per layer.
+            attn += s * a_b
+            formula += " + s·e (the layer's attention bias)"
+    # o_proj's input: the attention output itself after a fused kernel in HF (it is laid out
+    # [b, s, heads, d] already); a contiguous copy after eager/math attention, and in LitGPT
+    # and torchtune, which reshape the transposed output.
+    # On an upcast QLoRA model o_proj's Linear4bit casts the fp32 output to 16 bits and keeps
+    # that cast instead (the trace: six 16-bit h-wide copies per layer, o's among them).
+    o_in = 2 if n.input_copy_per_linear else a_b
+    o_cast = n.input_copy_per_linear and a_b != 2  # fp32 output: o_proj casts and keeps
+    if c.keeps_inputs and (o_cast or a.kernel.explicit_scores or not c.hf):
+        attn += o_in * c.o_width
+    ctx_kept = o_in * c.o_width if c.bnb_kept else 0  # o_proj's input, kept by MatMul4Bit
+    if stack.cross_attention:
+        attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
+    return Term("attention", label, formula, attn, ctx_kept_per_token=ctx_kept)
+
+
+def activation_in_fp32(c: LayerContext) -> bool:
+    """`gelu_new` as Transformers writes it, under autocast: it runs in fp32 (below)."""
+    return c.stack.act_pow_fp32 and c.n.autocast and not (
+        c.profile.fused_activations or c.profile.compiled)
+
+
+def _activation_bytes(c: LayerContext, e: int, act_kept: int) -> int:
+    """Bytes per I-wide unit the MLP activation keeps for backward. `gelu_new` under autocast:
+    `torch.pow` is on CUDA's fp32 list (autocast_mode.h@v2.13.0 AT_FORALL_FP32), so pow keeps
+    an fp32 copy of its input and tanh and 1 + tanh stay fp32; only 0.5·x keeps e bytes
+    (transformers/activations.py@v5.24.0 NewGELUActivation)."""
+    if activation_in_fp32(c) and act_kept:
+        return 3 * FP32 + e
+    return act_kept * e
+
+
+def mlp_term(c: LayerContext) -> Term:
+    """What the activation keeps, act(gate) and up (kept by their product; gated MLPs), and the
+    down projection's input when it keeps it, once per expert a token visits. MoE adds each
+    expert's gathered input and scaled output, and the router's fp32 probabilities."""
+    stack, n, profile, e = c.stack, c.n, c.profile, c.e
+    inter = stack.intermediate_size
+    experts = c.experts
+    act_kept = 1 if profile.fused_activations or profile.compiled else stack.act_saved
+    down_in = 2 if n.input_copy_per_linear else e  # bnb's own bf16 copy on upcast models
+    down_kept = down_in * inter if c.keeps_inputs else 0
+    if stack.act_output_is_down_input and down_kept and down_in == e:
+        act_kept = 0  # ReLU's kept output is the tensor fc2 keeps (counted as down_kept)
+    if _dense_banks_in_quantized_model(c):
+        # the experts' banks stayed unquantized: plain frozen matmuls under autocast, whose
+        # outputs are 16-bit and which keep no input (the weight's cast is kept instead)
+        e = 2 if n.autocast else e
+        down_kept = 0
+    act_bytes = _activation_bytes(c, e, act_kept)
+    if stack.mlp_kind is MlpKind.GATED:
+        mlp = (act_bytes + 2 * e) * inter + down_kept
+        formula = f"e·I·({act_kept} (activation) + 2 [+1 when down_proj keeps its input])"
+    else:
+        mlp = act_bytes * inter + down_kept
+        formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
+    ctx_kept = down_in * inter * experts if c.bnb_kept and not \
+        _dense_banks_in_quantized_model(c) else 0
+    if stack.hidden_dropout > 0 and stack.mlp_inner_dropout:
+        mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
+    mlp *= experts
+    if stack.shared_expert_width:
+        # the shared experts: one gated MLP on every token (DeepseekV2Moe.shared_experts)
+        width = stack.shared_expert_width
+        mlp += (act_bytes + 2 * e) * width + (down_in * width if c.keeps_inputs else 0)
+        ctx_kept += down_in * width if c.bnb_kept else 0
+        formula += " + shared experts' e·W·(act + 2 [+1])"
+    if stack.n_experts:
+        # MoE: each expert gathers its tokens (a copy) and scales its output by the router.
+        mlp += experts * (2 * e * c.hidden) + FP32 * stack.n_experts
+        formula += " × top-k + routing copies"
+        if c.hf and not experts_run_grouped(c.setup, profile):
+            # the eager loop's `final.index_add_(0, idx, out * w)`: index_add_'s derivative
+            # reads `source` (expand_as), so each expert's weighted output is saved, in the
+            # router weights' dtype (the residual's)
+            mlp += experts * n.residual * c.hidden
+            formula += " + weighted outputs (index_add_ keeps them)"
+    return Term("mlp", f"MLP ({stack.mlp_kind.value})", formula, mlp,
+                ctx_kept_per_token=ctx_kept)
+
+
+def _dense_banks_in_quantized_model(c: LayerContext) -> bool:
+    """QLoRA on an MoE whose expert banks bitsandbytes left unquantized (3-D parameters, see
+    `vram.model.params.leaves_bank_unquantized`)."""
+    return c.setup.effective_quant is not Quant.NONE and any(
+        leaves_bank_unquantized(linear, c.profile) for linear in c.stack.linears)
+
+
+def mla_term(c: LayerContext) -> Term | None:
+    """DeepSeek-V2's multi-head latent attention beyond q, k, v and the output
+    (transformers/models/deepseek_v2/modeling_deepseek_v2.py@v5.24.0, DeepseekV2Attention):
+    kv_a_layernorm on the latent keeps its fp32 copy (and the normalized latent when its
+    weight trains); kv_b_proj keeps its input when it trains; v is a view of kv_b_proj's
+    output, so the k_nope half of it stays alive too; the rotated shared k_pe."""
+    stack = c.stack
+    if not stack.kv_lora_rank:
+        return None
+    e = c.e
+    latents = _latent_bytes_per_token(c, stack.kv_lora_rank)
+    if stack.q_lora_rank:  # q_a_proj -> q_a_layernorm -> q_b_proj: the same again for q
+        latents += _latent_bytes_per_token(c, stack.q_lora_rank)
+    nope = stack.n_heads * (stack.head_dim - _rope_width(stack))
+    rope = e * _rope_width(stack)
+    return Term("mla", "latent attention: latent norms, their up-projections' inputs, "
+                "k_nope half, k_pe", "Σ latents (4·r [+ e·r] [+ e·r]) + e·heads·d_nope + e·d_rope",
+                latents + e * nope + rope)
+
+
+def _latent_bytes_per_token(c: LayerContext, rank: int) -> int:
+    """One MLA latent: its RMSNorm's fp32 copy (and the normalized latent when the norm's
+    weight trains), and the up-projection's input when it keeps it."""
+    kept = FP32 * rank
+    if c.full:
+        kept += (FP32 if c.n.residual == FP32 else c.e) * rank
+    return kept + (c.e * rank if c.keeps_inputs else 0)
+
+
+def _rope_width(stack: LayerStack) -> int:
+    """MLA's rotary part of each q/k head: kv_a_proj_with_mqa's output beyond the latent."""
+    kv_a = next(ln for ln in stack.linears if ln.role is Role.K)
+    return kv_a.d_out - stack.kv_lora_rank
+
+
+def dropout_term(c: LayerContext) -> Term | None:
+    """Dropout on the two residual branches keeps a 1-byte mask each (CUDA's fused dropout)."""
+    if c.stack.hidden_dropout <= 0:
+        return None
+    return Term("dropout", "dropout masks on the residual branches", "1 byte × h per dropout",
+                2 * c.hidden)
+
+
+def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:
+    """Transformers' `grouped_mm` experts need bf16 operands: bf16 weights without autocast.
+    Anything else runs the eager per-expert loop (transformers/integrations/moe.py)."""
+    return runs_transformers_code(profile) and profile.precision.bf16_without_autocast

@@ -1,0 +1,171 @@
+"""The model's head: the final norm, the logits and the loss, per token.
+
+HF: logits (e·V) → `.float()` (4·V) → log_softmax kept (4·V); backward holds the kept
+log-probabilities, their gradient and the logits' gradient at once (12·V bytes).
+LitGPT: chunked head and chunked cross-entropy; torchtune: chunked loss upcast per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from vram.model.params import head_targeted
+from vram.model.spec import HeadKind, ModelSpec
+from vram.setup import Method, TrainingSetup
+from vram.stacks.profile import StackProfile
+from vram.units import FP32_BYTES as FP32
+
+#: torchtune's CEWithChunkedOutputLoss splits the output projection and loss in 8 chunks.
+TORCHTUNE_CHUNKS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class HeadActivations:
+    """The final norm, the logits and the loss, per token."""
+
+    #: Alive at the end of the forward (the head's output and what it keeps).
+    saved_per_token: int
+    #: The most alive while the loss runs forward and backward.
+    loss_peak_per_token: int
+    formula: str
+    label: str
+    #: Alive while the layers run their backward (None until `head_activations` sets it).
+    kept_per_token: int | None = None
+    #: Alive right after the training stack casts the model's output (0: no cast).
+    cast_per_token: int = 0
+
+
+def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                     ) -> HeadActivations:
+    """Logits and loss per token, and what of them the layers' backward still sees.
+
+    Once the loss and the head have run their backward, their saved tensors are freed; what
+    remains is the gradient of the last hidden state, and the logits themselves where the
+    training loop still holds them (LitGPT). The trace showed HF's logits gone by then.
+    """
+    head = _head_activations(model, setup, profile)
+    if head.kept_per_token is not None:
+        return head
+    n = profile.precision
+    grad_hidden = n.compute * model.hidden_size
+    logits = n.compute * model.vocab_size if profile.keeps_logits else 0
+    return replace(head, kept_per_token=grad_hidden + logits)
+
+
+def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                      ) -> HeadActivations:
+    """Logits and loss per token.
+
+    HF: logits (e·V) → `.float()` (4·V) → log_softmax kept (4·V); backward holds the kept
+    log-probabilities, their gradient and the logits' gradient at once (12·V bytes).
+    LitGPT: chunked head and chunked cross-entropy in 16 bits: logits (2·V) and their
+    log-softmax (2·V) alive, the gradients replace them chunk by chunk.
+    torchtune's chunked loss upcasts per chunk: 16-bit logits + fp32 log-probabilities.
+    """
+    n = profile.precision
+    vocab = model.vocab_size
+    if model.head_kind is HeadKind.CLASSIFIER:
+        return HeadActivations(saved_per_token=0, loss_peak_per_token=0,
+                               formula="a few values per sequence",
+                               label="classification head", kept_per_token=0)
+    full = setup.method is Method.FULL
+    norm = (FP32 + (n.compute if full else 0)) * model.hidden_size
+    if full or (profile.quantizes_head and profile.quantized_linear_keeps_input):
+        norm += n.compute * model.hidden_size  # the lm_head input
+    elif head_targeted(setup):
+        norm += (profile.adapter_bytes + 1) * model.hidden_size
+    logits = (2 if n.autocast else n.compute) * vocab  # autocast: the head matmul is 16-bit
+    if profile.fused_linear_loss:
+        return _fused_linear_head(model, setup, norm, 2 if n.autocast else n.compute,
+                                  head_weight_bytes=n.compute if full else 0)
+    if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled:
+        return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
+    if profile.compiled:
+        # A compiled cross-entropy keeps the 16-bit logits and a logsumexp per token. Its
+        # backward frees each chunk's logits as it writes that chunk's gradient, so chunked
+        # losses peak at one extra chunk (torchtune: 8 chunks); unchunked at a full copy.
+        saved = norm + logits + FP32
+        extra = logits // TORCHTUNE_CHUNKS if profile.chunked_loss else logits
+        return HeadActivations(saved, saved + extra, "16-bit logits + logsumexp (compiled)",
+                               "logits and compiled cross-entropy")
+    if profile.chunked_loss and not profile.upcasts_logits:
+        saved = norm + 2 * logits
+        return HeadActivations(saved, saved + logits // 4,
+                               "16-bit logits + 16-bit log-softmax, in chunks",
+                               "logits and chunked cross-entropy")
+    if profile.chunked_loss:
+        saved = norm + logits + FP32 * vocab
+        return HeadActivations(saved, saved + logits,
+                               "16-bit logits + fp32 log-softmax per chunk",
+                               "logits and chunked fp32 cross-entropy")
+    if model.final_softcap:
+        norm += logits  # tanh(logits / cap) is kept for its backward (Gemma 2)
+    # autocast runs cross_entropy (log_softmax) in fp32 whatever the stack does
+    up = FP32 * vocab if profile.upcasts_logits or n.autocast else logits
+    # The loss's forward still runs inside autocast (its cached casts alive): the 16-bit
+    # logits, their fp32 copy and the log-softmax (the trace: 10 bytes per token and entry).
+    loss_forward = norm + (logits if up != logits else 0) + 2 * up
+    loss_peak = norm + 3 * up + (logits if profile.keeps_logits else 0)
+    return HeadActivations(loss_forward, max(loss_peak, loss_forward),
+                           "logits (e·V) → fp32 (4·V) → log-softmax (4·V); backward 3 × 4·V",
+                           "logits and cross-entropy (fp32)")
+
+
+def _next_power_of_2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int, *,
+                       head_weight_bytes: int) -> HeadActivations:
+    """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0
+    fused_linear_cross_entropy_forward): the head and the loss run on chunks of
+    next_power_of_2(ceil(tokens / ceil(V / H))) tokens; the loss kernel writes each chunk's
+    gradient into its logits in place, and the forward already builds the gradient of the
+    hidden states (`grad_input`, e·H per token), an fp32 loss per token and, when the head
+    trains, the head's whole gradient (`grad_weight = zeros_like(weight)`), all kept for
+    backward. Per token here: the fixed-size terms are spread over the micro-batch's tokens.
+    """
+    tokens = max(1, setup.micro_batch * setup.seq_len)
+    vocab, hidden = model.vocab_size, model.hidden_size
+    chunk_tokens = min(tokens, _next_power_of_2(-(-tokens // -(-vocab // hidden))))
+    chunk_logits = -(-(chunk_tokens * vocab * e) // tokens)
+    grad_weight = -(-(vocab * hidden * head_weight_bytes) // tokens)
+    saved = norm + e * hidden + FP32 + grad_weight
+    return HeadActivations(
+        saved_per_token=saved, loss_peak_per_token=saved + chunk_logits,
+        kept_per_token=e * hidden,
+        formula="grad of hidden (e·H) + fp32 loss + one chunk's logits (+ the head's gradient)",
+        label="fused linear cross-entropy (Liger)")
+
+
+#: LitGPT's fine-tuning scripts run the lm_head on 128-token chunks (lm_head_chunk_size=128).
+LITGPT_HEAD_CHUNK = 128
+
+
+def _fabric_head(norm: int, vocab: int, e: int, setup: TrainingSetup,
+                 chunked: bool) -> HeadActivations:
+    """LitGPT under Lightning Fabric: `_FabricModule.forward` passes the model's output through
+    the precision plugin's `convert_output`, which casts floating tensors to the default dtype
+    (fp32) (lightning/fabric/wrappers.py; plugins/precision/half.py, bitsandbytes.py). The
+    logits the loss sees are fp32 copies of the e-byte chunks, and the loss runs in fp32.
+
+    Per token: at the head, the previous step's fp32 logits (the loop still holds them, unless
+    that step was shorter: `longest_batch_repeats`) and the new e-byte chunks; right after
+    the cast, the new fp32 copies too; in the loss, the fp32 logits and their fp32
+    log-softmax, plus one chunk's nll gradient and log-softmax gradient; in the layers'
+    backward, the fp32 logits the loop keeps.
+    """
+    new, f32 = e * vocab, FP32 * vocab
+    s = setup.seq_len
+    share = min(LITGPT_HEAD_CHUNK, s) / s if chunked else 1.0
+    previous = f32 if setup.longest_batch_repeats else 0  # the loop still holds them
+    at_head = norm + previous + new
+    loss = norm + 2 * f32 + int(2 * f32 * share)
+    return HeadActivations(
+        saved_per_token=at_head, loss_peak_per_token=loss, kept_per_token=norm + f32,
+        cast_per_token=at_head + f32,
+        formula="e·V (new logits) + 4·V (previous step's) → 4·V cast; loss 2 × 4·V + a chunk",
+        label="logits cast to fp32 by Fabric, chunked fp32 cross-entropy" if chunked
+        else "logits cast to fp32 by Fabric, fp32 cross-entropy")
+
+

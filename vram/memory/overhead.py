@@ -1,0 +1,75 @@
+"""What the GPU holds beyond live tensors: allocator slack, the CUDA context, NCCL buffers.
+
+`torch.cuda.max_memory_reserved()` exceeds the allocated peak by the caching allocator's
+fragmentation; nvidia-smi adds the CUDA context (driver state, loaded kernels, cuBLAS
+workspace: 0.3 to 1.3 GiB depending on driver, CUDA version and GPU; the Hugging Face
+performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffers.
+"""
+
+from __future__ import annotations
+
+from vram.memory.optimizer import OptimizerState
+from vram.result import LineItem
+from vram.setup import TrainingSetup
+from vram.units import MIB
+
+#: The CUDA context as nvidia-smi counts it: about 0.5 GiB with lazy module loading (CUDA >= 11.7),
+#: 1.3 GiB without (HF's perf guide measures 1,343 MiB on a V100), plus cuBLAS/cuDNN workspaces.
+#: 1 GiB sits between, on the side of caution for a fit verdict.
+CUDA_CONTEXT_BYTES = 1024 * MIB
+
+#: NCCL's per-process channel buffers for one communicator on one node.
+NCCL_BYTES = 512 * MIB
+
+
+def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
+    """Reserved − allocated: blocks cached but not in use at the peak.
+
+    The caching allocator rounds large requests up to 2 MiB segments and cannot reuse a freed
+    block for a larger request, so slack grows with the churn of activations. No closed form
+    exists; the constants (3 % of the allocated peak + 20 % of the activations) are set from
+    published reserved and nvidia-smi peaks (Hugging Face's BERT-large runs, torchtune's
+    reserved figures) and are the least certain numbers in the estimate.
+    """
+    return allocated_bytes * 3 // 100 + activation_bytes * 20 // 100
+
+
+def cuda_context_bytes(setup: TrainingSetup | None = None) -> int:
+    """The CUDA context as nvidia-smi counts it: the setup's `context_mib` when given (measured
+    on the run's machine), else the constant (a GPU's own figure is applied by `vram.gpus`)."""
+    if setup is not None and setup.context_mib is not None:
+        return setup.context_mib * MIB
+    return CUDA_CONTEXT_BYTES
+
+
+def nccl_bytes(setup: TrainingSetup) -> int:
+    """NCCL buffers appear only with more than one GPU."""
+    return NCCL_BYTES if setup.n_gpus > 1 else 0
+
+
+def slack_item(slack: int) -> LineItem:
+    return LineItem.assemble("overhead.allocator", "caching-allocator slack (fragmentation)",
+                             "reserved − allocated", {}, slack,
+                             "PyTorch CUDA caching allocator; see vram.memory.overhead")
+
+
+def fixed_overhead_items(setup: TrainingSetup, paged: int,
+                          state: OptimizerState) -> tuple[LineItem, ...]:
+    """The overhead beside the allocator's slack (which follows the peak): the CUDA context,
+    NCCL's buffers and paged optimizer state."""
+    items = [
+        LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
+                 formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
+                 source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
+    ]
+    nccl = nccl_bytes(setup)
+    if nccl:
+        items.append(LineItem(
+            key="overhead.nccl", label="NCCL communication buffers", formula="constant",
+            inputs={"gpus": setup.n_gpus}, bytes=nccl, source="NCCL default buffers"))
+    if paged:
+        items.append(LineItem(
+            key="overhead.paged", label="paged optimizer state (unified memory, on the GPU)",
+            formula=state.formula, inputs={}, bytes=paged,
+            source="bitsandbytes paged optimizers (cudaMallocManaged)"))
+    return tuple(items)

@@ -1,0 +1,54 @@
+"""Architecture families: one table from `model_type` to the family that reads its config.
+
+    >>> FAMILIES["llama"].build("my model", "llama", ConfigReader(config))
+
+Adding a family: a module here with a `build` (see `ArchitectureFamily`), one row per
+model_type below, a config in `data/models/` and its count pinned in the tests.
+"""
+
+from __future__ import annotations
+
+from vram.model.families.base import ArchitectureFamily
+from vram.model.families.bert import Bert
+from vram.model.families.deepseek import DeepseekV2
+from vram.model.families.falcon import Falcon
+from vram.model.families.gpt2 import Gpt2
+from vram.model.families.gpt_bigcode import GptBigCode
+from vram.model.families.gptj import GptJ
+from vram.model.families.llama import VARIANTS, LlamaLike, MistralOrMixtral
+from vram.model.families.neox import Bloom, GptNeox
+from vram.model.families.opt import Opt
+from vram.model.families.phi import Phi, Phi3
+from vram.model.families.qwen import QwenV1
+from vram.model.families.t5 import T5
+
+#: model_type (lower case) -> the family that builds it.
+FAMILIES: dict[str, ArchitectureFamily] = {
+    **{model_type: LlamaLike(variant) for model_type, variant in VARIANTS.items()},
+    "mistral": MistralOrMixtral(),
+    "phi3": Phi3(),
+    "phi": Phi(),
+    "falcon": Falcon(),
+    "refinedwebmodel": Falcon(),  # Falcon's original remote-code model_type
+    "gpt_neox": GptNeox(),
+    "bloom": Bloom(),
+    "t5": T5(),
+    "mt5": T5(),
+    "umt5": T5(),
+    "bert": Bert(),
+    "gpt2": Gpt2(),
+    "opt": Opt(),
+    "gptj": GptJ(),
+    "gpt_bigcode": GptBigCode(),
+    "qwen": QwenV1(),
+    "deepseek_v2": DeepseekV2(),
+    "deepseek_v3": DeepseekV2(),
+}
+
+#: Accepted spellings that the list of supported families does not show.
+ALIASES: frozenset[str] = frozenset({"refinedwebmodel", "umt5"})
+
+#: The model types a user can name, for messages and docs.
+SUPPORTED_FAMILIES: tuple[str, ...] = tuple(sorted(set(FAMILIES) - ALIASES))
+
+__all__ = ["ALIASES", "FAMILIES", "SUPPORTED_FAMILIES", "ArchitectureFamily"]

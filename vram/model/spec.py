@@ -1,0 +1,271 @@
+"""The shape of a model that decides its training memory: Linear layers, stacks and the spec.
+
+A `ModelSpec` lists, per stack of identical layers, every Linear layer with its Hugging Face
+module name, its input and output widths and whether it has a bias. Everything else the
+estimator needs (norm widths, attention shape, MLP type, MoE routing) is a field too. Parameter
+counts follow from the spec and equal `model.num_parameters()` of the Transformers model.
+Families (`vram.model.families`) build specs from config files; the estimator only reads them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+from vram.memo import memoized
+
+
+class Role(StrEnum):
+    """What a Linear layer does, independent of how a family names it."""
+
+    Q = "q"
+    K = "k"
+    V = "v"
+    QKV = "qkv"
+    O = "o"  # noqa: E741 - the attention output projection
+    GATE = "gate"
+    UP = "up"
+    GATE_UP = "gate_up"
+    DOWN = "down"
+    ROUTER = "router"
+    CROSS_Q = "cross_q"
+    CROSS_K = "cross_k"
+    CROSS_V = "cross_v"
+    CROSS_O = "cross_o"
+    #: MLA's up-projection of the compressed k/v latent to per-head k and v (DeepSeek-V2's
+    #: kv_b_proj); it reads the latent, not the layer's norm output.
+    KV_UP = "kv_up"
+
+
+#: The attention's projections (self-attention; cross-attention has its own roles).
+ATTENTION_ROLES = (Role.Q, Role.K, Role.V, Role.QKV, Role.O)
+
+#: Which LoRA target names (PEFT naming) select which roles.
+TARGET_ROLES: dict[str, frozenset[Role]] = {
+    "q_proj": frozenset({Role.Q, Role.CROSS_Q}),
+    "k_proj": frozenset({Role.K, Role.CROSS_K}),
+    "v_proj": frozenset({Role.V, Role.CROSS_V}),
+    "o_proj": frozenset({Role.O, Role.CROSS_O}),
+    "gate_proj": frozenset({Role.GATE}),
+    "up_proj": frozenset({Role.UP}),
+    "down_proj": frozenset({Role.DOWN}),
+}
+
+#: For a fused projection, the roles it holds.
+FUSED_PARTS: dict[Role, frozenset[Role]] = {
+    Role.QKV: frozenset({Role.Q, Role.K, Role.V}),
+    Role.GATE_UP: frozenset({Role.GATE, Role.UP}),
+}
+
+
+class Linear(BaseModel):
+    """One `nn.Linear` of a layer (or `copies` of it, for MoE experts)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    role: Role
+    d_in: int
+    d_out: int
+    bias: bool = False
+    copies: int = 1
+    #: Output widths of the parts of a fused projection (q, k, v) or (gate, up), in order.
+    parts: tuple[int, ...] = ()
+    #: Tokens that pass through each copy, as a fraction of all tokens (top-k / experts).
+    token_fraction: float = 1.0
+
+    @property
+    def weight_params(self) -> int:
+        return self.d_in * self.d_out * self.copies
+
+    @property
+    def params(self) -> int:
+        return (self.d_in * self.d_out + (self.d_out if self.bias else 0)) * self.copies
+
+
+class MlpKind(StrEnum):
+    GATED = "gated"  # SwiGLU / GeGLU: act(gate(x)) * up(x), then down
+    PLAIN = "plain"  # fc1 -> act -> fc2
+
+
+class NormKind(StrEnum):
+    RMS = "rms"
+    LAYER = "layer"
+
+
+class LayerStack(BaseModel):
+    """`count` identical layers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    count: int
+    linears: tuple[Linear, ...]
+    #: Parameters per layer that are not in a Linear (norm weights and biases).
+    other_params: int
+    n_norms: int
+    norm_kind: NormKind
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    mlp_kind: MlpKind
+    intermediate_size: int
+    causal: bool = True
+    cross_attention: bool = False
+    parallel_residual: bool = False
+    n_experts: int = 0
+    experts_per_token: int = 0
+    #: Gemma 2 style soft-capping of attention logits (forces explicit scores in some stacks).
+    attn_softcap: bool = False
+    #: Gemma's RMSNorm scales in fp32 (`normed * (1.0 + weight.float())`) and casts after, so a
+    #: trained weight keeps the fp32 normalized input (Llama's casts first, then scales).
+    norm_scales_in_fp32: bool = False
+    #: Query/key norms inside attention (Qwen3, OLMo 2).
+    qk_norm: bool = False
+    #: Transformers' eager attention takes the softmax in fp32 and casts the probabilities
+    #: back (Llama family, Phi, Gemma 2, GPT-NeoX, BLOOM); Falcon, BERT and T5 take it in the
+    #: scores' own dtype.
+    softmax_upcast: bool = True
+    #: The layer returns its eager attention probabilities with its output, and the model's
+    #: loop holds that output until the next layer returns (Transformers' Falcon).
+    returns_attention_probs: bool = False
+    #: The eager q·kᵀ stays referenced while the softmax of the masked scores runs (Falcon's
+    #: `attention_scores = F.softmax(attention_scores + attention_mask, ...)`: the name is
+    #: rebound only when the softmax returns). Llama's eager attention has rebound it already.
+    scores_live_through_softmax: bool = False
+    #: Transformers' eager attention multiplies by k and v broadcast over the query heads
+    #: (Falcon's `query_layer @ key_layer.transpose(-1, -2)`) instead of materializing
+    #: `repeat_kv` copies, which the matmuls then keep (Llama family).
+    eager_broadcasts_kv: bool = False
+    #: Transformers' code always passes SDPA a 4-D mask and k/v with fewer heads and no
+    #: `enable_gqa` (Falcon), so CUDA's flash and efficient kernels refuse it: SDPA runs math.
+    hf_sdpa_runs_math: bool = False
+    #: The layer is torch's `nn.MultiheadAttention` called with `need_weights=True` (its
+    #: default): an explicit softmax(q·kᵀ) whatever kernel the setup asks for, the packed
+    #: q, k, v buffer and the scaled q kept, no mask (torch/nn/functional.py@v2.13.0
+    #: multi_head_attention_forward, `if need_weights:` branch). DeepSpeed's examples use it.
+    torch_multihead_attention: bool = False
+    #: Per-head width of v and of the attention output, where it differs from q's and k's
+    #: (`head_dim`): DeepSeek-V2's MLA has q/k heads of 192 and v heads of 128.
+    v_head_dim: int | None = None
+    #: MLA's compressed k/v latent width (DeepSeek-V2 `kv_lora_rank`; 0 without MLA).
+    kv_lora_rank: int = 0
+    #: MLA's compressed query latent width (DeepSeek-V3 `q_lora_rank`; 0: q_proj directly).
+    q_lora_rank: int = 0
+    #: Shared experts every token runs beside the routed ones, as one gated MLP of this
+    #: width (DeepSeek-V2: moe_intermediate_size × n_shared_experts; 0: none counted).
+    shared_expert_width: int = 0
+    #: Post-LayerNorm blocks (a norm after each residual add, the original Transformer's
+    #: order): a layer's backward runs both norms' backward before its attention's.
+    post_norm: bool = False
+    #: Dropout in training: on attention probabilities and on the residual branches.
+    attn_dropout: float = 0.0
+    hidden_dropout: float = 0.0
+    #: `hidden_dropout` also drops inside the MLP, between the activation and the down
+    #: projection (T5's DenseReluDense; counted for BERT too). GPT-2 drops only the residuals.
+    mlp_inner_dropout: bool = False
+    #: I-wide tensors the MLP activation keeps for backward in Transformers' implementation:
+    #: 1 for fused kernels (SiLU, F.gelu), 4 for the Python tanh formula of `gelu_new` /
+    #: `gelu_fast` (its input, tanh output, 0.5·x and 1 + tanh), 2 for `quick_gelu`.
+    act_saved: int = 1
+    #: The activation calls `torch.pow` on its input (`gelu_new`): on CUDA's autocast fp32
+    #: list (torch/include/ATen/autocast_mode.h@v2.13.0 AT_FORALL_FP32), so under autocast
+    #: the cubic, the tanh and 1 + tanh run, and are kept, in fp32.
+    act_pow_fp32: bool = False
+    #: The activation keeps its output, not its input (ReLU: `threshold_backward(grad,
+    #: result)`), and that output is the down projection's input: one tensor for both when
+    #: the down projection keeps its input (OPT's fc1 -> ReLU -> fc2).
+    act_output_is_down_input: bool = False
+
+    @property
+    def params_per_layer(self) -> int:
+        return sum(linear.params for linear in self.linears) + self.other_params
+
+    @property
+    def params(self) -> int:
+        return self.count * self.params_per_layer
+
+
+class HeadKind(StrEnum):
+    LM = "lm"  # next-token logits over the vocabulary
+    CLASSIFIER = "classifier"  # a small sequence-classification head
+
+
+class ModelSpec(BaseModel):
+    """Everything about a model that decides its training memory."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    family: str
+    hidden_size: int
+    vocab_size: int
+    stacks: tuple[LayerStack, ...]
+    #: Token embedding parameters (vocab x hidden), shared between encoder and decoder.
+    embedding_params: int
+    #: Learned position / token-type embeddings and embedding norms.
+    embedding_extra_params: int = 0
+    #: Final norms and other parameters outside the layers and the head.
+    extra_params: int = 0
+    tied_embeddings: bool = True
+    head_kind: HeadKind = HeadKind.LM
+    head_bias: bool = False
+    n_labels: int = 2
+    max_position_embeddings: int = 0
+    sliding_window: int | None = None
+    #: Gemma 2 soft-caps the final logits (tanh), which keeps one more vocabulary-wide tensor.
+    final_softcap: bool = False
+    #: Buffers the model registers on the GPU beside its parameters, in bytes (GPT-BigCode's
+    #: `bias`: an n_positions² causal mask of bools, 64 MiB at 8192 positions). Neither
+    #: sharded nor offloaded: every GPU holds them whole.
+    buffer_bytes: int = 0
+    approximate: bool = False
+
+    @property
+    def lm_head_tied(self) -> bool:
+        """The LM head multiplies by the embedding's matrix (a classifier's embedding is used
+        once, tied or not)."""
+        return self.tied_embeddings and self.head_kind is HeadKind.LM
+
+    @property
+    def head_params(self) -> int:
+        """The output layer's own parameters (zero when it is tied to the embedding)."""
+        if self.head_kind is HeadKind.CLASSIFIER:
+            return 0  # not part of the published backbone count; a few thousand parameters
+        weight = 0 if self.tied_embeddings else self.vocab_size * self.hidden_size
+        return weight + (self.vocab_size if self.head_bias else 0)
+
+    @property
+    def layer_params(self) -> int:
+        return memoized(self, "layer_params",
+                        lambda: sum(stack.params for stack in self.stacks))
+
+    @property
+    def n_params(self) -> int:
+        """Total parameters, as `model.num_parameters()` counts them."""
+        return memoized(self, "n_params", lambda: (
+            self.embedding_params
+            + self.embedding_extra_params
+            + self.layer_params
+            + self.extra_params
+            + self.head_params
+        ))
+
+    @property
+    def n_layers(self) -> int:
+        return sum(stack.count for stack in self.stacks)
+
+    @property
+    def decoder(self) -> LayerStack:
+        """The stack that produces the output (the last one)."""
+        return self.stacks[-1]
+
+    @property
+    def is_moe(self) -> bool:
+        return any(stack.n_experts > 0 for stack in self.stacks)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return len(self.stacks) > 1
+

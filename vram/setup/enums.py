@@ -1,0 +1,117 @@
+"""The choices of each enumerated knob: method, quantization, optimizer, precision, attention
+kernel, loss, sharding, offload and training stack.
+
+    >>> Method("qlora") is Method.QLORA
+    True
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Method(StrEnum):
+    FULL = "full"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class Quant(StrEnum):
+    NONE = "none"
+    NF4 = "nf4"
+    NF4_DQ = "nf4-dq"
+    INT8 = "int8"
+
+
+class Optimizer(StrEnum):
+    ADAMW = "adamw"
+    ADAMW_8BIT = "adamw-8bit"
+    PAGED_ADAMW = "paged-adamw"
+    PAGED_ADAMW_8BIT = "paged-adamw-8bit"
+    SGD = "sgd"
+    SGD_MOMENTUM = "sgd-momentum"
+    ADAFACTOR = "adafactor"
+    LION = "lion"
+    ADAMW_IN_BACKWARD = "adamw-in-backward"
+    ADAMW_4BIT = "adamw-4bit"
+    GALORE_ADAMW8BIT_PER_LAYER = "galore-adamw8bit-per-layer"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    FP16_MIXED = "fp16-mixed"
+    BF16_MIXED = "bf16-mixed"
+    BF16_TRUE = "bf16-true"
+
+
+class Attention(StrEnum):
+    EAGER = "eager"
+    SDPA = "sdpa"
+    FLASH = "flash"
+
+
+class Loss(StrEnum):
+    """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: the stack's
+    chunked loss (torchtune, LitGPT: all 16-bit logits exist, the loss runs per chunk; HF
+    Trainer: Liger's, fused). `fused-linear`: head and cross-entropy fused per chunk of tokens
+    (Liger), so the logits never exist whole."""
+
+    STANDARD = "standard"
+    CHUNKED = "chunked"
+    FUSED_LINEAR = "fused-linear"
+
+
+class Sharding(StrEnum):
+    """How data parallelism shares the model state (the ZeRO paper's stages; FSDP's full and
+    grad-op shards are ZeRO-3 and ZeRO-2)."""
+
+    NONE = "none"
+    DDP = "ddp"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    ZERO3 = "zero3"
+
+    @property
+    def shards_optimizer(self) -> bool:
+        """ZeRO-1, 2 and 3 partition the optimizer state (a "ZeRO stage")."""
+        return self in (Sharding.ZERO1, Sharding.ZERO2, Sharding.ZERO3)
+
+    @property
+    def shards_gradients(self) -> bool:
+        """ZeRO-2 and 3 (FSDP's grad-op and full shard) partition the gradients too."""
+        return self in (Sharding.ZERO2, Sharding.ZERO3)
+
+    @property
+    def shards_weights(self) -> bool:
+        """ZeRO-3 (FSDP's full shard) partitions the weights too."""
+        return self is Sharding.ZERO3
+
+
+class Offload(StrEnum):
+    NONE = "none"
+    OPTIMIZER = "optimizer"
+    PARAMS_OPTIMIZER = "params+optimizer"
+    ACTIVATIONS = "activations"
+
+    def runs_with(self, sharding: Sharding) -> bool:
+        """Offloading the optimizer state needs it sharded (a ZeRO stage); offloading the
+        parameters too needs them sharded (ZeRO-3 / FSDP full shard)."""
+        if self is Offload.OPTIMIZER:
+            return sharding.shards_optimizer
+        if self is Offload.PARAMS_OPTIMIZER:
+            return sharding.shards_weights
+        return True
+
+
+class Framework(StrEnum):
+    HF_TRAINER = "hf-trainer"
+    LITGPT = "litgpt"
+    TORCHTUNE = "torchtune"
+    PEFT_ACCELERATE = "peft-accelerate"
+    FSDP_QLORA = "fsdp-qlora"
+    UNSLOTH = "unsloth"
+    TORCHTITAN = "torchtitan"
+    DEEPSPEED = "deepspeed"
+    AXOLOTL = "axolotl"
+    LLAMA_FACTORY = "llama-factory"
+    OTHER = "other"

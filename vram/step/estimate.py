@@ -1,0 +1,250 @@
+"""The estimate: per-GPU bytes of one training step, by bucket, at the peak moment.
+
+The step is followed through the moments that can hold the peak (`vram.step.moments`):
+- forward end: weights + optimizer state + every saved activation + the logits;
+- the loss: the same, with the loss's forward and backward buffers (logits, log-softmax and
+  their gradients) at their largest;
+- the top layer's backward: the head's gradient exists while every layer's activations are
+  still held (under checkpointing, the top layer is recomputed);
+- late backward: almost every gradient exists, one layer's activations remain;
+- the optimizer step: weights + gradients + states + the step's temporaries.
+The largest is the allocated peak (`torch.cuda.max_memory_allocated()`); the buckets are what
+is alive at that moment, and `phase` names it.
+
+    >>> from vram import load_model, TrainingSetup, estimate
+    >>> estimate(load_model("llama-3.1-8b"), TrainingSetup(method="qlora")).device_peak_bytes
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vram.memo import TOKEN_FIELDS, memoized, setup_key
+from vram.memory import activations as act
+from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_part
+from vram.memory.inference import inference_estimate
+from vram.memory.optimizer import OptimizerPart, optimizer_part
+from vram.memory.overhead import allocator_slack_bytes, fixed_overhead_items, slack_item
+from vram.memory.weights import (
+    QUANTIZED,
+    Stage,
+    deepspeed_live_items,
+    weight_items,
+    working_items,
+)
+from vram.model.params import ParamGroup, param_groups, trainable_params
+from vram.model.spec import ModelSpec
+from vram.result import (
+    Bucket,
+    BucketName,
+    Estimate,
+    LineItem,
+    MomentBytes,
+    MomentId,
+    ParamCounts,
+    PeakBytes,
+)
+from vram.setup import TrainingSetup
+from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
+from vram.sharding.shards import Shards, shards_of
+from vram.stacks.profile import StackProfile, profile_for
+from vram.step.context import Moment
+from vram.step.draft import line_items
+from vram.step.moments import step_moments
+
+
+def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
+    """The notes that do not depend on the peak moment."""
+    notes: list[str] = []
+    if optimizer.paged_bytes:
+        notes.append(
+            f"Paged optimizer state ({optimizer.paged_bytes:,} B) lives in unified memory: "
+            "nvidia-smi can show it, torch.cuda.max_memory_allocated() does not.")
+    if model.approximate:
+        notes.append("The architecture was derived from a parameter count: figures are "
+                     "approximate.")
+    return tuple(notes)
+
+
+@dataclass(frozen=True, slots=True)
+class StatePart:
+    """What does not depend on the batch or the sequence: the stack's behaviours, the
+    parameter groups, and the weights, gradients and optimizer parts built from them, with
+    the result's pieces made of them alone (validated once per setup structure)."""
+
+    profile: StackProfile
+    groups: list[ParamGroup]
+    shards: Shards
+    host_bytes: int  # weights, gradients and optimizer state offloaded to the host
+    optimizer: OptimizerPart
+    grads: GradientPart
+    working: dict[Stage, list[LineItem]]
+    zero: ZeroBuffers
+    #: Weights, optimizer state and the DDP and ZeRO-3 buckets: alive at every moment.
+    static_bytes: int
+    #: Weights + every gradient + every optimizer state (`Estimate.state_bytes`).
+    state_bytes: int
+    params: ParamCounts
+    weights: Bucket
+    optimizer_bucket: Bucket
+    bucket_gradient_items: tuple[LineItem, ...]
+    fixed_overhead: tuple[LineItem, ...]
+    fixed_overhead_bytes: int
+    fixed_notes: tuple[str, ...]
+    #: DeepSpeed ZeRO-3's gathered parameters by moment label (`deepspeed_live_items`).
+    live_weight_items: dict[MomentId, list[LineItem]]
+
+
+def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
+    profile = profile_for(setup)
+    groups = param_groups(model, setup, profile)
+    shards = shards_of(setup)
+    weights_on_gpu, host = weight_items(model, setup, profile, groups, shards)
+    weights = sum(item.bytes for item in weights_on_gpu)
+    optimizer = optimizer_part(model, groups, setup, profile, shards)
+    opt_bytes = sum(item.bytes for item in optimizer.items)
+    grads = gradient_part(model, setup, groups, shards, profile)
+    zero = zero_buffers(setup, groups, shards,
+                        gradients_on_device=not grads.host and grads.total > 0)
+    fixed_overhead = fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state)
+    return StatePart(
+        profile=profile, groups=groups, shards=shards,
+        host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
+        working={stage: working_items(model, setup, profile, groups, shards, stage)
+                 for stage in Stage},
+        zero=zero, static_bytes=weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes,
+        state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
+        params=ParamCounts(
+            total=model.n_params, trainable=trainable_params(groups),
+            quantized=sum(g.n_params for g in groups if g.storage in QUANTIZED)),
+        weights=Bucket(name=BucketName.WEIGHTS, items=tuple(weights_on_gpu)),
+        optimizer_bucket=Bucket(name=BucketName.OPTIMIZER, items=tuple(optimizer.items)),
+        bucket_gradient_items=bucket_gradient_items(setup, grads, zero),
+        fixed_overhead=fixed_overhead,
+        fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
+        fixed_notes=_fixed_notes(model, optimizer),
+        live_weight_items=deepspeed_live_items(model, setup, groups))
+
+
+def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
+    """`_state_part`, remembered per model for setups equal but for batch and sequence
+    (`TOKEN_FIELDS`: no part of `StatePart` reads them)."""
+    return memoized(model, ("state", setup_key(setup, TOKEN_FIELDS)),
+                    lambda: _state_part(model, setup))
+
+
+@dataclass(slots=True)
+class StepPeak:
+    """The candidate peaks of one step compared (`_step_peak`)."""
+
+    part: StatePart
+    plan: act.ActivationPlan
+    #: The moment of the allocated peak (the first of equal ones).
+    peak: Moment
+    allocated: int
+    reserved: int
+
+
+def _step_peak(model: ModelSpec, setup: TrainingSetup,
+               figures: list[MomentBytes] | None) -> StepPeak:
+    """The step's moments and their peaks; each moment's figures go to `figures` (`estimate`
+    writes them out; `estimate_peaks` passes None)."""
+    part = state_part(model, setup)
+    plan = act.plan(model, setup, part.profile)
+    grads, zero = part.grads, part.zero
+    moments = step_moments(model, setup, plan, grads, part.working,
+                       part.optimizer.step_temp_bytes + zero.step_copies_bytes)
+    if zero.preallocated_gradients:
+        for moment in moments:  # the flat partition exists, zero-filled, from the start
+            moment.gradient_bytes = grads.total
+    live = part.live_weight_items  # the state part is remembered per setup structure
+    if live:
+        for moment in moments:
+            moment.weight_items = live.get(moment.label, [])
+
+    static = part.static_bytes
+    peak, allocated, reserved = moments[0], -1, 0
+    for moment in moments:
+        gradient_bytes, activation_bytes, in_flight_bytes, weight_bytes = moment.figures()
+        total = static + gradient_bytes + activation_bytes + weight_bytes + in_flight_bytes
+        # The first of equal moments wins: the allocator reaches a peak at its first moment.
+        if total > allocated:
+            peak, allocated = moment, total
+        # The caching allocator keeps what it reserved in backward through the optimizer step,
+        # so the reserved peak is the largest (allocated + slack) over the moments.
+        reserved = max(reserved, total + allocator_slack_bytes(total, activation_bytes))
+        if figures is not None:
+            figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
+                                                gradient_bytes, activation_bytes,
+                                                in_flight_bytes))
+    return StepPeak(part, plan, peak, allocated, reserved)
+
+
+def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
+    """Per-GPU memory of one training step of `model` under `setup`."""
+    figures: list[MomentBytes] = []
+    step = _step_peak(model, setup, figures)
+    part, peak, allocated, reserved = step.part, step.peak, step.allocated, step.reserved
+    overhead = (slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
+    extra_weights = [*peak.weight_items,
+                     *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
+    weights = part.weights if not extra_weights else Bucket.assemble(
+        BucketName.WEIGHTS, (*part.weights.items, *extra_weights))
+    buckets = (
+        weights,
+        Bucket.assemble(BucketName.GRADIENTS, _gradient_items(part, peak)),
+        part.optimizer_bucket,
+        Bucket.assemble(BucketName.ACTIVATIONS, line_items(peak.activation_items)),
+        Bucket.assemble(BucketName.OVERHEAD, overhead),
+    )
+    return Estimate.assemble(
+        model_name=model.name, setup=setup, params=part.params,
+        buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
+        reserved_peak_bytes=reserved,
+        device_peak_bytes=allocated + sum(i.bytes for i in overhead),
+        host_bytes=part.host_bytes + step.plan.offloaded_bytes,
+        paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
+        state_bytes=part.state_bytes, approximate=model.approximate,
+        notes=_notes(part, peak),
+        moments=tuple(figures),
+    )
+
+
+def estimate_peaks(model: ModelSpec, setup: TrainingSetup) -> PeakBytes:
+    """The peaks `estimate(model, setup)` reports, computed the same way, without the
+    breakdown (line items, buckets, moments, inference): for sweeps and searches that compare
+    peaks only, in about half the time.
+
+        >>> from vram import load_model, TrainingSetup, estimate_peaks
+        >>> estimate_peaks(load_model("llama-3.1-8b"), TrainingSetup()).device_peak_bytes
+    """
+    step = _step_peak(model, setup, None)
+    slack = max(0, step.reserved - step.allocated)
+    return PeakBytes.assemble(
+        phase=step.peak.phase, allocated_peak_bytes=step.allocated,
+        reserved_peak_bytes=step.reserved,
+        device_peak_bytes=step.allocated + slack + step.part.fixed_overhead_bytes)
+
+
+def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
+    """The gradients alive at the peak: the parameters' (as many as exist then), the buckets,
+    and what exists only in that moment."""
+    grads, shards = part.grads, part.shards
+    params = LineItem.assemble(
+        "gradients.params", "gradients of trainable parameters",
+        "trainable params × grad dtype bytes"
+        + (f" ÷ {shards.gradients}" if shards.gradients > 1 else ""),
+        {"trainable_params": part.params.trainable, "shards": shards.gradients,
+         "alive_at_peak": f"{peak.gradient_bytes:,} of {grads.total:,} bytes"},
+        peak.gradient_bytes, "PyTorch .grad takes the parameter's dtype",
+    )
+    in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
+    return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),
+            *in_flight)
+
+
+def _notes(part: StatePart, peak: Moment) -> tuple[str, ...]:
+    if peak.gradient_bytes < part.grads.total:
+        return (f"The peak is at {peak.label}: only part of the gradients exist then.",
+                *part.fixed_notes)
+    return part.fixed_notes

@@ -1,0 +1,181 @@
+"""The candidate peaks of one training step, in step order (see `vram.step.estimate`): the
+last layer's forward, the end of the forward, the loss, the top and the first layer's
+backward, the embedding's backward and the optimizer step. Each is a small function of the
+`StepContext`; FSDP2 adds its own (`vram.step.fsdp2_moments`).
+"""
+
+from __future__ import annotations
+
+from vram.memory import activations as act
+from vram.memory.gradients import GradientPart
+from vram.memory.weights import Stage
+from vram.model.spec import ModelSpec
+from vram.result import LineItem, MomentId, Phase
+from vram.setup import TrainingSetup
+from vram.step.context import HEAD_SOURCE, Moment, StepContext, step_context
+from vram.step.draft import Alive, ItemDraft
+from vram.step.fsdp2_moments import with_fsdp2
+
+
+def step_moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
+             grads: GradientPart,
+             working: dict[Stage, list[LineItem]], step_temp: int) -> list[Moment]:
+    """The candidate peaks of one step (see the module docstring), in step order. `working`
+    holds the weight copies alive at each stage."""
+    c = step_context(model, setup, plan, grads, working, step_temp)
+    # Order matters for ties: the allocator reaches a peak at its first moment.
+    return with_fsdp2(c, [
+        *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
+        _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
+        _optimizer_step(c)])
+
+
+def _last_layer_forward(c: StepContext) -> list[Moment]:
+    """Inside the last layer's forward: every layer's saved tensors, and the running layer's
+    attention scores (eager/math attention materializes s × s scores). None without scores."""
+    plan = c.plan
+    if not plan.forward_transient_bytes:
+        return []
+    return [Moment(Phase.FORWARD, MomentId.LAST_LAYER_FORWARD, c.accumulated_bytes, [
+        *c.forward_layers, *c.working[Stage.LAYERS_FORWARD],
+        ItemDraft(key="activations.layer_forward", label="attention scores of the layer running",
+                  formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
+                  inputs={"tokens": plan.tokens}, bytes=plan.forward_transient_bytes,
+                  source="eager/math attention materializes s × s scores"),
+        *c.previous])]
+
+
+def _forward_end(c: StepContext) -> Moment:
+    """The end of the forward: every saved activation, the head's output and what it keeps."""
+    plan = c.plan
+    return Moment(Phase.FORWARD, MomentId.FORWARD_END, c.accumulated_bytes, [
+        *c.forward_layers, *c.working[Stage.FORWARD],
+        ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
+                  inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=HEAD_SOURCE),
+        *c.previous])
+
+
+def _output_cast(c: StepContext) -> list[Moment]:
+    """Right after a stack casts the model's output to fp32 (Lightning Fabric); none else."""
+    plan = c.plan
+    if not plan.head_cast_bytes:
+        return []
+    return [Moment(Phase.FORWARD, MomentId.OUTPUT_CAST, c.accumulated_bytes, [
+        *c.forward_layers,
+        ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
+                  inputs=c.head_inputs, bytes=plan.head_cast_bytes,
+                  source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
+        *c.previous])]
+
+
+def _loss(c: StepContext) -> Moment:
+    """The loss's forward and backward: logits, log-softmax and their gradients at their
+    largest, with every layer's saved tensors still alive."""
+    plan = c.plan
+    return Moment(Phase.BACKWARD, MomentId.LOSS, c.accumulated_bytes, [
+        *c.layers, *c.working[Stage.LOSS],
+        ItemDraft(key="activations.loss", label="logits, loss and their gradients",
+                  formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
+                  source=HEAD_SOURCE)])
+
+
+def _top_layer_backward(c: StepContext) -> Moment:
+    """The top layer's backward: the head's gradient exists while every layer's activations
+    are still held (under checkpointing, the top layer is recomputed). An MoE layer with
+    trained banks peaks at its bank's gradient write, not at its MLP's start; its attention's
+    backward can still be larger."""
+    grads, plan, setup = c.grads, c.plan, c.setup
+    # The layer in backward holds its gradients whole (the reduce item) when they are sharded.
+    layer_grads = 0 if grads.unsharded_unit else grads.per_layer
+    # Optimizer-in-backward keeps one parameter's gradient at a time (the head's is largest).
+    top_grads = grads.head if c.in_backward else max(c.accumulated_bytes,
+                                                     grads.head + layer_grads)
+    head_left = ItemDraft(key="activations.head_left", label="logits kept into backward",
+                          formula="what the loss leaves for the layers' backward",
+                          inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=HEAD_SOURCE)
+    top = Moment(Phase.BACKWARD, MomentId.TOP_LAYER_BACKWARD, top_grads, [
+        *c.layers, *c.working[Stage.TOP_LAYER], head_left,
+        _backward_item(setup, plan), *c.tied_pending], c.reducing)
+    if c.bank is None:
+        return top
+    return with_bank_write(top, plan, Moment(
+        Phase.BACKWARD, MomentId.TOP_LAYER_BACKWARD,
+        max(c.accumulated_bytes, grads.head + c.bank.done_in_layer), [
+            *c.layers, *c.working[Stage.TOP_LAYER], head_left,
+            c.bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
+            *c.tied_pending]))
+
+
+def _first_layer_backward(c: StepContext) -> Moment:
+    """Late backward: every gradient exists but the embedding's and the one being written
+    (the layer's largest, whole until it becomes .grad); one layer's activations remain."""
+    grads, plan, setup = c.grads, c.plan, c.setup
+    building = 0 if grads.unsharded_unit or c.in_backward else (
+        grads.largest_in_attention if plan.backward_peak_in_attention
+        else grads.largest_in_layer)
+    late_grads = grads.head if c.in_backward else max(
+        c.accumulated_bytes, grads.total - grads.pending - building
+        - (grads.per_layer if grads.unsharded_unit else 0))
+    first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
+    late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
+    mask = c.mask
+    late = Moment(Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD, late_grads, [
+        *c.working[late_stage], *mask,
+        ItemDraft(key="activations.backward", label="first layer's activations and gradients",
+                  formula="one layer's saved tensors + its backward buffers + the gradient "
+                         "being written", inputs={"tokens": plan.tokens},
+                  bytes=first_layer + plan.backward_transient_bytes + building,
+                  source="per-layer backward"), *c.tied_pending], c.reducing)
+    if c.bank is None:
+        return late
+    return with_bank_write(late, plan, Moment(
+        Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD,
+        max(c.accumulated_bytes, grads.total - grads.pending
+            - grads.per_layer + c.bank.done_in_layer), [
+            *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
+            *c.tied_pending]))
+
+
+def _embedding_backward(c: StepContext) -> Moment:
+    """The embedding's gradient is built last (embedding_dense_backward), as a new tensor that
+    becomes an untied embedding's .grad or is added (in place) into a tied one's."""
+    grads = c.grads
+    embedding_grads = grads.total - grads.pending
+    vocab = c.model.vocab_size
+    return Moment(Phase.BACKWARD, MomentId.EMBEDDING_BACKWARD, 0 if c.in_backward else max(
+        c.accumulated_bytes, embedding_grads), [
+        ItemDraft(key="activations.embedding_grad", label="embedding gradient being built",
+                  formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
+                  bytes=grads.embedding, source="aten embedding_dense_backward"),
+        *c.tied_pending])
+
+
+def _optimizer_step(c: StepContext) -> Moment:
+    """The optimizer step: every gradient, and the step's temporaries."""
+    items: list[Alive] = []
+    if c.step_temp_bytes:
+        items.append(ItemDraft(
+            key="activations.optimizer_temp", label="optimizer step temporaries",
+            formula="one state-sized list (foreach AdamW's sqrt(v))", inputs={},
+            bytes=c.step_temp_bytes, source="torch/optim/adamw.py _multi_tensor_adamw"))
+    return Moment(Phase.OPTIMIZER_STEP, MomentId.OPTIMIZER_STEP,
+                  0 if c.in_backward else c.grads.total, items)
+
+
+def with_bank_write(dense: Moment, plan: act.ActivationPlan, bank: Moment) -> Moment:
+    """A layer's backward with trained MoE banks: the bank's gradient write replaces the MLP's
+    start as a candidate; the attention's backward (when it is larger) stays one."""
+    if not plan.backward_peak_in_attention:
+        return bank
+    return max(dense, bank, key=lambda m: m.gradients_total + m.activation_bytes)
+
+
+def _backward_item(setup: TrainingSetup, plan: act.ActivationPlan) -> ItemDraft:
+    return ItemDraft(
+        key="activations.backward", label="backward of the top layer"
+        + (" (recomputed)" if setup.grad_ckpt else ""),
+        formula="one layer's activations (checkpointing) + its gradient buffers",
+        inputs={"tokens": plan.tokens},
+        bytes=plan.recompute_bytes + plan.backward_transient_bytes,
+        source="per-layer backward; checkpointing recomputes one layer",
+    )
