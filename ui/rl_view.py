@@ -24,6 +24,7 @@ from ui.charts import (
     WORKING_COLOR,
     Unit,
 )
+from vram.errors import one_line
 from vram.io.knobs import MAX_NUMBER_CHARS
 from vram.result import BucketName
 from vram.rl.setup import max_batch
@@ -179,13 +180,7 @@ def rl_setup(state: Mapping[str, Any]) -> tuple[rl.RLSetup | None, str]:
             rollout="none" if offline else state["rl_rollout"],
             gpu_memory_utilization=float(state["rl_util"]), sleep=int(state["rl_sleep"]))
     except ValueError as exc:
-        errors = getattr(exc, "errors", None)
-        if callable(errors):
-            first = errors()[0]
-            where = ".".join(str(x) for x in first.get("loc", ()))
-            message = str(first["msg"]).removeprefix("Value error, ")
-            return None, f"{where}: {message}" if where else message
-        return None, str(exc)
+        return None, one_line(exc)
     return setup, ""
 
 

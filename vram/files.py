@@ -1,11 +1,14 @@
-"""The one way `vram` reads a file a person named: regular files only, never more than a cap.
+"""The one way `vram` reads (and writes) a file a person named: regular files only, never
+more than a cap.
 
 `stat().st_size` is 0 for devices and FIFOs, so a size check before reading protects nothing:
 `/dev/zero` would be read until memory runs out and a FIFO would block forever. Here the file
 is opened without blocking, checked to be a regular file on the open descriptor (no race with a
 swapped path), and read for at most `max_bytes + 1` bytes. Every failure is a `FileReadError`
 (a `VramError`) that says what is wrong in words: no such file, a folder, a symlink loop, no
-permission, not a regular file, too large.
+permission, not a regular file, too large. `write_text` is the same for an output a person
+names (`export --out`): a FIFO (whose opening would wait for a reader), a device, a socket or a
+folder is refused before it is opened, and what is opened is checked again on the descriptor.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from vram.errors import FileReadError
+from vram.errors import FileReadError, FileWriteError
 
 _REASONS: dict[int, str] = {
     errno.ENOENT: "no such file",
@@ -118,3 +121,37 @@ def read_csv_rows(
         raise FileReadError(what, _shown(path), f"line {reader.line_num + 1}: not CSV "
                             f"({str(exc)[:80]})") from None
     return rows
+
+
+def write_text(path: str | Path, text: str, *, what: str = "output") -> None:
+    """Write `text` (UTF-8) to a regular file, created or replaced; anything else named by
+    `path` is refused with FileWriteError before it is opened."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None  # a new file
+    except (ValueError, TypeError):
+        raise FileWriteError(what, _shown(path), "not a valid file name") from None
+    except OSError as exc:
+        raise FileWriteError(what, _shown(path), _REASONS.get(
+            exc.errno or 0, exc.strerror or "cannot be opened")) from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise FileWriteError(what, _shown(path), _describe(mode))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:  # not truncated until it is known to be a regular file (a path swapped meanwhile)
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise FileWriteError(what, _shown(path), _REASONS.get(
+            exc.errno or 0, exc.strerror or "cannot be opened")) from None
+    try:
+        opened = os.fstat(fd).st_mode
+        if not stat.S_ISREG(opened):
+            raise FileWriteError(what, _shown(path), _describe(opened))
+        os.ftruncate(fd, 0)
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        raise FileWriteError(what, _shown(path), exc.strerror or "cannot be written") from None
+    finally:
+        os.close(fd)
