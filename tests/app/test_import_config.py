@@ -97,3 +97,9 @@ def test_an_imported_config_never_looks_at_the_servers_files(tmp_path: Path) -> 
         notes[kind] = captions[0].replace(str(path), "PATH")
     assert set(notes.values()) == {
         "model kept as it was: 'PATH': not in the catalog: upload its config.json"}, notes
+
+
+def test_a_null_key_is_named_in_the_import_panel(app: AppTest) -> None:
+    _import(app, "base_model: llama-3.1-8b\n~: 1\nsequence_len: 1024\n")
+    assert not app.exception
+    assert any("~ (null): a key must be text" in shown(e.value) for e in app.error)
