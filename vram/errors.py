@@ -52,14 +52,9 @@ class FileReadError(VramError):
         super().__init__(f"{what} {shown_name(path, 300)}: {reason}")
 
 
-class FileWriteError(VramError):
-    """A file a person named for output cannot be written: a FIFO, a device, a folder, ..."""
-
-    def __init__(self, what: str, path: str, reason: str) -> None:
-        self.what = what
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{what} {shown_name(path, 300)}: {reason}")
+class FileWriteError(FileReadError):
+    """A file a person named for output cannot be written: a FIFO, a device, a folder, ...
+    (the same message as a file that cannot be read: what, the path, the reason)."""
 
 
 class TrainingConfigError(VramError):

@@ -17,18 +17,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tests.fuzz.more_surfaces import TINY, TINY_MOE
 from tests.fuzz.surfaces import within
 from vram import TrainingSetup
 from vram.cli import commands, main
 from vram.paths import data_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
-        "vocab_size": 128}
-TINY_MOE = {"model_type": "mixtral", "hidden_size": 64, "intermediate_size": 96,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "num_local_experts": 4, "num_experts_per_tok": 2, "vocab_size": 128}
 
 
 def _one_line(argv: list[str], capsys: pytest.CaptureFixture[str], status: int = 2) -> str:
