@@ -1,10 +1,11 @@
 """A CI-sized sample of the soak (benchmarks/soak.py, issue 25).
 
-In process: the app's state caches and the memo, with their byte bounds lowered so that a few
-dozen states fill them, are driven through the soak's distinct states; what Python holds
-(tracemalloc) stays flat after the warm-up and the caches stay within their bounds. Against a
-real server: a few dozen distinct sessions over the websocket, as the benchmark drives them,
-with no error. The full run (5,000 sessions, RSS) is `benchmarks/soak.txt`.
+In process: the app's state caches, the memo and the resolved setups, with their bounds
+lowered so that a few dozen states fill them, are driven through the soak's distinct states;
+what Python holds (tracemalloc) stays flat after the warm-up and the caches stay within their
+bounds. Against a real server: a few dozen distinct sessions over the websocket, as the
+benchmark drives them, with no error. The full run (5,000 sessions, RSS) is
+`benchmarks/soak.txt`.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ from benchmarks import load, soak
 from ui import data, params, results
 from vram import memo
 from vram.model.catalog import model_catalog
+from vram.stacks import resolve as resolve_module
 
 UI_BYTES = 3 * 2**20
 MEMO_BYTES = 2 * 2**20
 MODELS = 8
+RESOLVED = 200
 WARM_STATES = 60
 STATES = 160
 
@@ -58,8 +61,10 @@ def test_the_caches_hold_what_their_bounds_say_over_distinct_states(
     monkeypatch.setattr(results._CACHE, "max_bytes", UI_BYTES)
     monkeypatch.setattr(memo._MEMO, "max_bytes", MEMO_BYTES)
     monkeypatch.setattr(data._MODELS, "max_entries", MODELS)
+    monkeypatch.setattr(resolve_module._RESOLVED, "max_entries", RESOLVED)
     results._CACHE.clear()
     memo.clear_memo()
+    resolve_module._RESOLVED.clear()
     slugs = [e.slug for e in model_catalog()]
     states = [_state(i, slugs) for i in range(STATES)]
     for slug in slugs:  # the catalog is read once per process, not per state: not growth
@@ -76,6 +81,7 @@ def test_the_caches_hold_what_their_bounds_say_over_distinct_states(
             assert results.cache_stats()[1] <= UI_BYTES
             assert memo.memo_stats()[1] <= MEMO_BYTES
             assert len(data._MODELS) <= MODELS
+            assert len(resolve_module._RESOLVED) <= RESOLVED
     finally:
         tracemalloc.stop()
         results._CACHE.clear()
