@@ -28,6 +28,7 @@ import itertools
 import random
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,6 +171,42 @@ def kept(family: str, fields: dict[str, object], only: list[str]) -> bool:
     return True
 
 
+def row_line(row: Row) -> str:
+    f = row.fields
+    return (f"{row.family:<12} {f['method']!s:<6} {f['optimizer']!s:<13} {f['precision']!s:<10} "
+            f"{f['micro_batch']!s:>2} {f['seq_len']!s:>6} {f['grad_ckpt']!s:<5} "
+            f"{f['attention']!s:<6} "
+            + " ".join(f"{100 * row.errors[k]:+6.1f}%" for k in TOLERANCE)
+            + f"  {'same' if row.phase_match else 'DIFF'}  {'yes' if row.passes() else 'NO'}")
+
+
+def run(chosen: list[tuple[str, dict[str, object]]],
+        compare_one: Callable[[str, dict[str, object]], Row]) -> list[str]:
+    """Compare every chosen setup (printing each row as it comes) and summarize."""
+    lines = [f"{'family':<12} {'method':<6} {'optimizer':<13} {'precision':<10} {'b':>2} "
+             f"{'seq':>6} {'ckpt':<5} {'attn':<6} " + " ".join(f"{k[:6]:>7}" for k in TOLERANCE)
+             + "  phase  ok"]
+    rows: list[Row] = []
+    for family, fields in chosen:
+        try:
+            row = compare_one(family, fields)
+        except Exception as exc:
+            lines.append(f"{family:<12} {fields} -> not traced: {str(exc)[:80]}")
+            continue
+        rows.append(row)
+        lines.append(row_line(row))
+        print(lines[-1], file=sys.stderr, flush=True)
+    lines.append("")
+    for key, tol in TOLERANCE.items():
+        within = sum(1 for r in rows if abs(r.errors[key]) <= tol)
+        lines.append(f"{key:<12} within {100 * tol:.0f}%: {within}/{len(rows)}")
+    passed = sum(1 for r in rows if r.passes())
+    median = sorted(r.seconds for r in rows)[len(rows) // 2] if rows else 0.0
+    lines.append(f"setups={len(rows)} all_within_tolerance={passed} "
+                 f"phase_agrees={sum(r.phase_match for r in rows)} median_trace_s={median:.2f}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sample", type=int, default=320)
@@ -181,33 +218,7 @@ def main() -> None:
     random.Random(args.seed).shuffle(combos)
     chosen = [(family, fields) for family, fields in combos[: args.sample]
               if kept(family, fields, args.only)]
-    lines = [f"{'family':<12} {'method':<6} {'optimizer':<13} {'precision':<10} {'b':>2} "
-             f"{'seq':>6} {'ckpt':<5} {'attn':<6} " + " ".join(f"{k[:6]:>7}" for k in TOLERANCE)
-             + "  phase  ok"]
-    rows: list[Row] = []
-    for family, fields in chosen:
-        try:
-            row = compare(family, fields)
-        except Exception as exc:
-            lines.append(f"{family:<12} {fields} -> not traced: {str(exc)[:80]}")
-            continue
-        rows.append(row)
-        f = row.fields
-        lines.append(
-            f"{family:<12} {f['method']!s:<6} {f['optimizer']!s:<13} {f['precision']!s:<10} "
-            f"{f['micro_batch']!s:>2} {f['seq_len']!s:>6} {f['grad_ckpt']!s:<5} "
-            f"{f['attention']!s:<6} "
-            + " ".join(f"{100 * row.errors[k]:+6.1f}%" for k in TOLERANCE)
-            + f"  {'same' if row.phase_match else 'DIFF'}  {'yes' if row.passes() else 'NO'}")
-        print(lines[-1], file=sys.stderr, flush=True)
-    lines.append("")
-    for key, tol in TOLERANCE.items():
-        within = sum(1 for r in rows if abs(r.errors[key]) <= tol)
-        lines.append(f"{key:<12} within {100 * tol:.0f}%: {within}/{len(rows)}")
-    passed = sum(1 for r in rows if r.passes())
-    lines.append(f"setups={len(rows)} all_within_tolerance={passed} "
-                 f"phase_agrees={sum(r.phase_match for r in rows)} "
-                 f"median_trace_s={sorted(r.seconds for r in rows)[len(rows) // 2]:.2f}")
+    lines = run(chosen, compare)
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -320,6 +320,8 @@ def _table(model: object) -> _Table:
 
 
 def _drop(key: int, ref: weakref.ref[object]) -> None:
+    if _TABLES is None:
+        return  # interpreter shutdown: the module's globals are gone already
     table = _TABLES.get(key)
     if table is not None and table.ref is ref:
         del _TABLES[key]

@@ -53,14 +53,21 @@ def test_from_file_text_shows_the_mapping(capsys: pytest.CaptureFixture[str]) ->
     assert "checkpoints unless told not to" in out
 
 
-def test_unknown_model_in_file_asks_for_model(capsys: pytest.CaptureFixture[str]) -> None:
-    path = str(CONFIGS / "llamafactory/qwen3_lora_sft.yaml")
+def test_unknown_model_in_file_asks_for_model(capsys: pytest.CaptureFixture[str],
+                                              tmp_path: Path) -> None:
+    # Qwen/Qwen3-4B-Instruct-2507 is in the catalog since issue 22: an unknown id stands in
+    text = (CONFIGS / "llamafactory/qwen3_lora_sft.yaml").read_text()
+    unknown = tmp_path / "unknown_model.yaml"
+    unknown.write_text(text.replace("Qwen/Qwen3-4B-Instruct-2507", "acme/Widget-7B"))
+    path = str(unknown)
     code, _, err = run(capsys, "estimate", "--from", path)
     assert code == 2
     assert "config.json" in err and "--model" in err
     code, out, _ = run(capsys, "estimate", "--from", path, "--model", "qwen2.5-7b-instruct",
                        "--json")
     assert code == 0 and json.loads(out)["setup"]["lora_rank"] == 8
+    known = str(CONFIGS / "llamafactory/qwen3_lora_sft.yaml")
+    assert run(capsys, "estimate", "--from", known)[0] == 0
 
 
 def test_bad_file_is_one_line_exit_2(capsys: pytest.CaptureFixture[str],

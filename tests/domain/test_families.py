@@ -31,7 +31,7 @@ QWEN_7B_PUBLISHED = {  # Qwen/Qwen-7B config.json: the shape keys as published
 def test_one_table_names_every_supported_family() -> None:
     assert set(SUPPORTED_FAMILIES) == set(FAMILIES) - ALIASES
     assert {"gpt2", "qwen", "llama", "falcon", "t5", "bert"} <= set(SUPPORTED_FAMILIES)
-    with pytest.raises(ConfigError, match="'mamba' is not supported; supported: bert"):
+    with pytest.raises(ConfigError, match="'mamba' is not supported; supported: apertus, bert"):
         model_from_config({"model_type": "mamba"})
 
 

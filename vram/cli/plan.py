@@ -32,14 +32,19 @@ def register(commands: Any) -> None:
     add_setup_flags(plan, model_required=False)
     cli_hook.add_from_flags(plan)  # --from FILE: the run as a training config describes it
     plan.add_argument("--gpu", help="GPU id from `python -m vram gpus` (default: the "
-                      "cheapest catalog option that holds the run)")
-    plan.add_argument("--gpu-count", type=int, default=1, help="GPUs per node")
-    plan.add_argument("--nodes", type=int, default=1)
+                      "catalog option whose whole run costs least)")
+    plan.add_argument("--gpu-count", type=int, default=1, help="GPUs per node (default 1)")
+    plan.add_argument("--nodes", type=int, default=1,
+                      help="nodes of --gpu-count GPUs each (default 1)")
     plan.add_argument("--tokens", type=float, help="tokens to train (e.g. 1e9)")
     plan.add_argument("--steps", type=int, help="optimizer steps (tokens = steps x micro-batch "
                       "x accumulation x GPUs x sequence)")
     plan.add_argument("--dataset-tokens", type=float, help="tokens in the data set")
     plan.add_argument("--epochs", type=float, default=1.0, help="with --dataset-tokens")
+    plan.add_argument("--max-seq", action="store_true",
+                      help="how long can my context be on these GPUs: the longest sequence "
+                           "as set and with context parallel, tensor parallel, activation "
+                           "offload and FP8, with what each sends per step")
     speed = commands.add_parser("validate-speed",
                                 help="the time model's error on published throughputs")
     speed.add_argument("table", nargs="?", help="a throughput table (default: "
@@ -94,12 +99,24 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         hardware = Hardware(gpu=find_gpu(args.gpu, gpus, "--gpu").id, count=args.gpu_count,
                             nodes=args.nodes)
     total = hardware.total if hardware else setup.n_gpus
+    if args.max_seq:
+        return _max_seq(model, setup, hardware, args.json)
     result = plan(model, setup, hardware=hardware,
                   tokens=tokens_from(args, setup, total), gpus=gpus)
     if args.json:
         print(json.dumps(plan_json(result), indent=2))
     else:
         print(plan_text(result))
+    return 0
+
+
+def _max_seq(model: Any, setup: TrainingSetup, hardware: Any, as_json: bool) -> int:
+    from vram.plan.context import context_json, context_text, max_context
+
+    if hardware is None:
+        raise VramError("--gpu: --max-seq needs the GPU (and --gpu-count)")
+    answer = max_context(model, setup, gpu=hardware.gpu, count=hardware.total)
+    print(json.dumps(context_json(answer), indent=2) if as_json else context_text(answer))
     return 0
 
 

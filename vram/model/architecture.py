@@ -66,10 +66,46 @@ def _read_model(config: Mapping[str, Any], name: str) -> ModelSpec:
     model_type = model_type.lower()
     family = FAMILIES.get(model_type)
     if family is None:
+        if llama_shaped(config):
+            return _as_llama(name, model_type, r)
         allowed = ", ".join(SUPPORTED_FAMILIES)
         raise ConfigError(
             "model_type", f"{model_type!r:.40} is not supported; supported: {allowed}")
     return family.build(name, model_type, r)
+
+
+#: The keys a Llama decoder's config.json gives its shape with.
+_LLAMA_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "vocab_size")
+#: Keys that say the model is something Llama's builder would read wrongly: experts, another
+#: mixer than attention, a vision tower, a nested language model, an encoder-decoder.
+_NOT_LLAMA_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+                   "vision_config", "text_config", "layers_block_type", "mamba_d_state",
+                   "ssm_state_size", "linear_num_value_heads", "kv_lora_rank", "is_encoder_decoder",
+                   "cross_attention_layers")
+
+_APPROXIMATE = ("model_type {model_type!r:.40} is not one vram knows; its config is Llama-shaped "
+                "(hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, "
+                "vocab_size), so it is estimated as a Llama decoder with those shapes: "
+                "parameters and every figure are approximate.")
+
+
+def llama_shaped(config: Mapping[str, Any]) -> bool:
+    """Whether an unknown model type's config reads as a Llama decoder: Llama's shape keys,
+    none of the keys of another architecture, only attention in `layer_types`."""
+    if not all(isinstance(config.get(k), int) for k in _LLAMA_KEYS):
+        return False
+    if any(config.get(k) not in (None, False, 0) for k in _NOT_LLAMA_KEYS):
+        return False
+    kinds = config.get("layer_types")
+    return not isinstance(kinds, list) or all(
+        k in ("full_attention", "sliding_attention") for k in kinds)
+
+
+def _as_llama(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
+    spec = FAMILIES["llama"].build(name, model_type, r)
+    return spec.model_copy(update={"approximate": True, "approximate_why": _APPROXIMATE.format(
+        model_type=model_type)})
 
 
 def model_from_config_file(path: str | Path, name: str | None = None) -> ModelSpec:

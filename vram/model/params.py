@@ -198,6 +198,10 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
         *_head_group(model, profile, q_storage, dense, full),
         *_linear_groups(model, profile, q_storage, dense, full),
         *_vector_group(model, dense, full),
+        # a VLM's vision tower and projector: trained with the rest under full fine-tuning,
+        # frozen beside LoRA (issue 22; quantization and freezing knobs are not modelled yet)
+        *_group("vision", "vision tower and projector", model.vision_params
+                + model.projector_params, dense, full),
     ]
     if setup.trains_adapters:
         groups += _adapter_group(model, setup, profile)

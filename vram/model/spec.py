@@ -36,6 +36,11 @@ class Role(StrEnum):
     #: MLA's up-projection of the compressed k/v latent to per-head k and v (DeepSeek-V2's
     #: kv_b_proj); it reads the latent, not the layer's norm output.
     KV_UP = "kv_up"
+    #: A linear-attention / state-space / convolution mixer's projections (issue 22): the
+    #: input projections read the layer's norm output, the output projection writes the
+    #: residual. No LoRA target name selects them; 'all-linear' does.
+    MIXER_IN = "mixer_in"
+    MIXER_OUT = "mixer_out"
 
 
 #: The attention's projections (self-attention; cross-attention has its own roles).
@@ -92,6 +97,17 @@ class MlpKind(StrEnum):
 class NormKind(StrEnum):
     RMS = "rms"
     LAYER = "layer"
+
+
+class Mixer(StrEnum):
+    """What mixes tokens in a layer (issue 22's hybrids; `docs/hybrid-layers.md`)."""
+
+    ATTENTION = "attention"  # softmax attention (every family before issue 22)
+    GATED_DELTANET = "gated deltanet"  # Qwen3-Next / Qwen3.5 linear attention
+    MAMBA2 = "mamba2"  # Granite 4, Nemotron-H, Falcon-H1 (beside attention: see `parallel_ssm`)
+    MAMBA1 = "mamba1"  # Jamba's selective scan
+    SHORT_CONV = "short conv"  # LFM2's gated depthwise convolution
+    NONE = "none"  # an MLP or MoE block alone (Nemotron-H's `mlp` / `moe` layers)
 
 
 class LayerStack(BaseModel):
@@ -177,6 +193,21 @@ class LayerStack(BaseModel):
     #: result)`), and that output is the down projection's input: one tensor for both when
     #: the down projection keeps its input (OPT's fc1 -> ReLU -> fc2).
     act_output_is_down_input: bool = False
+    #: What mixes tokens in these layers; not `ATTENTION` only in issue 22's hybrid families.
+    mixer: Mixer = Mixer.ATTENTION
+    #: A Mamba-2 mixer runs beside the attention in every layer and the two outputs are
+    #: summed (Falcon-H1).
+    parallel_ssm: bool = False
+    #: One learned logit per head joins every softmax (gpt-oss `sinks`): Transformers' code has
+    #: no SDPA path for it (`GptOssPreTrainedModel._supports_sdpa = False`), so `sdpa` runs
+    #: its eager attention (flash-attn kernels take the sinks as `s_aux`).
+    attention_sinks: bool = False
+    #: Elements per token the mixer's kernel saves for its backward beyond its projections'
+    #: inputs, (in the compute dtype, in fp32): `docs/hybrid-layers.md`, set by the family.
+    mixer_saved: tuple[int, int] = (0, 0)
+    #: Attention sees only the last `attention_window` positions (a sliding-window or chunked
+    #: layer of a local/global pattern: Gemma 3, gpt-oss, OLMo 3, Llama 4); None: all.
+    attention_window: int | None = None
 
     @property
     def params_per_layer(self) -> int:
@@ -221,6 +252,13 @@ class ModelSpec(BaseModel):
     #: sharded nor offloaded: every GPU holds them whole.
     buffer_bytes: int = 0
     approximate: bool = False
+    #: Why the figures are approximate, for the estimate's note (empty: derived from a bare
+    #: parameter count, the original reason).
+    approximate_why: str = ""
+    #: A vision-language model's vision tower and its projector (merger, connector) into the
+    #: language model's width (issue 22; `vram.model.families.vision`).
+    vision_params: int = 0
+    projector_params: int = 0
 
     @property
     def lm_head_tied(self) -> bool:
@@ -250,6 +288,8 @@ class ModelSpec(BaseModel):
             + self.layer_params
             + self.extra_params
             + self.head_params
+            + self.vision_params
+            + self.projector_params
         ))
 
     @property

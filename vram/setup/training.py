@@ -14,17 +14,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vram.memory.allocator.conf import parse_alloc_conf
 from vram.setup.enums import (
     Attention,
+    ContextParallel,
+    Fp8Recipe,
     Framework,
     Loss,
     Method,
     Offload,
     Optimizer,
+    PipelineSchedule,
     Precision,
     Quant,
     Sharding,
 )
+from vram.setup.layout import check_layout, shard_group
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +380,20 @@ class TrainingSetup(BaseModel):
         help="CUDA context, kernels and cuBLAS handle as nvidia-smi counts them (default: the "
              "GPU's, or 1024)",
     )] = None
+    #: PyTorch's caching allocator settings (`PYTORCH_CUDA_ALLOC_CONF`, e.g.
+    #: "expandable_segments:True"), in canonical form; "" is PyTorch's defaults; None: the
+    #: stack's (data/stacks.toml). The trace replays a step under them
+    #: (`vram.trace.allocator`); parsed as PyTorch parses them (`vram.memory.allocator.conf`).
+    alloc_conf: Annotated[str | None, Knob(
+        # The case-file column `alloc_conf` (issue 21) waits for ../shared/validation/cases.csv
+        # to carry it; until then validate takes the stack's default.
+        "Allocator settings (PYTORCH_CUDA_ALLOC_CONF)", key="alloc", flag="--alloc-conf",
+        labels=(("auto", "stack default"), ("default", "PyTorch's defaults")),
+        app_options=("expandable_segments:True", "default", "max_split_size_mb:128",
+                     "expandable_segments:True,roundup_power2_divisions:16"),
+        help="PYTORCH_CUDA_ALLOC_CONF such as expandable_segments:True or max_split_size_mb:128 "
+             "(default: the stack's; 'default' for PyTorch's own)",
+    )] = None
     #: Whether a step as long as the longest can follow another (packed or fixed-length data,
     #: any long run: yes). A stack that keeps the previous step's graph into the next forward
     #: (LitGPT) then holds two long steps at once; with a single longest batch (LitGPT's 2023
@@ -409,7 +428,7 @@ class TrainingSetup(BaseModel):
     n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
         "GPUs", key="gpus", flag="--gpus", column="n_gpus",
         app_options=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
-        help="data-parallel GPUs",
+        help="GPUs in the run: data x tensor x pipeline x context parallel",
     )] = 1
     sharding: Annotated[Sharding, Knob(
         "Sharding", key="shard", flag="--sharding", column="sharding",
@@ -417,6 +436,47 @@ class TrainingSetup(BaseModel):
         labels=(("none", "none"), ("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"),
                 ("zero3", "ZeRO-3 / FSDP")),
     )] = Sharding.NONE
+    tp: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Tensor parallel", key="tp", flag="--tp", column="tp", app_options=(1, 2, 4, 8, 16),
+        help="GPUs each layer's matmuls are split over (Megatron's column/row split)",
+    )] = 1
+    sequence_parallel: Annotated[bool | None, Field(strict=True), Knob(
+        "Sequence parallel (with TP)", key="sp", flag="--sequence-parallel",
+        help="split the norms, dropouts and residual stream along the sequence over the TP "
+             "ranks (default: the stack's)",
+    )] = None
+    pp: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Pipeline parallel", key="pp", flag="--pp", column="pp", app_options=(1, 2, 4, 8, 16),
+        help="pipeline stages; the micro-batches are the gradient accumulation steps",
+    )] = 1
+    pp_schedule: Annotated[PipelineSchedule | None, Knob(
+        "Pipeline schedule", key="ppsched", flag="--pp-schedule",
+        labels=(("auto", "stack default"), ("gpipe", "GPipe"), ("1f1b", "1F1B"),
+                ("interleaved", "interleaved 1F1B")),
+    )] = None
+    pp_virtual: Annotated[int, Field(strict=True, ge=1, le=64), Knob(
+        "Virtual stages per rank", key="ppv", flag="--pp-virtual", app_options=(1, 2, 3, 4),
+        help="model chunks per pipeline rank (interleaved 1F1B)",
+    )] = 1
+    cp: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Context parallel", key="cp", flag="--cp", column="cp", app_options=(1, 2, 4, 8, 16),
+        help="GPUs each sequence is split over (ring attention or Ulysses)",
+    )] = 1
+    cp_kind: Annotated[ContextParallel | None, Knob(
+        "Context parallel kind", key="cpkind", flag="--cp-kind",
+        labels=(("auto", "stack default"), ("ring", "ring attention"),
+                ("ulysses", "Ulysses (all-to-all)")),
+    )] = None
+    ep: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Expert parallel", key="ep", flag="--ep", column="ep", app_options=(1, 2, 4, 8, 16),
+        help="GPUs an MoE layer's experts are split over (within the data-parallel ranks)",
+    )] = 1
+    fp8: Annotated[Fp8Recipe, Knob(
+        "FP8 training", key="fp8", flag="--fp8", column="fp8",
+        labels=(("none", "none"), ("tensorwise", "torchao tensorwise"),
+                ("rowwise", "torchao rowwise"), ("blockwise", "torchao blockwise"),
+                ("te", "Transformer Engine")),
+    )] = Fp8Recipe.NONE
     offload: Annotated[Offload, Knob(
         "Offload", key="offload", flag="--offload", column="offload",
         labels=(("none", "none"), ("optimizer", "optimizer → CPU"),
@@ -434,7 +494,7 @@ class TrainingSetup(BaseModel):
 
     @field_validator(
         "method", "quant", "optimizer", "precision", "attention", "loss", "offload", "framework",
-        mode="before",
+        "pp_schedule", "cp_kind", "fp8", mode="before",
     )
     @classmethod
     def _enum_from_text(cls, value: object) -> object:
@@ -446,6 +506,17 @@ class TrainingSetup(BaseModel):
     def _torch_major_minor(cls, value: object) -> object:
         # "2.1.0", "2.6.0a0 nightly (...)", "2.4.0.dev20240427" -> "2.1", "2.6", "2.4"
         return _lenient_version(value, TORCH_VERSION, "a PyTorch version such as 2.1")
+
+    @field_validator("alloc_conf", mode="before")
+    @classmethod
+    def _alloc_conf(cls, value: object) -> object:
+        # "expandable_segments: True ," -> "expandable_segments:True"; "default" -> ""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.lower() in ("default", "none", "pytorch"):
+            return ""
+        return parse_alloc_conf(text).text()
 
     @field_validator("bitsandbytes_version", mode="before")
     @classmethod
@@ -488,13 +559,16 @@ class TrainingSetup(BaseModel):
             raise ValueError(
                 f"quant: {quant.value} is for QLoRA; with method {self.method.value} use none"
             )
-        if self.n_gpus == 1 and self.sharding not in (Sharding.NONE, Sharding.ZERO3):
+        check_layout(self)
+        group = shard_group(self)  # every GPU unless tp or pp split the model
+        if group == 1 and self.sharding not in (Sharding.NONE, Sharding.ZERO3):
             raise ValueError(
-                f"sharding: {self.sharding.value} needs more than one GPU (gpus is 1)"
+                f"sharding: {self.sharding.value} needs more than one GPU "
+                + ("(gpus is 1)" if self.n_gpus == 1 else "(gpus ÷ tp ÷ pp is 1)")
             )
-        if self.n_gpus > 1 and self.sharding is Sharding.NONE:
+        if group > 1 and self.sharding is Sharding.NONE:
             raise ValueError(
-                f"sharding: {self.n_gpus} GPUs need a strategy (ddp, zero1, zero2 or zero3)"
+                f"sharding: {group} GPUs need a strategy (ddp, zero1, zero2 or zero3)"
             )
         if self.offload is Offload.OPTIMIZER and not self.offload.runs_with(self.sharding):
             raise ValueError("offload: optimizer offload needs ZeRO/FSDP sharding (zero1-3)")

@@ -52,13 +52,13 @@ def attention_kernel(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
         return Kernel.EAGER
     if setup.attention is Attention.FLASH:
         return Kernel.FLASH
-    if stack.attn_softcap:
+    if stack.attn_softcap or stack.attention_sinks:
         return Kernel.EAGER
     hf = runs_transformers_code(profile)
     if hf and stack.hf_sdpa_runs_math:
         return Kernel.MATH
     grouped = stack.n_kv_heads < stack.n_heads
-    if needs_mask(model, setup, profile):
+    if needs_mask(model, setup, profile, stack):
         return Kernel.EFFICIENT  # masked, k/v repeated: any dtype
     if profile.precision.attention == FP32:
         # Flash needs 16-bit inputs; the efficient kernel takes fp32 but not grouped k/v, which
@@ -67,13 +67,22 @@ def attention_kernel(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
     return Kernel.FLASH
 
 
-def needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> bool:
+def needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+               stack: LayerStack | None = None) -> bool:
     """HF passes an explicit mask when the sequence is as long as a sliding window or longer
     (transformers/masking_utils.py@v5.24.0 _ignore_causal_mask_sdpa #L286: `kv_length >=
     local_attention_size` keeps the mask; the sharded trace builds it at 4,096 tokens on
-    Mistral's 4,096 window)."""
-    return runs_transformers_code(profile) and bool(
-        model.sliding_window and model.sliding_window <= setup.seq_len)
+    Mistral's 4,096 window). In a model whose stacks carry their own window (the local/global
+    patterns of issue 22: `LayerStack.attention_window`), only the windowed layers do: the
+    global layers' mask is skipped for SDPA's `is_causal` (one mask per layer type,
+    `create_causal_mask` vs `create_sliding_window_causal_mask`)."""
+    if not runs_transformers_code(profile):
+        return False
+    if any(st.attention_window for st in model.stacks):
+        windows = [stack.attention_window] if stack is not None else [
+            st.attention_window for st in model.stacks]
+        return any(w is not None and w <= setup.seq_len for w in windows)
+    return bool(model.sliding_window and model.sliding_window <= setup.seq_len)
 
 
 def mask_bytes_per_sequence(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vram.memory.activations.context import MoeBackward, Term, layer_context
+from vram.memory.activations.kernel import Kernel
 from vram.memory.activations.lora import lora_term
 from vram.memory.activations.terms import (
     attention_layout,
     attention_term,
     dropout_term,
     linear_inputs_term,
+    mixer_term,
     mla_term,
     mlp_term,
     norms_term,
@@ -21,7 +23,7 @@ from vram.memory.activations.transients import (
     forward_working_set_per_token,
     moe_bank_backward,
 )
-from vram.model.spec import LayerStack, ModelSpec
+from vram.model.spec import LayerStack, Mixer, ModelSpec
 from vram.setup import TrainingSetup
 from vram.stacks.profile import StackProfile
 
@@ -73,10 +75,13 @@ def layer_activations(
     """Bytes one layer of `stack` keeps per token (attention scores per token × sequence)."""
     c = layer_context(model, stack, setup, profile)
     layout = attention_layout(c)
+    attends = stack.mixer is Mixer.ATTENTION or stack.parallel_ssm
+    if not attends:  # no scores to hold: the mixer's kernel is fused
+        layout = replace(layout, kernel=Kernel.FLASH)
     norms = norms_term(c)
     mlp = mlp_term(c)
-    parts = (norms, linear_inputs_term(c), attention_term(c, layout), mla_term(c), mlp,
-             dropout_term(c), lora_term(c))
+    parts = (norms, linear_inputs_term(c), attention_term(c, layout) if attends else None,
+             mixer_term(c), mla_term(c), mlp, dropout_term(c), lora_term(c))
     peak = backward_peak(c, layout, mlp_per_token=mlp.bytes_per_token,
                          norms_per_token=norms.bytes_per_token)
     return LayerActivations(

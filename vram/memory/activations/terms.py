@@ -49,9 +49,10 @@ def _norm_bytes_per_token(stack: LayerStack, n: PrecisionPolicy, profile: StackP
 
 def norms_term(c: LayerContext) -> Term:
     """Every norm of the layer (see `_norm_bytes_per_token`; weights train in a full
-    fine-tune)."""
+    fine-tune). Sequence parallel runs the norms on `1 / tp` of the tokens (torchtitan's
+    `SequenceParallel` on both norms: Korthikanti et al. 2022, SS4.2.2)."""
     one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
-    norms = one * c.stack.n_norms
+    norms = one * c.stack.n_norms // c.profile.seq_split
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
 
 
@@ -76,7 +77,8 @@ def linear_inputs_term(c: LayerContext) -> Term | None:
     if not c.keeps_inputs:
         return None
     stack, n, h = c.stack, c.n, c.hidden
-    attn_in = [ln for ln in stack.linears if ln.role in (Role.Q, Role.K, Role.V, Role.QKV)]
+    attn_in = [ln for ln in stack.linears
+               if ln.role in (Role.Q, Role.K, Role.V, Role.QKV, Role.MIXER_IN)]
     mlp_in = [ln for ln in stack.linears
               if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
     kept = _input_bytes_per_hidden_unit(n, len(attn_in)) * h
@@ -171,7 +173,7 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
         attn += FP32 * stack.n_heads  # logsumexp per head
         label = f"{a.kernel.value} attention kernel: q, k, v, output, logsumexp"
         formula = "e·(q + 2·kv + o) + 4·a"
-        if a.kernel is Kernel.EFFICIENT and needs_mask(c.model, c.setup, c.profile):
+        if a.kernel is Kernel.EFFICIENT and needs_mask(c.model, c.setup, c.profile, stack):
             # SDPA turns the boolean sliding-window mask into an additive bias in q's dtype on
             # every call, and the efficient kernel keeps that bias for its backward: one
             # [b, 1, s, s] tensor per layer.
@@ -190,6 +192,19 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     if stack.cross_attention:
         attn *= 2  # decoder layers of an encoder-decoder also attend to the encoder
     return Term("attention", label, formula, attn, ctx_kept_per_token=ctx_kept)
+
+
+def mixer_term(c: LayerContext) -> Term | None:
+    """What a linear-attention, state-space or convolution mixer's kernel saves for its
+    backward beyond its projections' inputs (`LayerStack.mixer_saved`, set by the family from
+    the kernel's `save_for_backward`: docs/hybrid-layers.md). Not the PyTorch fallbacks
+    transformers runs without the kernels, which keep more."""
+    elems, fp32_elems = c.stack.mixer_saved
+    if not (elems or fp32_elems):
+        return None
+    kept = c.e * elems + FP32 * fp32_elems
+    return Term("mixer", f"{c.stack.mixer.value} kernel's saved tensors",
+                "e·(saved elements) + 4·(saved fp32 elements)", kept)
 
 
 def activation_in_fp32(c: LayerContext) -> bool:
@@ -304,7 +319,7 @@ def dropout_term(c: LayerContext) -> Term | None:
     if c.stack.hidden_dropout <= 0:
         return None
     return Term("dropout", "dropout masks on the residual branches", "1 byte × h per dropout",
-                2 * c.hidden)
+                2 * c.hidden // c.profile.seq_split)
 
 
 def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:

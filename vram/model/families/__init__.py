@@ -8,19 +8,30 @@ model_type below, a config in `data/models/` and its count pinned in the tests.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from vram.errors import ConfigError
+from vram.model.config_reader import ConfigReader
 from vram.model.families.base import ArchitectureFamily
 from vram.model.families.bert import Bert
 from vram.model.families.deepseek import DeepseekV2
+from vram.model.families.dense import DenseTwist
 from vram.model.families.falcon import Falcon
 from vram.model.families.gpt2 import Gpt2
 from vram.model.families.gpt_bigcode import GptBigCode
 from vram.model.families.gptj import GptJ
+from vram.model.families.hybrid import HYBRID_TYPES, Hybrid
 from vram.model.families.llama import VARIANTS, LlamaLike, MistralOrMixtral
+from vram.model.families.mllama import MllamaText
+from vram.model.families.moe import MOE_TYPES, Moe2026
 from vram.model.families.neox import Bloom, GptNeox
 from vram.model.families.opt import Opt
 from vram.model.families.phi import Phi, Phi3
 from vram.model.families.qwen import QwenV1
 from vram.model.families.t5 import T5
+from vram.model.families.vlm import vision_language
+from vram.model.spec import ModelSpec
 
 #: model_type (lower case) -> the family that builds it.
 FAMILIES: dict[str, ArchitectureFamily] = {
@@ -43,10 +54,32 @@ FAMILIES: dict[str, ArchitectureFamily] = {
     "qwen": QwenV1(),
     "deepseek_v2": DeepseekV2(),
     "deepseek_v3": DeepseekV2(),
+    # Kimi K2's config.json: model_type kimi_k2, DeepseekV3ForCausalLM (remote code)
+    "kimi_k2": DeepseekV2(),
+    # issue 22: the model types of 2025-2026
+    **dict.fromkeys(("smollm3", "olmo3", "exaone4", "seed_oss", "glm4", "apertus"),
+                    DenseTwist()),
+    **dict.fromkeys(MOE_TYPES, Moe2026()),
+    **dict.fromkeys(HYBRID_TYPES, Hybrid()),
+    "mllama_text_model": MllamaText(),
 }
 
+
+def _language_model(name: str, config: Mapping[str, Any]) -> ModelSpec:
+    """A vision-language model's language model, read by the family of its own model type."""
+    model_type = str(config.get("model_type", ""))
+    family = FAMILIES.get(model_type)
+    if family is None or model_type in VLM_FAMILIES:
+        raise ConfigError("text_config.model_type", f"{model_type!r:.40} is not a language "
+                          "model vram reads")
+    return family.build(name, model_type, ConfigReader(config))
+
+
+VLM_FAMILIES = vision_language(_language_model)
+FAMILIES.update(VLM_FAMILIES)
+
 #: Accepted spellings that the list of supported families does not show.
-ALIASES: frozenset[str] = frozenset({"refinedwebmodel", "umt5"})
+ALIASES: frozenset[str] = frozenset({"refinedwebmodel", "umt5", "kimi_k2", "mllama_text_model"})
 
 #: The model types a user can name, for messages and docs.
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(sorted(set(FAMILIES) - ALIASES))

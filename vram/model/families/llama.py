@@ -56,6 +56,10 @@ class LlamaVariant:
     norm_scales_in_fp32: bool = False
     #: Gemma 2 soft-caps attention logits and final logits.
     softcap: bool = False
+    #: Layers of `layer_types` "sliding_attention" see only `sliding_window` positions and the
+    #: "full_attention" ones all: one stack of each (Gemma 3's five local layers to one global,
+    #: `_sliding_window_pattern` 6 when the config lists no `layer_types`).
+    windows_by_layer_type: bool = False
 
 
 _GEMMA = LlamaVariant(tied_default=True, norm_scales_in_fp32=True)
@@ -74,6 +78,7 @@ VARIANTS: dict[str, LlamaVariant] = {
     "gemma2": LlamaVariant(n_norms=4, tied_default=True, norm_scales_in_fp32=True,
                            softcap=True),
     "gemma3_text": LlamaVariant(n_norms=4, qk_norm=QkNorm.PER_HEAD, tied_default=True,
+                                windows_by_layer_type=True,
                                 norm_scales_in_fp32=True),
     "mixtral": LlamaVariant(moe=MoeLayout(expert_width_key="intermediate_size")),
     "qwen2_moe": LlamaVariant(qkv_bias_default=True, o_bias_follows_attention_bias=False,
@@ -180,10 +185,29 @@ def _llama_like(name: str, model_type: str, v: LlamaVariant, r: ConfigReader) ->
         qk_norm=v.qk_norm is not QkNorm.NONE, norm_scales_in_fp32=v.norm_scales_in_fp32,
     )
     final_norm = norm_width if v.parametric_norms else 0
+    stacks = _by_window(stack, r, sliding) if v.windows_by_layer_type and sliding else (stack,)
     return ModelSpec(
-        name=name, family=model_type, hidden_size=h, vocab_size=vocab, stacks=(stack,),
+        name=name, family=model_type, hidden_size=h, vocab_size=vocab, stacks=stacks,
         embedding_params=vocab * h, extra_params=final_norm, tied_embeddings=tied,
         max_position_embeddings=r.int("max_position_embeddings", default=2048),
         sliding_window=sliding or None,
         final_softcap=v.softcap and r.float("final_logit_softcapping", 30.0) > 0,
     )
+
+
+def _by_window(stack: LayerStack, r: ConfigReader, window: int) -> tuple[LayerStack, ...]:
+    """The decoder split into its sliding-window and its global layers (`layer_types`, else
+    every 6th layer global: Gemma3TextConfig@v5.24.0 `_sliding_window_pattern`)."""
+    given = r.config.get("layer_types")
+    if isinstance(given, list) and len(given) == stack.count:
+        kinds = [str(k) for k in given]
+    else:
+        pattern = r.int("sliding_window_pattern", "_sliding_window_pattern", default=6)
+        kinds = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                 for i in range(stack.count)]
+    order = list(dict.fromkeys(kinds))
+    order.remove(kinds[-1])
+    return tuple(stack.model_copy(update={
+        "name": kind, "count": kinds.count(kind),
+        "attention_window": window if kind == "sliding_attention" else None})
+        for kind in (*order, kinds[-1]))

@@ -1,0 +1,106 @@
+"""Issue 22's 34 model types load, estimate and count exactly what transformers counts.
+
+`tests/data/families/<type>.json` is each type's default config in transformers 5.24.0 and
+`counts.csv` its parameter count with the class a fine-tuner loads, on the meta device
+(`benchmarks/family_defaults.py` regenerates both; a VLM counts its vision tower).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from vram import TrainingSetup, estimate, load_model
+from vram.errors import ConfigError
+from vram.model.spec import Mixer
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "families"
+MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
+with (DATA / "counts.csv").open(newline="") as _handle:
+    COUNTS = {row["model_type"]: int(row["params"]) for row in csv.DictReader(_handle)}
+
+
+def _config(model_type: str) -> dict[str, object]:
+    config: dict[str, object] = json.loads((DATA / f"{model_type}.json").read_text())
+    return config
+
+
+def test_the_issue_lists_34_types() -> None:
+    assert len(COUNTS) == 34
+
+
+@pytest.mark.parametrize("model_type", sorted(COUNTS))
+def test_default_config_count_is_transformers_count(model_type: str) -> None:
+    assert load_model(_config(model_type)).n_params == COUNTS[model_type]
+
+
+@pytest.mark.parametrize("model_type", sorted(COUNTS))
+def test_default_config_estimates(model_type: str) -> None:
+    spec = load_model(_config(model_type))
+    for method in ("full", "lora", "qlora"):
+        setup = TrainingSetup(method=method, precision="bf16-mixed", micro_batch=1,
+                              seq_len=1024, grad_ckpt=True, lora_targets="all-linear")
+        result = estimate(spec, setup)
+        assert result.allocated_peak_bytes > result.bucket_bytes["weights"] > 0
+        # a hybrid's unmodelled parts, or a VLM's, are said: never a silent number
+        assert result.approximate == spec.approximate
+        if spec.approximate:
+            assert any(spec.family in note for note in result.notes)
+
+
+def test_hybrid_layers_keep_their_mixer_not_attention() -> None:
+    spec = load_model(_config("qwen3_next"))
+    kinds = {stack.name: stack.mixer for stack in spec.stacks}
+    assert kinds == {"linear_attention": Mixer.GATED_DELTANET, "full_attention": Mixer.ATTENTION}
+    assert [s.count for s in spec.stacks] == [36, 12]
+    deltanet = spec.stacks[0]
+    # fla saves 2·conv_dim + 65·nv + 3·nv·dv elements per token (conv input, q/k/v, A, beta,
+    # the gated norm's input and gate, out_proj's input): 16,384 + 2,080 + 12,288
+    assert deltanet.mixer_saved == (2 * 8192 + 65 * 32 + 3 * 32 * 128, 2 * 32 + 2 * 16)
+
+
+def test_a_vlm_counts_its_vision_tower_and_projector() -> None:
+    spec = load_model(MODELS / "qwen2.5-vl-7b.json")
+    assert spec.n_params == 8_292_166_656
+    # Qwen2.5-VL-7B: 32 blocks of 1280 with a 3420 gated MLP, the 5120 -> 3584 merger
+    assert spec.projector_params == 1280 + 5120 * 5120 + 5120 + 5120 * 3584 + 3584
+    weights = estimate(spec, TrainingSetup(method="full", precision="bf16-true",
+                                           seq_len=512)).bucket_bytes["weights"]
+    assert weights == 2 * spec.n_params
+
+
+def test_every_new_catalog_config_counts_exactly() -> None:
+    checked = 0
+    for name in ("catalog.csv",):
+        with (MODELS / name).open(newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row["params_source"].startswith("transformers 5.24.0 meta-device count"):
+                    assert load_model(MODELS / f"{row['slug']}.json").n_params == int(
+                        row["params"]), row["slug"]
+                    checked += 1
+    assert checked == 35
+
+
+def test_a_nemotron_config_without_its_block_list_names_the_key() -> None:
+    config = _config("nemotron_h")
+    config.pop("layers_block_type")
+    with pytest.raises(ConfigError, match=r"^layers_block_type: missing"):
+        load_model(config)
+
+
+def test_an_unknown_llama_shaped_type_is_estimated_and_says_approximate() -> None:
+    config = {**json.loads((MODELS / "llama-3.2-1b.json").read_text()), "model_type": "acme_lm"}
+    spec = load_model(config)
+    assert spec.approximate and spec.n_params == load_model("llama-3.2-1b").n_params
+    result = estimate(spec, TrainingSetup(seq_len=512))
+    assert result.approximate
+    assert any("'acme_lm' is not one vram knows" in note for note in result.notes)
+
+
+def test_an_unknown_type_of_another_shape_gets_a_clear_message() -> None:
+    config = {**_config("granitemoehybrid"), "model_type": "acme_hybrid"}
+    with pytest.raises(ConfigError, match=r"^model_type: 'acme_hybrid' is not supported"):
+        load_model(config)

@@ -1,0 +1,234 @@
+"""The parts issue 22's families assemble their layers from, and the stacks they group into.
+
+A part is the `Linear` layers and the other parameters (norms, convolutions, gates) of one piece
+of a decoder layer: an attention, a Gated DeltaNet, a Mamba mixer, an MLP, an MoE block. Each
+builder names the transformers module it mirrors (transformers/models/<type>/modeling_<type>.py
+@v5.24.0); the counts equal `model.num_parameters()` of the type's default config
+(`tests/domain/test_family_defaults.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from vram.errors import ConfigError
+from vram.model.config_reader import ConfigReader
+from vram.model.families.base import gated_mlp
+from vram.model.spec import LayerStack, Linear, Mixer, MlpKind, NormKind, Role
+
+QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Linear layers and other parameters of one piece of a layer."""
+
+    linears: tuple[Linear, ...]
+    other_params: int = 0
+    #: Elements per token a mixer's kernel saves beyond its projections' inputs, (in the
+    #: compute dtype, in fp32) (`LayerStack.mixer_saved`).
+    saved: tuple[int, int] = (0, 0)
+
+    def __add__(self, other: Part) -> Part:
+        return Part(self.linears + other.linears, self.other_params + other.other_params,
+                    (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]))
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """An attention's shape, for the stack's attention fields."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a stack of one kind of layer is, beyond its parts (LayerStack's physics fields)."""
+
+    heads: Heads = field(default_factory=lambda: Heads(1, 1, 1))
+    mixer: Mixer = Mixer.ATTENTION
+    mlp_kind: MlpKind = MlpKind.GATED
+    intermediate_size: int = 1
+    n_experts: int = 0
+    experts_per_token: int = 0
+    shared_expert_width: int = 0
+    qk_norm: bool = False
+    n_norms: int = 2
+    norm_kind: NormKind = NormKind.RMS
+    parallel_ssm: bool = False
+    attention_window: int | None = None
+    attention_sinks: bool = False
+
+
+def linear(name: str, role: Role, d_in: int, d_out: int, bias: bool = False, *,
+           copies: int = 1, token_fraction: float = 1.0, parts: tuple[int, ...] = ()) -> Linear:
+    return Linear(name=name, role=role, d_in=d_in, d_out=d_out, bias=bias, copies=copies,
+                  token_fraction=token_fraction, parts=parts)
+
+
+def attention(r: ConfigReader, h: int, *, qkv_bias: bool = False, o_bias: bool = False,
+              q_gate: bool = False, qk_norm: str = "none", sinks: bool = False,
+              names: tuple[str, str, str, str] = QKVO) -> tuple[Part, Heads]:
+    """q, k, v, o projections; `q_gate` doubles q for an output gate (Qwen3-Next's
+    `attn_output_gate`); `qk_norm` "head" (a head_dim-wide weight each for q and k: Qwen3,
+    EXAONE 4, Apertus, LFM2) or "full" (over all heads: OLMo 3, MiniMax-M2); `sinks` one learned
+    logit per head (gpt-oss `GptOssAttention.sinks`)."""
+    n_heads = r.int("num_attention_heads")
+    n_kv = r.int("num_key_value_heads", default=n_heads)
+    if n_heads % n_kv:
+        raise ConfigError("num_key_value_heads", f"must divide num_attention_heads ({n_heads})")
+    hd = r.int("head_dim", default=h // n_heads)
+    q, k, v, o = names
+    linears = (
+        linear(q, Role.Q, h, n_heads * hd * (2 if q_gate else 1), qkv_bias),
+        linear(k, Role.K, h, n_kv * hd, qkv_bias),
+        linear(v, Role.V, h, n_kv * hd, qkv_bias),
+        linear(o, Role.O, n_heads * hd, h, o_bias),
+    )
+    norms = {"none": 0, "head": 2 * hd, "full": (n_heads + n_kv) * hd}[qk_norm]
+    return Part(linears, norms + (n_heads if sinks else 0)), Heads(n_heads, n_kv, hd)
+
+
+def mlp(h: int, inter: int, *, bias: bool = False, prefix: str = "mlp.",
+        names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")) -> Part:
+    """A gated MLP: down(act(gate(x)) * up(x))."""
+    gate, up, down = (prefix + n for n in names)
+    return Part(gated_mlp(h, inter, bias, names=(gate, up, down)))
+
+
+def fused_mlp(h: int, inter: int, prefix: str = "mlp.") -> Part:
+    """A gated MLP with gate and up in one projection (GLM-4's `gate_up_proj`)."""
+    return Part((linear(prefix + "gate_up_proj", Role.GATE_UP, h, 2 * inter,
+                        parts=(inter, inter)),
+                 linear(prefix + "down_proj", Role.DOWN, inter, h)))
+
+
+def plain_mlp(h: int, inter: int, *, bias: bool = False, prefix: str = "mlp.",
+              names: tuple[str, str] = ("up_proj", "down_proj")) -> Part:
+    """up -> activation -> down, no gate (Apertus' xIELU, Nemotron-H's ReLU²)."""
+    return Part((linear(prefix + names[0], Role.UP, h, inter, bias),
+                 linear(prefix + names[1], Role.DOWN, inter, h, bias)))
+
+
+def experts(h: int, width: int, n: int, top_k: int, *, prefix: str = "mlp.",
+            router: str = "gate", router_bias: bool = False, bank_bias: bool = False,
+            gated: bool = True) -> Part:
+    """A router `h -> E` and the expert banks, each one 3-D parameter in transformers 5
+    (`gate_up_proj` [E, 2I, h] and `down_proj` [E, h, I]; `up_proj` alone when not gated)."""
+    if top_k > n:
+        raise ConfigError("num_experts_per_tok", f"must be at most {n}")
+    frac = top_k / n
+    up = (linear(prefix + "experts.gate_up_proj", Role.GATE_UP, h, 2 * width, bank_bias,
+                 copies=n, token_fraction=frac, parts=(width, width)) if gated else
+          linear(prefix + "experts.up_proj", Role.UP, h, width, bank_bias, copies=n,
+                 token_fraction=frac))
+    return Part((linear(prefix + router, Role.ROUTER, h, n, router_bias), up,
+                 linear(prefix + "experts.down_proj", Role.DOWN, width, h, bank_bias, copies=n,
+                        token_fraction=frac)))
+
+
+def gated_deltanet(r: ConfigReader, h: int, *, split: bool) -> Part:
+    """Qwen3NextGatedDeltaNet (`in_proj_qkvz`, `in_proj_ba`) / Qwen3.5's (`in_proj_qkv`, `_z`,
+    `_b`, `_a`): a depthwise conv (no bias) over q, k, v, `dt_bias` and `A_log` per value
+    head, a gated RMSNorm of one value head's width, `out_proj`."""
+    nk, nv = r.int("linear_num_key_heads"), r.int("linear_num_value_heads")
+    dk, dv = r.int("linear_key_head_dim"), r.int("linear_value_head_dim")
+    conv_dim = 2 * nk * dk + nv * dv
+    p = "linear_attn."
+    if split:
+        projections: tuple[Linear, ...] = (
+            linear(p + "in_proj_qkv", Role.MIXER_IN, h, conv_dim),
+            linear(p + "in_proj_z", Role.MIXER_IN, h, nv * dv),
+            linear(p + "in_proj_b", Role.ROUTER, h, nv),
+            linear(p + "in_proj_a", Role.ROUTER, h, nv))
+    else:
+        projections = (linear(p + "in_proj_qkvz", Role.MIXER_IN, h, conv_dim + nv * dv),
+                       linear(p + "in_proj_ba", Role.ROUTER, h, 2 * nv))
+    other = conv_dim * r.int("linear_conv_kernel_dim") + 2 * nv + dv
+    # causal_conv1d saves its input (conv_dim); fla's ChunkGatedDeltaRuleFunction saves q, k, v
+    # (conv_dim), beta (nv), A (64 per value head: chunk_fwd.py L385) in the compute dtype and
+    # g (nv), q/k rstd (2·nk) in fp32; the gated norm keeps its input and z, out_proj its input
+    saved = (2 * conv_dim + 65 * nv + 3 * nv * dv, 2 * nv + 2 * nk)
+    return Part((*projections, linear(p + "out_proj", Role.MIXER_OUT, nv * dv, h)), other,
+                saved)
+
+
+def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel: int,
+           conv_bias: bool, proj_bias: bool, norm: bool, prefix: str = "mamba.") -> Part:
+    """A Mamba-2 mixer (GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer, FalconH1Mixer):
+    `in_proj` h -> 2d + 2GN + H, a depthwise conv over d + 2GN, `dt_bias`, `A_log`, `D` per
+    head, an optional gated RMSNorm of width d, `out_proj`."""
+    conv_dim = d_inner + 2 * groups * state
+    other = conv_dim * kernel + (conv_dim if conv_bias else 0) + 3 * heads
+    d_in_proj = 2 * d_inner + 2 * groups * state + heads
+    # MambaSplitConv1dScanCombinedFn (mamba_ssm ssd_combined.py L888) saves the in_proj output
+    # zxbcdt and the scan's output out_x, and the norm's rstd (fp32, one per group); the conv
+    # output, dt, the chunk states and out_proj's input are recomputed in the backward
+    saved = (d_in_proj + d_inner, groups if norm else 0)
+    return Part((linear(prefix + "in_proj", Role.MIXER_IN, h, d_in_proj, proj_bias),
+                 linear(prefix + "out_proj", Role.MIXER_OUT, d_inner, h, proj_bias)),
+                other + (d_inner if norm else 0), saved)
+
+
+def mamba1(r: ConfigReader, h: int) -> Part:
+    """JambaMambaMixer: `in_proj` h -> 2d, conv over d, `x_proj` d -> rank + 2N, `dt_proj`
+    rank -> d (with bias), `A_log` [d, N], `D`, the dt/B/C RMSNorms, `out_proj`."""
+    d = r.int("mamba_expand") * h
+    n, rank = r.int("mamba_d_state"), r.int("mamba_dt_rank")
+    bias = r.bool("mamba_proj_bias", False)
+    other = d * r.int("mamba_d_conv") + (d if r.bool("mamba_conv_bias", True) else 0)
+    # MambaInnerFn at checkpoint_lvl 1 (mamba_ssm selective_scan_interface.py L286-288) saves
+    # xz (2d), x_dbl (rank + 2N) and the scan's output (d); conv output and delta recomputed
+    saved = (3 * d + rank + 2 * n, 0)
+    return Part((linear("mamba.in_proj", Role.MIXER_IN, h, 2 * d, bias),
+                 linear("mamba.x_proj", Role.ROUTER, d, rank + 2 * n),
+                 linear("mamba.dt_proj", Role.ROUTER, rank, d, True),
+                 linear("mamba.out_proj", Role.MIXER_OUT, d, h, bias)),
+                other + d * n + d + rank + 2 * n, saved)
+
+
+def short_conv(h: int, kernel: int, bias: bool) -> Part:
+    """Lfm2ShortConv: `in_proj` h -> 3h (B, C, x), a depthwise conv of length `conv_L_cache`,
+    `out_proj`."""
+    # kept: B·C·x (3h, B·x's and C·y's operands), the conv's input B·x and output, out_proj's
+    # input C·y (h each)
+    return Part((linear("conv.in_proj", Role.MIXER_IN, h, 3 * h, bias),
+                 linear("conv.out_proj", Role.MIXER_OUT, h, h, bias)),
+                h * kernel + (h if bias else 0), (6 * h, 0))
+
+
+def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> LayerStack:
+    """`count` layers of one kind: the part's parameters plus the layer's norms."""
+    return LayerStack(
+        name=name, count=count, linears=part.linears,
+        other_params=part.other_params + norm_params, n_norms=shape.n_norms,
+        norm_kind=shape.norm_kind, n_heads=shape.heads.n_heads,
+        n_kv_heads=shape.heads.n_kv_heads, head_dim=shape.heads.head_dim,
+        mlp_kind=shape.mlp_kind, intermediate_size=shape.intermediate_size,
+        n_experts=shape.n_experts, experts_per_token=shape.experts_per_token,
+        shared_expert_width=shape.shared_expert_width, qk_norm=shape.qk_norm,
+        mixer=shape.mixer, parallel_ssm=shape.parallel_ssm,
+        attention_window=shape.attention_window, mixer_saved=part.saved,
+        attention_sinks=shape.attention_sinks,
+    )
+
+
+def by_kind(kinds: list[str], build: Callable[[str, int], LayerStack]) -> tuple[LayerStack, ...]:
+    """One stack per kind of layer, in order of first appearance with the last layer's kind
+    last (the stack that produces the output)."""
+    order = list(dict.fromkeys(kinds))
+    order.remove(kinds[-1])
+    return tuple(build(kind, kinds.count(kind)) for kind in (*order, kinds[-1]))
+
+
+def layer_types(r: ConfigReader, n_layers: int, default: Callable[[int], str]) -> list[str]:
+    """The config's `layer_types`, or the type's own rule for layer `i` when it has none."""
+    given = r.config.get("layer_types")
+    if isinstance(given, list) and given:
+        if len(given) != n_layers or not all(isinstance(t, str) for t in given):
+            raise ConfigError("layer_types", f"must list {n_layers} layer kinds")
+        return [str(t) for t in given]
+    return [default(i) for i in range(n_layers)]
