@@ -4,7 +4,9 @@ Each session is what `benchmarks/load.py` does (it reuses its client): a websock
 ``/_stcore/stream``, the page for a link, then one slider move. Here every session's link is
 a state the server has not seen (a catalog model x method x sequence x optimizer; one in ten
 a bare parameter count, a new model; one in twenty an uploaded config.json of its own, packed
-into the link; one in ten with "Make it fit" open), and its slider move is one more.
+into the link; one in ten with "Make it fit" open; one in ten with the what-if's buckets
+compressed; one in ten sharded over 8 GPUs with tensor, pipeline or context parallel), and its
+slider move is one more.
 Sessions run a few at a time, as people come and go. After every ``--every`` sessions the
 server's resident memory (VmRSS) is sampled; at the end, after ``--idle`` seconds with no
 session, once more.
@@ -51,6 +53,13 @@ OPTIMIZERS = ("adamw", "adamw-8bit", "sgd", "lion")
 PLAN_EVERY = 10
 SIZE_EVERY = 10
 UPLOAD_EVERY = 20
+#: One session in WHAT_IF_EVERY opens the what-if with buckets compressed (its result and the
+#: limits' searches are cached per state); one in PARALLEL_EVERY shards over 8 GPUs with tensor,
+#: pipeline or context parallel.
+WHAT_IF_EVERY = 10
+PARALLEL_EVERY = 10
+COMPRESS = ("optimizer=4", "weights=2,activations=4", "gradients=2")
+PARALLEL = ("tp=2", "pp=2", "cp=2", "tp=4")
 
 
 def uploaded_config(i: int) -> str:
@@ -81,6 +90,10 @@ def distinct_query(i: int, slugs: Sequence[str]) -> str:
     else:
         model = f"model={slug}"
     plan = "&plan=1" if i % PLAN_EVERY == PLAN_EVERY // 2 else ""
+    if i % WHAT_IF_EVERY == 7:
+        plan += f"&whatif=1&compress={COMPRESS[(i // WHAT_IF_EVERY) % len(COMPRESS)]}"
+    if i % PARALLEL_EVERY == 1:
+        plan += f"&gpus=8&shard=zero3&{PARALLEL[(i // PARALLEL_EVERY) % len(PARALLEL)]}"
     return f"{model}&method={method}&seq={seq}&opt={opt}{plan}"
 
 

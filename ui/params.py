@@ -25,6 +25,7 @@ from vram.io.knobs import (
 )
 from vram.io.knobs import build_setup as build_knob_setup
 from vram.setup import ALL_LINEAR, LORA_TARGETS, Sharding, TrainingSetup
+from vram.stacks.resolve import resolve
 from vram.step.what_if import CompressError, parse_ratios, ratios_text
 
 State = dict[str, Any]
@@ -427,11 +428,22 @@ def control_name(knob: SetupKnob) -> str:
 
 
 def build_setup(state: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:
-    """A validated setup, or None and the messages that say what to change."""
+    """A validated setup, or None and the messages that say what to change: among them a
+    parallel layout or float8 recipe the stack does not run (`vram.stacks.support`), which
+    `vram.estimate` refuses (a link with pp=2 and the default stack was the app's error box)."""
     try:
-        return build_knob_setup(setup_kwargs(state), control_name), []
+        setup = build_knob_setup(setup_kwargs(state), control_name)
     except KnobError as exc:
         return None, str(exc).splitlines()
+    problem = resolve(setup).unsupported
+    if problem is not None:
+        field, _, why = problem.partition(": ")
+        knob = _BY_FIELD.get(field)
+        return None, [f"{control_name(knob)}: {why}" if knob else problem]
+    return setup, []
+
+
+_BY_FIELD: dict[str, SetupKnob] = {knob.name: knob for knob in KNOBS.values()}
 
 
 def sharding_for(gpus: int, shard: str) -> str:

@@ -52,6 +52,9 @@ def _show(state: dict[str, object]) -> None:
     results.fit_tables(shown, "GB")
     results.through_step(shown, "GB")
     results.model_config(shown)
+    if shown.get("compress"):  # the what-if's result and its limits (main's what-if panel)
+        results.what_if_result(shown)
+        results.limits(shown)
     if state["plan"]:
         results.plan(res.model, res.setup, None, 1e9)
 
