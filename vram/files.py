@@ -2,9 +2,10 @@
 more than a cap.
 
 `stat().st_size` is 0 for devices and FIFOs, so a size check before reading protects nothing:
-`/dev/zero` would be read until memory runs out and a FIFO would block forever. Here the file
-is opened without blocking, checked to be a regular file on the open descriptor (no race with a
-swapped path), and read for at most `max_bytes + 1` bytes. Every failure is a `FileReadError`
+`/dev/zero` would be read until memory runs out and a FIFO would block forever. Here anything
+but a regular file is refused before it is opened (opening a device can act), the file is
+opened without blocking, checked again on the open descriptor (no race with a swapped path),
+and read for at most `max_bytes + 1` bytes. Every failure is a `FileReadError`
 (a `VramError`) that says what is wrong in words: no such file, a folder, a symlink loop, no
 permission, not a regular file, too large. `write_text` is the same for an output a person
 names (`export --out`): a FIFO (whose opening would wait for a reader), a device, a socket or a
@@ -51,14 +52,22 @@ def _shown(path: str | Path) -> str:
 
 
 def read_limited(path: str | Path, max_bytes: int, *, what: str = "file") -> bytes:
-    """The bytes of a regular file of at most `max_bytes`; raises FileReadError otherwise."""
+    """The bytes of a regular file of at most `max_bytes`; raises FileReadError otherwise.
+
+    Anything but a regular file is refused before it is opened (opening a device can act:
+    a watchdog, a tape), and again after (a path swapped meanwhile; non-blocking, so a FIFO
+    put there cannot hold the open)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (ValueError, TypeError):  # an embedded NUL byte, or not a path at all
         raise FileReadError(what, _shown(path), "not a valid file name") from None
     except OSError as exc:
         reason = _REASONS.get(exc.errno or 0, exc.strerror or "cannot be opened")
         raise FileReadError(what, _shown(path), reason) from None
+    if not stat.S_ISREG(mode):
+        raise FileReadError(what, _shown(path), _describe(mode))
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -19,6 +19,7 @@ import math
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,10 +212,49 @@ _MODELS_FOR_COMMANDS = ["llama-3.2-1b"] * 6 + ["70B", "mixtral-8x7b-v0.1", "qwen
                                                 *SPECIAL_PATHS[:3], SPECIAL["fifo"], "nope"]
 
 
+_ALLOC_CONFS = ["expandable_segments:True", "max_split_size_mb:128",
+                "garbage_collection_threshold:0.6,max_split_size_mb:256", "x:y",
+                "max_split_size_mb:-1", "garbage_collection_threshold:2",
+                "roundup_power2_divisions:[256:1,>:4]", "roundup_power2_divisions:[x]"]
+#: Main's parallel flags (issue 23) and what each takes, hostile values among them.
+_PARALLEL = {"--tp": ["1", "2", "4", "8", "3"], "--pp": ["1", "2", "4", "8"],
+             "--cp": ["1", "2", "4", "8"], "--ep": ["1", "2", "4", "8"],
+             "--pp-virtual": ["1", "2", "4"], "--pp-schedule": ["gpipe", "1f1b", "interleaved"],
+             "--cp-kind": ["ring", "ulysses"], "--fp8": ["tensorwise", "rowwise", "blockwise",
+                                                          "te", "none"],
+             "--framework": ["torchtitan", "deepspeed", "hf-trainer", "litgpt", "axolotl"],
+             "--alloc-conf": _ALLOC_CONFS, "--context-mib": ["0", "500", "4096"],
+             "--seq": ["2048", "32768", "131072"]}
+
+
+def _parallel_argv(rng: random.Random, command: str, model: str,
+                   value: Callable[[list[str]], str]) -> list[str]:
+    """estimate or plan with main's parallel layout, float8, allocator settings and
+    `--compress`; or `plan --max-seq` on a GPU (the longest context, each lever)."""
+    if command == "max-seq":
+        argv = ["plan", "--model", model, "--max-seq",
+                "--gpu", rng.choice(["h100-sxm", "rtx-4090", "a100-80gb-sxm", "nope"]),
+                "--gpu-count", value(["1", "2", "8"])]
+    else:
+        argv = [rng.choice(["estimate", "estimate", "plan"]), "--model", model]
+    gpus = value(["8", "16", "64", "2"])
+    argv += ["--gpus", gpus, "--sharding", rng.choice(["ddp", "zero1", "zero3"])]
+    for flag in rng.sample(sorted(_PARALLEL), rng.randint(1, 5)):
+        argv += [flag, value(_PARALLEL[flag])]
+    if rng.random() < 0.3:
+        argv += ["--sequence-parallel"]
+    if argv[0] == "estimate" and rng.random() < 0.4:
+        for _ in range(rng.randint(1, 2)):
+            argv += ["--compress", value(["optimizer=4", "weights=2", "activations=8",
+                                          "gradients=1024", "weights=1025", "x=2", "=4"])]
+    return argv + (["--json"] if rng.random() < 0.5 else [])
+
+
 def command_argv(rng: random.Random) -> list[str]:
-    """An argument list for plan, rl, export, trace, validate-speed or a `--from` file."""
+    """An argument list for plan, rl, export, trace, validate-speed, a `--from` file, main's
+    parallel flags (estimate, plan) or `plan --max-seq`."""
     command = rng.choice(["plan", "plan", "rl", "rl", "export", "trace", "validate-speed",
-                          "from"])
+                          "from", "parallel", "parallel", "max-seq"])
     model = rng.choice(_MODELS_FOR_COMMANDS)
 
     def value(values: list[str]) -> str:  # mostly a value a person would give
@@ -222,6 +262,8 @@ def command_argv(rng: random.Random) -> list[str]:
             return rng.choice(["0", "-1", "1e400", "nan", "inf", "9" * 40, "", "x"])
         return rng.choice(values)
 
+    if command in ("parallel", "max-seq"):
+        return _parallel_argv(rng, command, model, value)
     if command == "plan":
         argv = ["plan", "--model", model, "--method", rng.choice(["full", "lora", "qlora"])]
         for flag, values in (("--gpu", ["h100-sxm", "rtx-4090", "a100-80gb-sxm"]),
@@ -258,6 +300,9 @@ def command_argv(rng: random.Random) -> list[str]:
                                                 "adamw-4bit", "sgd"])]
         if rng.random() < 0.3:
             argv += ["--lora-dropout", rng.choice(["0", "0.05"])]
+        if rng.random() < 0.2:  # the allocator replay: tiny configs only (full depth)
+            argv[2] = rng.choice([TINY_PATH, TINY_MOE_PATH])
+            argv += ["--reserved", "--alloc-conf", value(_ALLOC_CONFS)]
         return argv
     if command == "validate-speed":
         path = rng.choice([*SPECIAL_PATHS[:4], SPECIAL["fifo"], SPECIAL["folder"],
