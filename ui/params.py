@@ -437,13 +437,19 @@ def build_setup(state: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[st
         return None, str(exc).splitlines()
     problem = resolve(setup).unsupported
     if problem is not None:
-        field, _, why = problem.partition(": ")
-        knob = _BY_FIELD.get(field)
-        return None, [f"{control_name(knob)}: {why}" if knob else problem]
+        return None, [by_control(problem)]
     return setup, []
 
 
 _BY_FIELD: dict[str, SetupKnob] = {knob.name: knob for knob in KNOBS.values()}
+
+
+def by_control(problem: str) -> str:
+    """A library message that starts with a field's name ("pp: ...") as the app names the
+    field: its control, "Pipeline parallel (pp): ..."; any other message as it is."""
+    field, _, why = problem.partition(": ")
+    knob = _BY_FIELD.get(field)
+    return f"{control_name(knob)}: {why}" if knob else problem
 
 
 def sharding_for(gpus: int, shard: str) -> str:

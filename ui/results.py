@@ -26,6 +26,7 @@ from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
 from vram import gpus
+from vram.errors import VramError, one_line
 from vram.gpus import ClassFit, FitOption, FitReport, Gpu
 from vram.io import report
 from vram.memo import BoundedCache, cached_in
@@ -105,7 +106,11 @@ def _result(key: StateKey, gpu_list: str | None) -> Result:
     errors = tuple(([model_error] if model_error else []) + setup_errors)
     if model is None or setup is None:
         return Result(model, setup, None, None, errors)
-    est = vram.estimate(model, setup)
+    try:
+        est = vram.estimate(model, setup)
+    except VramError as exc:  # a layout this model cannot take: tp over expert layers, pp
+        # deeper than its blocks (vram.sharding); said as a setup error is, by its control
+        return Result(model, None, None, None, (*errors, params.by_control(one_line(exc))))
     catalog = data.gpus_from(gpu_list)
     report = vram.fit(model, setup, catalog)
     return Result(model, setup, est, report, errors, gpus.class_fit(model, setup, report, catalog),

@@ -25,6 +25,7 @@ from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
 from vram.result import BucketName
 from vram.setup import MAX_CONTEXT_MIB, Offload, Precision, Sharding, TrainingSetup
+from vram.setup.layout import gpu_step
 from vram.step.estimate import estimate, estimate_peaks
 from vram.units import MIB, ceil_div
 
@@ -196,7 +197,7 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
     """The same run on `count` GPUs: keep the user's sharding, or shard fully (ZeRO-3/FSDP)."""
     if count == setup.n_gpus:
         return setup
-    if count == 1:
+    if count // (setup.tp * setup.pp) == 1:  # one shard group: nothing to replicate or shard
         sharding = Sharding.NONE if setup.sharding is not Sharding.ZERO3 else Sharding.ZERO3
     else:
         sharding = setup.sharding if setup.sharding is not Sharding.NONE else Sharding.ZERO3
@@ -206,10 +207,13 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
 
 
 def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
+    """The GPU counts tried, fewest first: those the setup's parallel layout runs on (a
+    multiple of `gpu_step`: tp=4 is not run on 2 GPUs), at least 2 for a multi-GPU setup."""
     largest = gpu.max_per_node * (MAX_NODES if gpu.segment == "datacenter" else 1)
-    counts = [c for c in GPU_COUNTS if c <= largest]
+    step = gpu_step(setup)
+    counts = [c for c in GPU_COUNTS if c <= largest and c % step == 0]
     if setup.n_gpus > 1:
-        counts = [c for c in counts if c >= 2] or [2]
+        counts = [c for c in counts if c >= 2] or [max(2, step)]
     return counts
 
 

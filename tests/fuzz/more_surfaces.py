@@ -378,15 +378,19 @@ _RAW = ("**Box**", "`A100`", "$x$", ":red[a]", "<b>x</b>", "[H100](javascript")
 
 
 def _operator_markup(body: str) -> list[str]:
-    """What of a GPU list's names a body would render as markup (the app's own links are
-    allowed; see tests/app/test_team_gpus.py)."""
+    """What of a GPU list's names a body would render as markup (the app's own links and
+    HTML, such as the bucket legend's coloured squares, are allowed; see
+    tests/app/test_team_gpus.py): a name's raw markup left as it is, or a link, image or HTML
+    that carries a name's target."""
     from markdown_it import MarkdownIt
 
     found = [raw for raw in _RAW if raw in body]
     for token in MarkdownIt("commonmark").enable("table").parse(body):
         for child in [token, *(token.children or [])]:
             target = str(child.attrs.get("href") or child.attrs.get("src") or "")
-            if child.type in {"html_inline", "html_block"} or any(t in target for t in _TARGETS):
+            if child.type in {"html_inline", "html_block"}:
+                target = child.content
+            if any(t in target for t in _TARGETS):
                 found.append(f"{child.type} {target}")
     return found
 
@@ -413,7 +417,8 @@ def run_team_page(kind: str, path: str, page: str, query: dict[str, Any]) -> str
     bodies = [str(e.value) for kind_ in ("markdown", "caption", "error", "warning", "info")
               for e in app.get(kind_)]
     for metric in app.metric:
-        bodies += [str(metric.label), str(metric.value), str(metric.proto.delta)]
+        bodies += [str(metric.label), str(metric.value), str(metric.proto.delta),
+                   str(metric.proto.help)]
     for body in bodies:
         assert _operator_markup(body) == [], (kind, page, body[:300])
     if kind == "broken":
@@ -428,6 +433,11 @@ def team_input(rng: random.Random) -> tuple[str, str, str, dict[str, Any]]:
     query: dict[str, Any] = url_query(rng) if rng.random() < 0.3 else {}
     if page == "app.py" and rng.random() < 0.5:
         query["plan"] = "1"
+    if page in ("app.py", "pages/1_Learn.py") and rng.random() < 0.3:  # main's what-if, lessons
+        query.update({"whatif": "1", "compress": rng.choice(["optimizer=4", "weights=2"]),
+                      "present": rng.choice(["1", "0"])})
+        if rng.random() < 0.5:
+            query["wgpu"] = rng.choice(["h100-sxm", "team-0-1", "nope"])
     if page == "pages/4_RL.py" and rng.random() < 0.3:
         query["rl_gpu"] = rng.choice(["h100-sxm", "team-0-1", "nope"])
     return kind, path, page, query

@@ -34,6 +34,7 @@ from vram.plan.levers import (
 from vram.plan.solve import Proof, fewest_gpus, max_micro_batch, max_seq_len
 from vram.plan.throughput import Workload, gpu_class, offloaded_activations, seconds_per_token
 from vram.setup import Method, TrainingSetup
+from vram.setup.layout import gpu_step
 
 #: Used for time ratios only, on a GPU whose catalog row has no FLOP/s figure.
 NOMINAL_TFLOPS = 100.0
@@ -333,16 +334,23 @@ def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = 
     table = mfu if mfu is not None else default_mfu_table()
     est = Estimator(model)
     options = _options(model, est, setup, catalog, table, tokens)
+    step = gpu_step(setup)
     if hardware is None:
         best = next((o for o in options if o.fits), None)
         if best is not None:
             hardware = Hardware(gpu=best.gpu, count=best.count)
         else:
             largest = max(catalog, key=lambda g: g.memory_bytes)
-            hardware = Hardware(gpu=largest.id, count=min(setup.n_gpus, 64))
+            if step > 64:
+                raise InputError("setup", f"a layout over {step} GPUs (tp × pp × lcm(cp, ep)); "
+                                 "a plan's hardware is at most 64 per node")
+            hardware = Hardware(gpu=largest.id, count=min(setup.n_gpus, 64 // step * step))
         given = False
     else:
         given = True
+        if hardware.total % step:
+            raise InputError("hardware", f"{hardware.total} GPUs: the parallel layout runs on "
+                             f"multiples of {step} (tp × pp × lcm(cp, ep))")
     gpu = find_gpu(hardware.gpu, catalog)
     run_setup = setup_on(setup, hardware.total)
     usable = gpu.memory_bytes
