@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from markdown_it import MarkdownIt
 from streamlit.testing.v1 import AppTest
 
 from tests.app.conftest import PAGES, ROOT
+from tests.fuzz.more_surfaces import operator_markup
 from ui.text import shown
 from vram.cli import main as cli_main
 from vram.paths import data_dir
@@ -107,34 +107,15 @@ def _texts(app: AppTest) -> list[str]:
                  "header", "subheader"):
         bodies += [str(e.value) for e in app.get(kind)]
     for metric in app.metric:
-        bodies += [str(metric.label), str(metric.value), str(metric.proto.delta)]
+        bodies += [str(metric.label), str(metric.value), str(metric.proto.delta),
+                   str(metric.proto.help)]
     return bodies
-
-
-#: What the hostile names above would become if rendered as Markdown: a link or image to
-#: these, HTML, or their bold, code, LaTeX and colour directives left unescaped.
-_TARGETS = ("evil.example", "127.0.0.1:9", "javascript:")
-_RAW = ("**Box**", "`A100`", "$x$", ":red[a]", "<b>x</b>", "[H100](javascript")
-_MD = MarkdownIt("commonmark").enable("table")
-
-
-def _operator_markup(body: str) -> list[str]:
-    """Markup in `body` that came from a team list's GPU names (the app's own links are
-    fine: the Learn page links to the calculator)."""
-    found = [raw for raw in _RAW if raw in body]
-    for token in _MD.parse(body):
-        for child in [token, *(token.children or [])]:
-            target = str(child.attrs.get("href") or child.attrs.get("src") or "")
-            if child.type in {"html_inline", "html_block"} or any(
-                    t in target for t in _TARGETS):
-                found.append(f"{child.type} {target}")
-    return found
 
 
 def _check(app: AppTest, what: object) -> None:
     assert not app.exception, (what, [e.value for e in app.exception][:1])
     for body in _texts(app):
-        assert _operator_markup(body) == [], (what, body[:300])
+        assert operator_markup(body) == [], (what, body[:300])
 
 
 def test_make_it_fit_computes_a_plan_on_a_team_list(

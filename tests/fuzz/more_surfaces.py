@@ -377,7 +377,7 @@ _TARGETS = ("evil.example", "127.0.0.1:9", "javascript:")
 _RAW = ("**Box**", "`A100`", "$x$", ":red[a]", "<b>x</b>", "[H100](javascript")
 
 
-def _operator_markup(body: str) -> list[str]:
+def operator_markup(body: str) -> list[str]:
     """What of a GPU list's names a body would render as markup (the app's own links and
     HTML, such as the bucket legend's coloured squares, are allowed; see
     tests/app/test_team_gpus.py): a name's raw markup left as it is, or a link, image or HTML
@@ -420,7 +420,7 @@ def run_team_page(kind: str, path: str, page: str, query: dict[str, Any]) -> str
         bodies += [str(metric.label), str(metric.value), str(metric.proto.delta),
                    str(metric.proto.help)]
     for body in bodies:
-        assert _operator_markup(body) == [], (kind, page, body[:300])
+        assert operator_markup(body) == [], (kind, page, body[:300])
     if kind == "broken":
         assert any("GPU list" in str(e.value) for e in app.error), (page, path)
         return "named"
