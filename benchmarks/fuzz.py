@@ -14,8 +14,10 @@ Surfaces (generators and checks from `tests/fuzz/surfaces.py`, the same the CI s
            them, then estimated
   plan     `vram.plan` with a random setup, hardware and tokens (hypothesis; issue 25)
   rl       `vram.rl.estimate` with random RL fields and GPU memory (hypothesis)
-  commands plan, rl, export --out, trace flags, validate-speed tables and special files,
-           `--from` files with odd keys: `vram.cli.main(argv)` in-process
+  commands plan, rl, export --out, trace flags (--reserved on tiny configs), validate-speed
+           tables and special files, `--from` files with odd keys, estimate and plan with the
+           parallel flags, --compress and --alloc-conf, plan --max-seq: `vram.cli.main(argv)`
+           in-process
   team     a team's own GPU list (other ids, hostile names, required columns only, one GPU,
            or broken) on a random page of the app, under AppTest
 
