@@ -318,3 +318,14 @@ def test_no_line_crosses_a_total_and_totals_clear_their_neighbours() -> None:
 )
 def test_compact_gpu_names_fit_a_big_metric(name: str, compact: str) -> None:
     assert charts.compact_gpu_name(name) == compact
+
+
+def test_a_gpu_name_in_a_chart_label_is_text() -> None:
+    """A team list's GPU name in a capacity line's label or the plan chart's: plotly renders
+    <a href>, <b> and entities in labels, so the tags arrive as characters (issue 25)."""
+    name = 'Lab <a href="https://evil.example/x">GPU</a> <b>x</b> AT&T'
+    label = charts.capacity_text(name, 80 * 10**9, "GB")
+    assert "<a" not in label and "<b>" not in label
+    assert label.startswith('Lab &lt;a href="https://evil.example/x"&gt;GPU&lt;/a&gt; '
+                            "&lt;b&gt;x&lt;/b&gt; AT&amp;T")
+    assert charts.capacity_text("H200 (SXM)", 151 * 10**9, "GB") == "H200 (SXM)\u00a0· 151\u00a0GB"
