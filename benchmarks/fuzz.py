@@ -9,8 +9,17 @@ Surfaces (generators and checks from `tests/fuzz/surfaces.py`, the same the CI s
   url      URL parameters for a random page, under Streamlit's AppTest
   upload   a hostile uploaded file in the calculator, under AppTest
   file     a hostile file through both uploaders' own callbacks (config.json, and a training
-           config import: YAML bombs, tags, mutated real axolotl/torchtune/LLaMA-Factory/TRL
-           files), without rendering the page around them, then estimated
+           config import: YAML bombs, tags, keys that are not text, mutated real
+           axolotl/torchtune/LLaMA-Factory/TRL files), without rendering the page around
+           them, then estimated
+  plan     `vram.plan` with a random setup, hardware and tokens (hypothesis; issue 25)
+  rl       `vram.rl.estimate` with random RL fields and GPU memory (hypothesis)
+  commands plan, rl, export --out, trace flags (--reserved on tiny configs), validate-speed
+           tables and special files, `--from` files with odd keys, estimate and plan with the
+           parallel flags, --compress and --alloc-conf, plan --max-seq: `vram.cli.main(argv)`
+           in-process
+  team     a team's own GPU list (other ids, hostile names, required columns only, one GPU,
+           or broken) on a random page of the app, under AppTest
 
 Each input must pass: no uncaught exception or traceback, no more than 5 s of CPU (and no
 hang: a wall-clock alarm at 30 s catches code that blocks without burning CPU), buckets that are
@@ -18,6 +27,7 @@ non-negative integers summing to the device peak. Results merge into `benchmarks
 (one entry per surface, so surfaces can run in separate processes) and `benchmarks/fuzz.txt`.
 
     python benchmarks/fuzz.py --surface api,text,fit,cli --inputs 10000
+    python benchmarks/fuzz.py --surface plan,rl,commands,team --inputs 2000
     python benchmarks/fuzz.py --surface url,upload --inputs 10000 --minutes 60
     python benchmarks/fuzz.py --surface upload --seed 14 --results /tmp/fuzz-b.json   # beside it
     python benchmarks/fuzz.py --render notes.txt --combine /tmp/fuzz-b.json            # summed
@@ -45,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tests.fuzz import surfaces  # noqa: E402
+from tests.fuzz import more_surfaces, surfaces  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "fuzz.json"
 REPORT = ROOT / "benchmarks" / "fuzz.txt"
@@ -153,6 +163,21 @@ def run_surface(name: str, n: int, seed: int, deadline: float) -> dict[str, Any]
                              else surfaces.import_bytes(rng))
             tally.run(lambda u=uploader, c=content, k=kind: surfaces.run_file(u, c, (u, k)),
                       (uploader, kind))
+    elif name == "plan":
+        _hypothesis(tally, n, seed, more_surfaces.plan_inputs(), more_surfaces.check_plan)
+    elif name == "rl":
+        _hypothesis(tally, n, seed, more_surfaces.rl_inputs(), more_surfaces.check_rl)
+    elif name == "commands":
+        rng = random.Random(seed)
+        while tally.inputs < n and not tally.out_of_time():
+            argv = more_surfaces.command_argv(rng)
+            tally.run(lambda a=argv: more_surfaces.run_command(a), argv)
+    elif name == "team":
+        rng = random.Random(seed)
+        surfaces.run_url("app.py", {}, seconds=120)
+        while tally.inputs < n and not tally.out_of_time():
+            value = more_surfaces.team_input(rng)
+            tally.run(lambda v=value: more_surfaces.run_team_page(*v), value)
     else:
         raise SystemExit(f"unknown surface {name!r}")
     result = tally.result()
@@ -180,7 +205,8 @@ def render(results: dict[str, Any], notes: str = "") -> str:
              *(f"# {line}" for line in notes.splitlines()), "",
              f"{'surface':<8} {'inputs':>7} {'failures':>8} {'over 5 s':>8} {'max CPU s':>9} "
              f"{'max wall s':>10} {'inputs/s':>8}  outcomes"]
-    for name in ("api", "text", "fit", "cli", "process", "url", "upload", "file"):
+    for name in ("api", "text", "fit", "cli", "process", "url", "upload", "file", "plan", "rl",
+                 "commands", "team"):
         r = results.get(name)
         if r is None:
             continue
@@ -218,7 +244,8 @@ def combine(runs: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--surface", default="api,text,fit,cli",
-                        help="comma-separated: api,text,fit,cli,process,url,upload,file")
+                        help="comma-separated: api,text,fit,cli,process,url,upload,file,plan,rl,"
+                             "commands,team")
     parser.add_argument("--inputs", type=int, default=10_000, help="per surface")
     parser.add_argument("--minutes", type=float, default=60.0, help="per surface, at most")
     parser.add_argument("--seed", type=int, default=13)

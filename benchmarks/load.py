@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -227,9 +227,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(port: int) -> Iterator[int]:
-    """`streamlit run app.py` on loopback; yields its pid and stops it afterwards."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def served(port: int, extra_env: Mapping[str, str] | None = None) -> Iterator[int]:
+    """`streamlit run app.py` on loopback (with `extra_env` added to its environment); yields
+    its pid and stops it afterwards."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(extra_env or {})}
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"),
          "--server.address=127.0.0.1", f"--server.port={port}", "--server.headless=true"],

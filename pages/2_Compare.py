@@ -27,11 +27,12 @@ def main() -> None:
     for n, pin in enumerate(pins):
         model, model_error = data.resolve_model(pin)
         setup, errors = compare.build(pin)
-        if model is None or setup is None:
-            text.error([" ".join(([model_error] if model_error else []) + errors)],
+        est, refused = compare.estimate(model, setup) if model and setup else (None, [])
+        if model is None or est is None:
+            text.error([" ".join(([model_error] if model_error else []) + errors + refused)],
                        lead=f"Pinned setup {n + 1}:")
             continue
-        labelled.append((compare.label(pin, model.name, n), vram.estimate(model, setup)))
+        labelled.append((compare.label(pin, model.name, n), est))
     if not labelled:
         return
     st.markdown(compare_chart.legend_markdown(), unsafe_allow_html=True)

@@ -13,6 +13,10 @@ from ui.rl_view import (
     METHODS,
     RL_KEYS,
     ROLLOUTS,
+    batch_limit,
+    checked_choice,
+    clamp_batch,
+    default_gpu,
     parse_rl_query,
     phases_figure,
     rl_defaults,
@@ -35,6 +39,7 @@ def _init_state() -> list[str]:
     values.update(parsed)
     for key, value in values.items():
         state[key] = value
+    state["_rl_from_url"] = frozenset(parsed)
     state["_rl_ready"] = True
     return errors
 
@@ -49,7 +54,8 @@ def _widgets() -> None:
     a.number_input("Generations per prompt (G)", 1, 1024, key="rl_gens")
     b.number_input("Prompt tokens", 1, 131072, key="rl_plen")
     c.number_input("Completion tokens", 1, 131072, key="rl_clen")
-    d.number_input("Prompts per GPU", 1, 1024, key="rl_batch")
+    # batch x generations is the policy step's micro-batch: its bound depends on both
+    d.number_input("Prompts per GPU", 1, batch_limit(st.session_state), key="rl_batch")
     a, b, c = st.columns(3)
     a.number_input("KL weight (beta)", 0.0, 100.0, key="rl_beta", step=0.01, format="%.3f")
     b.number_input("gpu_memory_utilization", 0.05, 1.0, key="rl_util", step=0.05)
@@ -66,12 +72,14 @@ def main() -> None:
     gpus = data.gpus()
     gpu_ids = [g.id for g in gpus]
     state = st.session_state
-    for key, options, default in (("rl_model", models, "qwen2.5-7b-instruct"),
-                                  ("rl_gpu", gpu_ids, "h100-sxm")):
-        if state[key] not in options:
-            text.error([f"URL parameter {key}: {str(state[key])[:40]!r} is not in the list. "
-                        f"Using the default, {default}."])
-            state[key] = default
+    from_url = state.get("_rl_from_url", frozenset())
+    for key, options, default in (("rl_model", models, rl_defaults()["rl_model"]),
+                                  ("rl_gpu", gpu_ids, default_gpu(gpu_ids))):
+        state[key], message = checked_choice(key, state[key], options, default, key in from_url)
+        if message:
+            text.error([message])
+    if message := clamp_batch(state):
+        text.error([message])
     a, b = st.columns(2)
     names = {g.id: data.short_gpu_name(g.name) for g in gpus}
     model_slug = a.selectbox("Model", models, key="rl_model", format_func=data.model_label)
@@ -87,10 +95,10 @@ def main() -> None:
     model = data.catalog_model(model_slug)
     result = rl.estimate(model, setup, gpu.memory_bytes)
     verdict = result.verdict.text()
-    st.markdown(
-        f"**{model.name}**, {setup.algo.value}: peak "
+    st.markdown(  # the GPU's name comes from a team's list: text, never Markdown
+        f"**{text.plain(model.name)}**, {setup.algo.value}: peak "
         f"**{format_bytes(result.device_peak_bytes, 'GB')}** per GPU in the "
-        f"**{result.peak_phase.value}** phase; {verdict} on {gpu.name}. Host RAM: "
+        f"**{result.peak_phase.value}** phase; {verdict} on {text.plain(gpu.name)}. Host RAM: "
         f"{format_bytes(result.host_bytes, 'GB')}.")
     render.plot(phases_figure(result, "GB"), key="rl_phases")
     if result.peak_by_sleep:

@@ -13,16 +13,25 @@ fi
 # versions the Docker image installs (requirements/app.lock, written by scripts/lock.sh).
 .venv/bin/python -m pip install --quiet --constraint requirements/app.lock -e '.[app,dev,trace]'
 
-# The browser test drives Debian's Chromium through Playwright (no browser download).
-if ! command -v chromium >/dev/null 2>&1; then
+# Debian's package for a test that needs a program, when it can be installed; without it, the
+# test skips with a reason.
+install_for_test() {  # program, test
+    if command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; then
+        return
+    fi
     if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq >/dev/null && \
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null || \
-            echo "chromium could not be installed: the browser test will skip" >&2
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null || \
+            echo "$1 could not be installed: the $2 test will skip" >&2
     else
-        echo "chromium missing and apt-get unavailable: the browser test will skip" >&2
+        echo "$1 missing and apt-get unavailable: the $2 test will skip" >&2
     fi
-fi
+}
+# The browser test drives Debian's Chromium through Playwright (no browser download).
+install_for_test chromium browser
+# The link-length test sends the app's longest link through the shipped nginx config
+# (deploy/nginx/).
+install_for_test nginx proxy
 
 .venv/bin/ruff check vram ui pages app.py tests benchmarks
 .venv/bin/mypy

@@ -13,6 +13,7 @@ its colour everywhere.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -119,11 +120,17 @@ def layout(**extra: Any) -> dict[str, Any]:
     return layout
 
 
+def chart_text(text: str) -> str:
+    """Operator text (a team list's GPU name) for a plotly label: plotly reads a subset of HTML
+    in labels (<a href>, <b>, <br>) and its entities, so the tags are shown as characters."""
+    return html.escape(text, quote=False)
+
+
 def capacity_text(name: str, n_bytes: int, unit: Unit) -> str:
     """A capacity line's label, "H200 (SXM) · 151 GB", with no-break spaces where a wrapped
     label must not break: never before the dot, never between a number and its unit."""
     size = format_bytes(n_bytes, unit).replace(" ", "\u00a0")
-    return f"{name}\u00a0· {size}"
+    return f"{chart_text(name)}\u00a0· {size}"
 
 
 def capacity_lines(

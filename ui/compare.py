@@ -12,9 +12,11 @@ from typing import Any
 import plotly.graph_objects as go
 import streamlit as st
 
+import vram
 from ui import compare_chart, data, inputs, params, text
 from ui import present as present_mode
 from ui.charts import SMALL_FONT_SIZE, Unit
+from vram.errors import VramError, one_line
 from vram.result import Estimate
 from vram.setup import TrainingSetup
 
@@ -80,6 +82,15 @@ def figure(labelled: Sequence[tuple[str, Estimate]], unit: Unit, *, present: boo
 
 def build(pin: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:
     return params.build_setup(pin)
+
+
+def estimate(model: vram.ModelSpec, setup: TrainingSetup) -> tuple[Estimate | None, list[str]]:
+    """The pinned setup's estimate, or the message of a layout this model cannot take (tp
+    over expert layers, pp deeper than its blocks), named by its control."""
+    try:
+        return vram.estimate(model, setup), []
+    except VramError as exc:
+        return None, [params.by_control(one_line(exc))]
 
 
 def label(pin: Mapping[str, Any], model_name: str, index: int) -> str:

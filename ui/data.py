@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import streamlit as st
@@ -18,6 +18,7 @@ from streamlit.errors import FragmentHandledException
 import vram
 from ui import charts, params, text
 from vram.errors import VramError
+from vram.memo import BoundedCache, cached_in
 from vram.model.architecture import read_config_text
 from vram.model.catalog import load_config
 
@@ -51,9 +52,15 @@ def default_model() -> str:
     return str(catalog()[0].slug)
 
 
-@st.cache_resource(show_spinner=False)
 def registry() -> params.Registry:
-    gpu_list = gpus()
+    """Every parameter of the app's state, given the catalog and the GPU list in use."""
+    return _registry(os.environ.get("VRAM_GPUS_CSV") or None)
+
+
+@functools.lru_cache(maxsize=8)  # functools: read several times a run (see _catalog_labels)
+def _registry(gpu_list_path: str | None) -> params.Registry:
+    # keyed by the GPU list: its vendors and segments are the GPU page's filter choices
+    gpu_list = gpus_from(gpu_list_path)
     return params.registry(
         tuple(e.slug for e in catalog()), default_model(),
         gpu_vendors=tuple(sorted({g.vendor for g in gpu_list})),
@@ -139,7 +146,13 @@ def catalog_model(slug: str) -> vram.ModelSpec:
     return vram.load_model(slug)
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
+#: Models built from uploaded config.json text and from bare sizes, most recently used kept:
+#: a model is 10-100 KB (`vram.memo.approx_bytes`), its key up to 256 KB of text.
+_MODELS: BoundedCache[tuple[str, Hashable], Any] = BoundedCache(
+    max_entries=128, max_bytes=16 * 2**20, kind=lambda key: key[0])
+
+
+@cached_in(_MODELS)
 def config_model(text: str) -> vram.ModelSpec:
     """A model from config.json text; vram parses it as JSON (nothing is executed)."""
     config = read_config_text(text)
@@ -148,7 +161,7 @@ def config_model(text: str) -> vram.ModelSpec:
     return vram.load_model(config)
 
 
-@st.cache_resource(show_spinner=False, max_entries=64)
+@cached_in(_MODELS)
 def sized_model(n_params: int) -> vram.ModelSpec:
     return vram.model_from_param_count(n_params)
 

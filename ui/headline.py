@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import breakdown_chart, charts, data
+from ui import breakdown_chart, charts, data, text
 from ui.charts import Unit, format_bytes
 from vram.gpus import ClassFit, FitReport
 from vram.result import Estimate
@@ -85,11 +85,12 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
         priced = [o for o in report.fits if o.usd_per_hour is not None]
         best = (priced or list(report.fits))[0]
         full, compact = data.short_gpu_name(best.gpu.name), charts.compact_gpu_name(best.gpu.name)
-        cheapest.metric(
+        cheapest.metric(  # a GPU's name may come from a team's list: text, never Markdown
             "Cheapest per hour",
-            f"{best.count}× {compact}",
+            f"{best.count}× {text.plain(compact)}",
             # the full name below the big one when that is shortened
-            delta=(f"{full} · " if compact != full else "") + gpu_price(best.usd_per_hour),
+            delta=(f"{text.plain(full)} · " if compact != full else "")
+            + gpu_price(best.usd_per_hour),
             delta_color="off",
             delta_arrow="off",
             help="Cheapest by the price per hour of all the GPUs needed that surely hold the "
@@ -103,7 +104,7 @@ def metrics(est: Estimate, report: FitReport, found: ClassFit | None, unit: Unit
                       help="The lessons count in 80 GB GPUs; the GPU list has none.")
         return
     value, line = class_value(found)
-    name = (f" ({data.short_gpu_name(found.needed.gpu.name)}, "
+    name = (f" ({text.plain(data.short_gpu_name(found.needed.gpu.name))}, "
             f"{gpu_price(found.needed.usd_per_hour)})" if found.needed else "")
     lesson.metric(
         f"{class_name(found)} GPUs (the lesson's)", value, delta=line, delta_color="off",

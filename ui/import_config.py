@@ -78,10 +78,10 @@ def _on_import() -> None:
             return
     chosen = session.get("import_format", "auto")
     try:
-        # Text, never a path: a pasted name must not read the server's files.
-        loaded = load_training_config("\n" + text if "\n" not in text else text,
-                                      format=None if chosen == "auto" else chosen,
-                                      allow_file_reads=False)
+        # Text, never a path, and a model named only from the catalog: a pasted name must not
+        # read, or tell what is at, a path on the server.
+        loaded = load_training_config(text, format=None if chosen == "auto" else chosen,
+                                      allow_file_reads=False, filesystem=False)
     except VramError as exc:
         session[_ERROR] = str(exc)
         return

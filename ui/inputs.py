@@ -78,6 +78,9 @@ def write_url() -> None:
     pins = st.session_state.get("pins") or []
     if pins:
         query["pin"] = [params.dump_pin(reg, pin) for pin in pins]
+    query, note = params.short_link(query)  # a proxy refuses long links (ui/urlpack.py)
+    if note:
+        st.info(note)
     if dict(st.query_params.to_dict()) != query or pins:
         st.query_params.from_dict(query)
 

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 from ui import urlpack
 from vram.io.knobs import (
@@ -24,6 +25,7 @@ from vram.io.knobs import (
 )
 from vram.io.knobs import build_setup as build_knob_setup
 from vram.setup import ALL_LINEAR, LORA_TARGETS, Sharding, TrainingSetup
+from vram.stacks.resolve import resolve
 from vram.step.what_if import CompressError, parse_ratios, ratios_text
 
 State = dict[str, Any]
@@ -346,6 +348,45 @@ def dump_pin(reg: Registry, state: Mapping[str, Any]) -> str:
     return json.dumps(query, separators=(",", ":"), sort_keys=True)
 
 
+Query = dict[str, str | list[str]]
+
+
+def query_chars(query: Mapping[str, str | list[str]]) -> int:
+    """How long the query string of a link is (form-encoded, as a browser writes it)."""
+    return len(urlencode(query, doseq=True))
+
+
+def short_link(query: Mapping[str, str | list[str]],
+               limit: int = urlpack.MAX_QUERY_CHARS) -> tuple[Query, str | None]:
+    """`query` as it is when its link fits `limit` characters; else without the uploaded
+    config.json (its own and the pinned setups'), and a note saying what was left out."""
+    out: Query = dict(query)
+    if query_chars(out) <= limit:
+        return out, None
+    out.pop("config", None)
+    pins = out.get("pin")
+    if isinstance(pins, list):
+        out["pin"] = [_without_config(pin) for pin in pins]
+    note = (f"This page's link leaves out the uploaded config.json: with it the link would be "
+            f"{query_chars(query):,} characters, and proxies refuse links over about 8 KB. "
+            "Share the file with the link; the link opens the other settings.")
+    if query_chars(out) > limit:  # pins alone cannot get here (4 short JSON objects)
+        out.pop("pin", None)
+        note += " It leaves out the pinned setups too."
+    return out, note
+
+
+def _without_config(pin: str) -> str:
+    try:
+        fields = json.loads(pin)
+    except ValueError:
+        return pin
+    if isinstance(fields, dict):
+        fields.pop("config", None)
+        return json.dumps(fields, separators=(",", ":"), sort_keys=True)
+    return pin
+
+
 def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State], list[str]]:
     """Pinned setups from their URL form; each bad one is skipped with a message."""
     pins: list[State] = []
@@ -387,11 +428,28 @@ def control_name(knob: SetupKnob) -> str:
 
 
 def build_setup(state: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:
-    """A validated setup, or None and the messages that say what to change."""
+    """A validated setup, or None and the messages that say what to change: among them a
+    parallel layout or float8 recipe the stack does not run (`vram.stacks.support`), which
+    `vram.estimate` refuses (a link with pp=2 and the default stack was the app's error box)."""
     try:
-        return build_knob_setup(setup_kwargs(state), control_name), []
+        setup = build_knob_setup(setup_kwargs(state), control_name)
     except KnobError as exc:
         return None, str(exc).splitlines()
+    problem = resolve(setup).unsupported
+    if problem is not None:
+        return None, [by_control(problem)]
+    return setup, []
+
+
+_BY_FIELD: dict[str, SetupKnob] = {knob.name: knob for knob in KNOBS.values()}
+
+
+def by_control(problem: str) -> str:
+    """A library message that starts with a field's name ("pp: ...") as the app names the
+    field: its control, "Pipeline parallel (pp): ..."; any other message as it is."""
+    field, _, why = problem.partition(": ")
+    knob = _BY_FIELD.get(field)
+    return f"{control_name(knob)}: {why}" if knob else problem
 
 
 def sharding_for(gpus: int, shard: str) -> str:

@@ -15,6 +15,7 @@ from ui.charts import (
     FONT_SIZE,
     SMALL_FONT_SIZE,
     Unit,
+    chart_text,
     format_bytes,
     short_gpu_name,
     to_unit,
@@ -76,7 +77,8 @@ def path_figure(plan: Plan, *, unit: Unit = "GB", height: int = 420) -> go.Figur
                   line={"color": "#333333", "dash": "dash", "width": 2})
     fig.add_annotation(yref="paper", y=1.0, yanchor="bottom", xref="x", x=capacity,
                        xanchor="right" if capacity > top / 2 else "left", showarrow=False,
-                       text=f"{gpu_name(plan)}: {format_bytes(plan.usable_bytes, unit)}",
+                       text=f"{chart_text(gpu_name(plan))}: "
+                            f"{format_bytes(plan.usable_bytes, unit)}",
                        font={"size": font_px, "color": "#333333"})
     fig.update_layout(
         height=max(height, 70 * len(rows) + 80), showlegend=False,

@@ -14,7 +14,6 @@ reads it, and `write_url` puts them back after the page.
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
 import streamlit as st
@@ -154,7 +153,7 @@ def _plan_view(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> 
     # Cached by its inputs (ui.results): a plan is dozens of estimates.
     result = results.plan(model, setup, hardware, tokens)
 
-    where = f"{result.hardware.total}× {plan_chart.gpu_name(result)}"
+    where = f"{result.hardware.total}× {text.plain(plan_chart.gpu_name(result))}"
     verdict, batch, seq, cost = st.columns(4)
     if result.fits:
         delta = f"{format_bytes(result.headroom_bytes, unit)} headroom"
@@ -184,6 +183,7 @@ def _plan_view(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> 
                 delta_color="off", delta_arrow="off",
                 help="With the path below applied when it is needed; time from FLOPs, the "
                      "GPU's dense bf16 rate and an MFU calibrated on published throughputs.")
+    st.caption(text.plain(f"Speed: {result.speed_basis}"))
     st.write(f"**Path:** {result.path_summary}")
     chart, side = st.columns([3, 2])
     with chart:
@@ -214,8 +214,8 @@ def _pct(factor: float) -> str:
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:
-    def cell(text: str) -> str:
-        return html.escape(text).replace("|", "\\|").replace("\n", " ")
+    def cell(value: str) -> str:  # GPU names come from a team's list: text, never Markdown
+        return text.plain(value)
 
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]

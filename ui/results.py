@@ -12,9 +12,8 @@ are frozen, and the figures here are only read (see `frozen_figure`).
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +26,10 @@ from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
 from vram import gpus
-from vram.gpus import ClassFit, FitOption, FitReport
+from vram.errors import VramError, one_line
+from vram.gpus import ClassFit, FitOption, FitReport, Gpu
 from vram.io import report
+from vram.memo import BoundedCache, cached_in
 from vram.plan.compressed import CompressedLimits, compressed_limits
 from vram.plan.flops import checkpointing_compute
 from vram.plan.hardware import Hardware
@@ -38,9 +39,25 @@ from vram.step.what_if import WhatIf, parse_ratios, what_if, what_if_fit
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
 server.tune_gc()
 
-#: Distinct states kept: an entry (estimate, fit, two figures, tables) holds about 0.25 MB
-#: (tracemalloc), so the caches stay under ~60 MB per process.
+#: Distinct states kept per kind of value (result, each figure, tables, plan, ...).
 MAX_STATES = 256
+#: Bytes all the state caches hold together (`vram.memo.approx_bytes`; a result counts its
+#: model, 15-25 KB, even when the model cache holds it too, as an evicted model lives on in
+#: the results that point at it; the GPU list is loaded once per process and not counted). A
+#: state's result, figures and tables take about 0.15 MB, a plan and its chart about 0.3 MB:
+#: some 250 states, or fewer with plans, before the least recently used go (issue 25:
+#: unbounded by bytes, the plans alone could hold 100 MB).
+MAX_CACHE_BYTES = 48 * 2**20
+
+_CACHE: BoundedCache[tuple[str, Hashable], Any] = BoundedCache(
+    max_entries=MAX_STATES * 11, max_bytes=MAX_CACHE_BYTES, opaque=(Gpu,),
+    kind=lambda key: key[0])
+_cached = cached_in(_CACHE)
+
+
+def cache_stats() -> tuple[int, int]:
+    """(entries, bytes) the state caches hold now."""
+    return len(_CACHE), _CACHE.bytes
 
 #: State that changes how a page looks, not the estimate or the fit: left out of the key, so
 #: switching units or opening the math reuses the result.
@@ -81,7 +98,7 @@ def _gpu_list_path() -> str | None:
     return os.environ.get("VRAM_GPUS_CSV") or None
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _result(key: StateKey, gpu_list: str | None) -> Result:
     state = dict(key)
     model, model_error = data.resolve_model(state)
@@ -89,7 +106,11 @@ def _result(key: StateKey, gpu_list: str | None) -> Result:
     errors = tuple(([model_error] if model_error else []) + setup_errors)
     if model is None or setup is None:
         return Result(model, setup, None, None, errors)
-    est = vram.estimate(model, setup)
+    try:
+        est = vram.estimate(model, setup)
+    except VramError as exc:  # a layout this model cannot take: tp over expert layers, pp
+        # deeper than its blocks (vram.sharding); said as a setup error is, by its control
+        return Result(model, None, None, None, (*errors, params.by_control(one_line(exc))))
     catalog = data.gpus_from(gpu_list)
     report = vram.fit(model, setup, catalog)
     return Result(model, setup, est, report, errors, gpus.class_fit(model, setup, report, catalog),
@@ -101,15 +122,25 @@ def result(state: Mapping[str, Any]) -> Result:
     return _result(state_key(state), _gpu_list_path())
 
 
-def frozen_figure(fig: go.Figure) -> go.Figure:
-    """`fig`, with `to_dict()` computed once.
+class SpecFigure(go.Figure):  # type: ignore[misc]  # plotly is untyped
+    """A figure reduced to its dict: what `st.plotly_chart` reads of it (`to_dict()`).
 
     `st.plotly_chart` calls `to_dict()` on every run, a deep copy of the figure and its
     template (about 2 ms); a cached figure is never changed, so its dict never changes either.
+    Keeping only the dict halves what a cached figure holds (plotly's own objects are as big
+    as their dict again).
     """
-    spec = fig.to_dict()
-    object.__setattr__(fig, "to_dict", lambda: spec)
-    return fig
+
+    def __init__(self, spec: dict[str, Any]) -> None:  # plotly's own __init__ is not run
+        object.__setattr__(self, "_spec", spec)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._spec  # type: ignore[no-any-return]
+
+
+def frozen_figure(fig: go.Figure) -> go.Figure:
+    """`fig` as a `SpecFigure`: its dict, computed once."""
+    return SpecFigure(fig.to_dict())
 
 
 def _runnable_capacities(res: Result, gpu_list: str | None) -> tuple[
@@ -124,7 +155,7 @@ def _runnable_capacities(res: Result, gpu_list: str | None) -> tuple[
     return caps, small
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -> go.Figure:
     res = _result(key, gpu_list)
     assert res.estimate is not None
@@ -137,7 +168,7 @@ def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -
     )
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _inference(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
     est = _result(key, gpu_list).estimate
     assert est is not None
@@ -162,7 +193,7 @@ class WhatIfResult:
     lesson: FitOption | None
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _what_if(key: StateKey, gpu_list: str | None, compress: str) -> WhatIfResult:
     res = _result(key, gpu_list)
     assert res.model is not None and res.setup is not None and res.estimate is not None
@@ -179,7 +210,7 @@ def what_if_result(state: Mapping[str, Any]) -> WhatIfResult | None:
     return _what_if(state_key(state), _gpu_list_path(), compress)
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _limits(key: StateKey, gpu_list: str | None, compress: str,
             gpu_id: str) -> CompressedLimits | None:
     res = _result(key, gpu_list)
@@ -197,7 +228,7 @@ def limits(state: Mapping[str, Any]) -> CompressedLimits | None:
                    str(state.get("wgpu") or ""))
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _download_json(key: StateKey, gpu_list: str | None, compress: str) -> str:
     res = _result(key, gpu_list)
     assert res.estimate is not None and res.report is not None
@@ -213,7 +244,7 @@ def download_json(state: Mapping[str, Any]) -> str:
     return _download_json(state_key(state), _gpu_list_path(), str(state.get("compress") or ""))
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Table, pa.Table]:
     res = _result(key, gpu_list)
     assert res.report is not None and res.estimate is not None
@@ -227,7 +258,7 @@ def fit_tables(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, pa.Table
     return _fit_tables(state_key(state), _gpu_list_path(), unit)
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _through_step(key: StateKey, gpu_list: str | None, unit: Unit,
                   ) -> tuple[pa.Table, tuple[str, ...]]:
     est = _result(key, gpu_list).estimate
@@ -240,7 +271,7 @@ def through_step(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, tuple[
     return _through_step(state_key(state), _gpu_list_path(), unit)
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _model_config(key: StateKey) -> dict[str, Any] | None:
     return data.model_config(dict(key))
 
@@ -250,7 +281,7 @@ def model_config(state: Mapping[str, Any]) -> dict[str, Any] | None:
     return _model_config(state_key(state))
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _plan(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | None,
           tokens: float, gpu_list: str | None) -> Plan:
     return vram.plan(model, setup, hardware=hardware, tokens=tokens,
@@ -263,7 +294,7 @@ def plan(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | 
     return _plan(model, setup, hardware, tokens, _gpu_list_path())
 
 
-@functools.lru_cache(maxsize=MAX_STATES)
+@_cached
 def _plan_figure(model: vram.ModelSpec, setup: vram.TrainingSetup, hardware: Hardware | None,
                  tokens: float, gpu_list: str | None, unit: Unit) -> go.Figure:
     return frozen_figure(path_figure(_plan(model, setup, hardware, tokens, gpu_list), unit=unit))

@@ -6,7 +6,8 @@ side-by-side stacked bars of the generation and training phases, and the worked 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +24,10 @@ from ui.charts import (
     WORKING_COLOR,
     Unit,
 )
+from vram.errors import one_line
+from vram.io.knobs import MAX_NUMBER_CHARS
 from vram.result import BucketName
+from vram.rl.setup import max_batch
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ def _choice(values: tuple[str, ...]) -> Callable[[str], str]:
 
 def _int(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
+        if len(text) > MAX_NUMBER_CHARS:
+            raise ValueError(f"between {low} and {high}")
         value = int(text)
         if not low <= value <= high:
             raise ValueError(f"between {low} and {high}")
@@ -56,8 +62,9 @@ def _int(low: int, high: int) -> Callable[[str], int]:
 
 def _float(low: float, high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
-        value = float(text[:12])
-        if not low <= value <= high:
+        # The whole text is the number: a cut-off prefix would accept trailing junk.
+        value = float(text) if len(text) <= MAX_NUMBER_CHARS else math.nan
+        if not (math.isfinite(value) and low <= value <= high):
             raise ValueError(f"between {low} and {high}")
         return value
 
@@ -85,7 +92,7 @@ RL_PARAMS: tuple[RLParam, ...] = (
     RLParam("rl_gens", 8, _int(1, 1024), "Generations per prompt"),
     RLParam("rl_plen", 512, _int(1, 131072), "Prompt tokens"),
     RLParam("rl_clen", 1024, _int(1, 131072), "Completion tokens"),
-    RLParam("rl_batch", 1, _int(1, 1024), "Prompts per GPU"),
+    RLParam("rl_batch", 1, _int(1, max_batch("kto", 1)), "Prompts per GPU"),
     RLParam("rl_beta", 0.0, _float(0.0, 100.0), "KL weight (beta)"),
     RLParam("rl_rollout", "colocate", _choice(ROLLOUTS), "Rollout placement"),
     RLParam("rl_util", 0.3, _float(0.05, 1.0), "gpu_memory_utilization"),
@@ -95,8 +102,45 @@ RL_PARAMS: tuple[RLParam, ...] = (
 RL_KEYS = tuple(p.key for p in RL_PARAMS)
 
 
+#: The GPU the page starts on when the GPU list has it (else the list's first).
+DEFAULT_GPU = "h100-sxm"
+
+
 def rl_defaults() -> dict[str, Any]:
     return {p.key: p.default for p in RL_PARAMS}
+
+
+def default_gpu(gpu_ids: Sequence[str]) -> str:
+    """`DEFAULT_GPU`, or the first GPU of a team's list that has no such id."""
+    return DEFAULT_GPU if DEFAULT_GPU in gpu_ids or not gpu_ids else gpu_ids[0]
+
+
+def checked_choice(key: str, value: str, options: Sequence[str], default: str,
+                   from_url: bool) -> tuple[str, str | None]:
+    """`value` if it is one of `options`, else `default` and, when the value came from the
+    link, the message naming the parameter (a default that a team's list lacks is replaced
+    silently: nobody gave it)."""
+    if value in options:
+        return value, None
+    if not from_url:
+        return default, None
+    return default, (f"URL parameter {key}: {str(value)[:40]!r} is not in the list. Using "
+                     f"{default}.")
+
+
+def batch_limit(state: Mapping[str, Any]) -> int:
+    """The most prompts per GPU the algorithm and generations allow (`vram.rl.max_batch`)."""
+    return max_batch(str(state["rl_algo"]), int(state["rl_gens"]))
+
+
+def clamp_batch(state: dict[str, Any]) -> str | None:
+    """Bring the prompts per GPU within `batch_limit`; the message says what changed."""
+    limit = batch_limit(state)
+    if int(state["rl_batch"]) <= limit:
+        return None
+    old, state["rl_batch"] = state["rl_batch"], limit
+    return (f"Prompts per GPU {old} x {int(state['rl_gens'])} generations is over "
+            f"{rl.MAX_SEQUENCES:,} sequences per GPU: set to {limit}.")
 
 
 def parse_rl_query(query: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
@@ -136,13 +180,7 @@ def rl_setup(state: Mapping[str, Any]) -> tuple[rl.RLSetup | None, str]:
             rollout="none" if offline else state["rl_rollout"],
             gpu_memory_utilization=float(state["rl_util"]), sleep=int(state["rl_sleep"]))
     except ValueError as exc:
-        errors = getattr(exc, "errors", None)
-        if callable(errors):
-            first = errors()[0]
-            where = ".".join(str(x) for x in first.get("loc", ()))
-            message = str(first["msg"]).removeprefix("Value error, ")
-            return None, f"{where}: {message}" if where else message
-        return None, str(exc)
+        return None, one_line(exc)
     return setup, ""
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import streamlit as st
 
-from ui import charts, data
+from ui import charts, data, text
 from ui.charts import Unit
 from vram import gpus as gpus_module
 from vram.gpus import FitOption, FitReport, Gpu
@@ -205,7 +205,7 @@ def fit_tables(fits: pa.Table, misses: pa.Table, unit: Unit = "GB", *, n_gpus: i
     each = "one GPU" if n_gpus == 1 else f"{n_gpus} GPUs, each"
     st.subheader(f"Too small on {each} ({len(misses)})")
     if unsupported:
-        names = ", ".join(data.short_gpu_name(g.name) for g in unsupported)
+        names = text.plain(", ".join(data.short_gpu_name(g.name) for g in unsupported))
         hint = (" Set Precision to fp16 mixed to run there (fp16 needs loss scaling; "
                 "bf16 does not)." if bf16 else "")
         st.caption(f"Left out: {names}, which have no bf16 hardware.{hint}")

@@ -1,9 +1,11 @@
 """An uploaded config.json in a link: compressed and base64url-encoded, so it stays short.
 
 A real config.json of 1-3 KB becomes a few hundred URL-safe characters instead of its
-percent-encoded JSON (every `"`, `{`, `:` and `,` takes three characters in a query string),
-and a classifier's config with a 10,000-entry label map (over 200 KB) stays far under the
-roughly 100 KB a server accepts in a request line. The shorter of two codecs is used, named by
+percent-encoded JSON (every `"`, `{`, `:` and `,` takes three characters in a query string).
+A link is a request line to whatever proxy stands in front of the app, and nginx refuses one
+longer than its `large_client_header_buffers` (8 KB by default) with 414: a link's query
+string stays under `MAX_QUERY_CHARS`, and one that would be longer leaves the uploaded
+config out (`ui.params.short_link`; the page says so). The shorter of two codecs is used, named by
 the first character: `z` zlib (small configs), `x` LZMA (large, repetitive ones). Text starting
 with `{` is the plain JSON older links carried. Unpacking is capped: a short link cannot
 inflate into more than `max_bytes` (a decompression bomb is refused, not expanded).
@@ -17,6 +19,12 @@ import lzma
 import zlib
 
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME}]
+
+#: The longest query string a link of the app carries: under nginx's default 8 KB request
+#: line with room for the method, a base URL path and the protocol. The shipped proxy
+#: (deploy/nginx/vram.conf) allows 16 KB; tests/app/test_link_length.py sends the longest
+#: link through it.
+MAX_QUERY_CHARS = 7_500
 
 
 def _b64(data: bytes) -> str:

@@ -8,6 +8,7 @@ its result is cached per (model config, setup).
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
 from typing import Any
 
 import pandas as pd
@@ -15,6 +16,7 @@ import streamlit as st
 
 from ui import charts, render, step_charts, text
 from ui.charts import Unit
+from vram.memo import BoundedCache, cached_in
 from vram.result import Estimate
 from vram.setup import TrainingSetup
 from vram.trace import INSTALL_HINT, trace_available
@@ -22,7 +24,12 @@ from vram.trace import INSTALL_HINT, trace_available
 BUCKETS = ("weights", "gradients", "optimizer", "activations")
 
 
-@st.cache_data(show_spinner=False, max_entries=32)
+#: Exact traces run here, most recently used kept (a trace's JSON is 10-500 KB: its timeline).
+_TRACES: BoundedCache[tuple[str, Hashable], Any] = BoundedCache(
+    max_entries=32, max_bytes=16 * 2**20)
+
+
+@cached_in(_TRACES)
 def _trace(config_json: str, setup_json: str) -> dict[str, Any]:
     from vram.trace import trace_step
 

@@ -135,7 +135,7 @@ def _verdict(found: results.WhatIfResult, unit: Unit) -> None:
     best = next((o for o in fitted.fits if o.usd_per_hour is not None), None)
     if best is not None:
         cheapest.metric("Cheapest per hour, then",
-                        f"{best.count}× {data.short_gpu_name(best.gpu.name)}",
+                        f"{best.count}× {text.plain(data.short_gpu_name(best.gpu.name))}",
                         delta=headline.gpu_price(best.usd_per_hour), delta_color="off",
                         delta_arrow="off")
     else:
@@ -165,6 +165,11 @@ def _limits(state: dict[str, Any], unit: Unit) -> None:
     seq.metric("Longest sequence (tokens)", f"{found.seq_len.value:,}",
                delta=f"was {found.seq_len_before.value:,}", delta_color="off",
                delta_arrow="off")
+    if found.model_params is None or found.model_params_before is None:
+        size.metric("Largest model (Llama-shaped)", "not searched",
+                    help="Tensor parallel splits each layer by its heads; the Llama shapes "
+                         "of the search have head counts this tp does not divide.")
+        return
     size.metric("Largest model (Llama-shaped)", f"{found.model_params / 1e9:,.1f}B",
                 delta=f"was {found.model_params_before / 1e9:,.1f}B", delta_color="off",
                 delta_arrow="off",

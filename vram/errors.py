@@ -7,6 +7,23 @@ class VramError(ValueError):
     """Base class for every error `vram` raises on bad input."""
 
 
+def one_line(exc: BaseException) -> str:
+    """An error as one line a person can act on: a pydantic ValidationError's first error as
+    `field: message` (a nested field joined with dots), anything else its first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+        except (IndexError, TypeError):  # an `errors` that is not pydantic's
+            first = None
+        if isinstance(first, dict):
+            where = ".".join(str(x) for x in first.get("loc", ()))
+            message = shown_name(str(first.get("msg", "")).removeprefix("Value error, "), 300)
+            return f"{shown_name(where)}: {message}" if where else message
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
 def shown_name(name: str, limit: int = 60) -> str:
     """A key or path as one line of plain text: control characters escaped (a config key can
     hold a newline), cut to `limit` characters. Error messages are one line."""
@@ -35,9 +52,22 @@ class FileReadError(VramError):
         super().__init__(f"{what} {shown_name(path, 300)}: {reason}")
 
 
+class FileWriteError(FileReadError):
+    """A file a person named for output cannot be written: a FIFO, a device, a folder, ...
+    (the same message as a file that cannot be read: what, the path, the reason)."""
+
+
 class TrainingConfigError(VramError):
     """A training config (axolotl, torchtune, LLaMA-Factory, TRL) has a key that cannot be used."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
         super().__init__(f"{shown_name(key)}: {message}")
+
+
+class InputError(VramError):
+    """An argument of the Python API is out of its range (the message names the argument)."""
+
+    def __init__(self, name: str, message: str) -> None:
+        self.name = name
+        super().__init__(f"{shown_name(name)}: {message}")

@@ -1,11 +1,15 @@
-"""The one way `vram` reads a file a person named: regular files only, never more than a cap.
+"""The one way `vram` reads (and writes) a file a person named: regular files only, never
+more than a cap.
 
 `stat().st_size` is 0 for devices and FIFOs, so a size check before reading protects nothing:
-`/dev/zero` would be read until memory runs out and a FIFO would block forever. Here the file
-is opened without blocking, checked to be a regular file on the open descriptor (no race with a
-swapped path), and read for at most `max_bytes + 1` bytes. Every failure is a `FileReadError`
+`/dev/zero` would be read until memory runs out and a FIFO would block forever. Here anything
+but a regular file is refused before it is opened (opening a device can act), the file is
+opened without blocking, checked again on the open descriptor (no race with a swapped path),
+and read for at most `max_bytes + 1` bytes. Every failure is a `FileReadError`
 (a `VramError`) that says what is wrong in words: no such file, a folder, a symlink loop, no
-permission, not a regular file, too large.
+permission, not a regular file, too large. `write_text` is the same for an output a person
+names (`export --out`): a FIFO (whose opening would wait for a reader), a device, a socket or a
+folder is refused before it is opened, and what is opened is checked again on the descriptor.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import os
 import stat
 from pathlib import Path
 
-from vram.errors import FileReadError
+from vram.errors import FileReadError, FileWriteError
 
 _REASONS: dict[int, str] = {
     errno.ENOENT: "no such file",
@@ -48,14 +52,22 @@ def _shown(path: str | Path) -> str:
 
 
 def read_limited(path: str | Path, max_bytes: int, *, what: str = "file") -> bytes:
-    """The bytes of a regular file of at most `max_bytes`; raises FileReadError otherwise."""
+    """The bytes of a regular file of at most `max_bytes`; raises FileReadError otherwise.
+
+    Anything but a regular file is refused before it is opened (opening a device can act:
+    a watchdog, a tape), and again after (a path swapped meanwhile; non-blocking, so a FIFO
+    put there cannot hold the open)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        mode = os.stat(path).st_mode
+        if stat.S_ISREG(mode):
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except (ValueError, TypeError):  # an embedded NUL byte, or not a path at all
         raise FileReadError(what, _shown(path), "not a valid file name") from None
     except OSError as exc:
         reason = _REASONS.get(exc.errno or 0, exc.strerror or "cannot be opened")
         raise FileReadError(what, _shown(path), reason) from None
+    if not stat.S_ISREG(mode):
+        raise FileReadError(what, _shown(path), _describe(mode))
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -118,3 +130,37 @@ def read_csv_rows(
         raise FileReadError(what, _shown(path), f"line {reader.line_num + 1}: not CSV "
                             f"({str(exc)[:80]})") from None
     return rows
+
+
+def write_text(path: str | Path, text: str, *, what: str = "output") -> None:
+    """Write `text` (UTF-8) to a regular file, created or replaced; anything else named by
+    `path` is refused with FileWriteError before it is opened."""
+    try:
+        mode: int | None = os.stat(path).st_mode
+    except FileNotFoundError:
+        mode = None  # a new file
+    except (ValueError, TypeError):
+        raise FileWriteError(what, _shown(path), "not a valid file name") from None
+    except OSError as exc:
+        raise FileWriteError(what, _shown(path), _REASONS.get(
+            exc.errno or 0, exc.strerror or "cannot be opened")) from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise FileWriteError(what, _shown(path), _describe(mode))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:  # not truncated until it is known to be a regular file (a path swapped meanwhile)
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise FileWriteError(what, _shown(path), _REASONS.get(
+            exc.errno or 0, exc.strerror or "cannot be opened")) from None
+    try:
+        opened = os.fstat(fd).st_mode
+        if not stat.S_ISREG(opened):
+            raise FileWriteError(what, _shown(path), _describe(opened))
+        os.ftruncate(fd, 0)
+        data = memoryview(text.encode("utf-8"))
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as exc:
+        raise FileWriteError(what, _shown(path), exc.strerror or "cannot be written") from None
+    finally:
+        os.close(fd)

@@ -7,9 +7,10 @@ own list and prices with the environment variable `VRAM_GPUS_CSV`.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
-from functools import cache
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -17,18 +18,22 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vram.errors import CatalogError, FileReadError
 from vram.files import read_csv_rows
+from vram.io.knobs import MAX_NUMBER_CHARS
 from vram.memo import memoized
 from vram.memory.overhead import cuda_context_bytes
 from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
 from vram.result import BucketName
 from vram.setup import MAX_CONTEXT_MIB, Offload, Precision, Sharding, TrainingSetup
+from vram.setup.layout import gpu_step
 from vram.step.bounds import DeviceBand, Verdict
 from vram.step.estimate import estimate, estimate_peaks
 from vram.units import MIB, ceil_div
 
 GPUS_ENV = "VRAM_GPUS_CSV"
 MAX_GPU_ROWS = 10_000
+#: More memory than any GPU will have (1 PiB): the bound of `memory_bytes`.
+MAX_MEMORY_BYTES = 2**50
 _REQUIRED_COLUMNS = ("id", "name", "segment", "memory_bytes")
 #: Data-parallel sizes tried for multi-GPU setups, up to 8 nodes of `max_per_node`.
 GPU_COUNTS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
@@ -36,13 +41,14 @@ MAX_NODES = 8
 
 
 class Gpu(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    #: inf and nan are refused in every float field (a rate or price of `1e99999` is inf).
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: Annotated[str, Field(min_length=1, max_length=64)]
     name: Annotated[str, Field(min_length=1, max_length=128)]
     vendor: str
     segment: Literal["consumer", "workstation", "datacenter"]
-    memory_bytes: Annotated[int, Field(gt=0, lt=2**50)]
+    memory_bytes: Annotated[int, Field(gt=0, lt=MAX_MEMORY_BYTES)]
     memory_source: str = ""
     bf16_dense_tflops: Annotated[float, Field(gt=0)] | None = None
     #: Whether the GPU computes in bf16: False where a list has the bf16 column and leaves it
@@ -65,32 +71,57 @@ class Gpu(BaseModel):
         return self.cuda_context_mib * MIB
 
 
-def _row_to_gpu(row: dict[str, str]) -> Gpu:
-    def number(key: str) -> float | None:
-        text = (row.get(key) or "").strip()
-        return float(text) if text else None
+def _number(row: dict[str, str], key: str) -> float | None:
+    """A float column: empty is None; text that is not a finite number names the column."""
+    text = (row.get(key) or "").strip()
+    if not text:
+        return None
+    try:
+            value = float(text) if len(text) <= MAX_NUMBER_CHARS else None
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value):
+        raise ValueError(f"column {key}: {text[:40]!r} is not a finite number")
+    return value
 
-    memory = (row.get("memory_bytes") or "").strip()
+
+def _integer(row: dict[str, str], key: str, default: int | None = None) -> int | None:
+    """An integer column (empty: `default`); anything else names the column."""
+    text = (row.get(key) or "").strip()
+    if not text:
+        return default
+    if len(text) > MAX_NUMBER_CHARS or not text.lstrip("+-").isdigit():
+        raise ValueError(f"column {key}: {text[:40]!r} is not a whole number")
+    return int(text)
+
+
+def _row_to_gpu(row: dict[str, str]) -> Gpu:
+    tflops = _number(row, "bf16_dense_tflops")
     return Gpu(
         id=row["id"].strip(), name=row["name"].strip(), vendor=(row.get("vendor") or "").strip(),
         segment=row["segment"].strip(),
-        memory_bytes=int(memory), memory_source=row.get("memory_source") or "",
-        bf16_dense_tflops=number("bf16_dense_tflops"),
-        bf16=(number("bf16_dense_tflops") is not None) if "bf16_dense_tflops" in row else None,
-        memory_bandwidth_gbps=number("memory_bandwidth_gbps"),
-        usd_per_hour=number("usd_per_hour"), price_source=row.get("price_source") or "",
-        max_per_node=int((row.get("max_per_node") or "8").strip()),
-        cuda_context_mib=int(context) if (context := (row.get("cuda_context_mib") or "").strip())
-        else None,
+        memory_bytes=_integer(row, "memory_bytes", 0),  # 0 is refused by the field's range
+        memory_source=row.get("memory_source") or "",
+        bf16_dense_tflops=tflops,
+        bf16=(tflops is not None) if "bf16_dense_tflops" in row else None,
+        memory_bandwidth_gbps=_number(row, "memory_bandwidth_gbps"),
+        usd_per_hour=_number(row, "usd_per_hour"), price_source=row.get("price_source") or "",
+        max_per_node=_integer(row, "max_per_node", 8),
+        cuda_context_mib=_integer(row, "cuda_context_mib"),
     )
+
+
+def shipped_gpus_path() -> Path:
+    """The catalog that ships with vram (`data/gpus.csv`), whatever `VRAM_GPUS_CSV` says."""
+    return data_dir() / "gpus.csv"
 
 
 def default_gpus_path() -> Path:
     override = os.environ.get(GPUS_ENV)
-    return Path(override) if override else data_dir() / "gpus.csv"
+    return Path(override) if override else shipped_gpus_path()
 
 
-@cache
+@lru_cache(maxsize=8)  # a few lists per process; each at most MAX_GPU_ROWS rows, 20 MB of text
 def _load(path: str) -> tuple[Gpu, ...]:
     gpus: list[Gpu] = []
     seen: set[str] = set()
@@ -196,7 +227,7 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
     """The same run on `count` GPUs: keep the user's sharding, or shard fully (ZeRO-3/FSDP)."""
     if count == setup.n_gpus:
         return setup
-    if count == 1:
+    if count // (setup.tp * setup.pp) == 1:  # one shard group: nothing to replicate or shard
         sharding = Sharding.NONE if setup.sharding is not Sharding.ZERO3 else Sharding.ZERO3
     else:
         sharding = setup.sharding if setup.sharding is not Sharding.NONE else Sharding.ZERO3
@@ -206,10 +237,13 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
 
 
 def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
+    """The GPU counts tried, fewest first: those the setup's parallel layout runs on (a
+    multiple of `gpu_step`: tp=4 is not run on 2 GPUs), at least 2 for a multi-GPU setup."""
     largest = gpu.max_per_node * (MAX_NODES if gpu.segment == "datacenter" else 1)
-    counts = [c for c in GPU_COUNTS if c <= largest]
+    step = gpu_step(setup)
+    counts = [c for c in GPU_COUNTS if c <= largest and c % step == 0]
     if setup.n_gpus > 1:
-        counts = [c for c in counts if c >= 2] or [2]
+        counts = [c for c in counts if c >= 2] or [max(2, step)]
     return counts
 
 

@@ -335,3 +335,14 @@ def test_the_band_is_a_box_on_the_peaks_bar(est: vram.Estimate, unit: charts.Uni
     band = breakdown_chart.band_text(est, unit)
     assert band.startswith("90 % band") and all(band in b.hovertemplate for b in peak_bars)
     assert len([t for t in fig.data if t.type == "scatter"]) == 1  # the RTX 4090's line alone
+
+
+def test_a_gpu_name_in_a_chart_label_is_text() -> None:
+    """A team list's GPU name in a capacity line's label or the plan chart's: plotly renders
+    <a href>, <b> and entities in labels, so the tags arrive as characters (issue 25)."""
+    name = 'Lab <a href="https://evil.example/x">GPU</a> <b>x</b> AT&T'
+    label = charts.capacity_text(name, 80 * 10**9, "GB")
+    assert "<a" not in label and "<b>" not in label
+    assert label.startswith('Lab &lt;a href="https://evil.example/x"&gt;GPU&lt;/a&gt; '
+                            "&lt;b&gt;x&lt;/b&gt; AT&amp;T")
+    assert charts.capacity_text("H200 (SXM)", 151 * 10**9, "GB") == "H200 (SXM)\u00a0· 151\u00a0GB"

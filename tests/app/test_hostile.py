@@ -75,6 +75,21 @@ def test_url_text_is_shown_as_text_on_every_page(page: str) -> None:
         assert _active_markup(body) == [], body
 
 
+@pytest.mark.parametrize("page", ["app.py", *PAGES])
+def test_a_layout_the_stack_does_not_run_is_named_on_every_page(page: str) -> None:
+    """Pipeline parallel with a stack that runs none (the default, hf-trainer): the estimate
+    refuses it, and every page names the control instead of raising (issue 25, found by the
+    URL fuzz over main's parallel knobs)."""
+    app = AppTest.from_file(str(ROOT / page), default_timeout=60)
+    layout = {"pp": "2", "gpus": "8", "shard": "zero3"}
+    app.query_params.update({**layout, "plan": "1", "pin": json.dumps(layout)})
+    app.run()
+    assert not app.exception
+    if page in ("app.py", "pages/2_Compare.py", "pages/3_GPUs.py"):
+        errors = " ".join(shown(e.value) for e in app.error)
+        assert "Pipeline parallel (pp): hf-trainer runs no pipeline parallel" in errors
+
+
 def _upload(content: bytes) -> AppTest:
     app = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
     app.query_params["model"] = "upload"

@@ -76,3 +76,33 @@ def test_closed_import_panel_draws_nothing_inside(app: AppTest) -> None:
     app.session_state[OPEN] = True
     app.run()
     assert app.selectbox(key="import_format").value == "auto"
+
+
+def test_an_imported_config_never_looks_at_the_servers_files(tmp_path: Path) -> None:
+    """A path in a pasted config gets the same note whatever is at it (issue 25)."""
+    import os
+
+    config = tmp_path / "config.json"
+    config.write_text((CONFIGS.parents[1] / "data" / "configs").name)  # any file
+    (tmp_path / "folder").mkdir()
+    os.mkfifo(tmp_path / "fifo")
+    notes = {}
+    for kind, path in (("file", config), ("folder", tmp_path / "folder"),
+                       ("fifo", tmp_path / "fifo"), ("device", Path("/dev/zero")),
+                       ("passwd", Path("/etc/passwd")), ("missing", tmp_path / "nothing")):
+        app = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"),
+                                default_timeout=60)
+        _import(app, f"base_model: {path}\nsequence_len: 1024\nmicro_batch_size: 1\n",
+                "axolotl")
+        assert not app.exception and not app.error, kind
+        captions = [shown(c.value) for c in app.caption if "model kept" in shown(c.value)]
+        assert len(captions) == 1, kind
+        notes[kind] = captions[0].replace(str(path), "PATH")
+    assert set(notes.values()) == {
+        "model kept as it was: 'PATH': not in the catalog: upload its config.json"}, notes
+
+
+def test_a_null_key_is_named_in_the_import_panel(app: AppTest) -> None:
+    _import(app, "base_model: llama-3.1-8b\n~: 1\nsequence_len: 1024\n")
+    assert not app.exception
+    assert any("~ (null): a key must be text" in shown(e.value) for e in app.error)

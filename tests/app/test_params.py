@@ -143,3 +143,22 @@ def test_pins_round_trip(pins: list[dict[str, object]]) -> None:
 def test_bad_pins_are_reported() -> None:
     pins, errors = params.parse_pins(REG, ["not json", '{"batch": "x"}', "{}"], limit=4)
     assert len(pins) == 1 and len(errors) == 2
+
+
+@pytest.mark.parametrize(("query", "named"), [
+    ({"pp": "2", "gpus": "8", "shard": "zero3"}, "Pipeline parallel (pp): hf-trainer runs no "
+                                                 "pipeline parallel ("),
+    ({"cp": "2", "gpus": "8", "shard": "zero1", "stack": "litgpt"},
+     "Context parallel (cp): litgpt runs no context parallel ("),
+    ({"ep": "2", "gpus": "8", "shard": "zero3"}, "Expert parallel (ep): hf-trainer runs no "
+                                                 "expert parallel ("),
+])
+def test_a_layout_the_stack_does_not_run_is_a_setup_error(query: dict[str, str],
+                                                          named: str) -> None:
+    """`vram.estimate` refuses a parallel layout the stack does not run (vram.stacks.support);
+    the app says so by the control, as for any bad setup, instead of its error box (issue 25:
+    ?pp=2&gpus=8&shard=zero3 with the default stack raised on every page)."""
+    state, errors = params.parse_query(REG, query)
+    assert errors == []
+    setup, errors = params.build_setup({**REG.defaults(), **state})
+    assert setup is None and len(errors) == 1 and errors[0].startswith(named), errors

@@ -68,3 +68,32 @@ def test_rl_query_round_trips() -> None:
     values, errors = parse_rl_query({"rl_gens": "4", "rl_util": "0.25", "rl_algo": "dpo"})
     assert not errors
     assert rl_query(values) == {"rl_gens": "4", "rl_util": "0.25", "rl_algo": "dpo"}
+
+
+def test_rl_numbers_in_the_link_are_the_whole_text() -> None:
+    values, errors = parse_rl_query({"rl_util": "0.3000000000junk", "rl_beta": "0.04"})
+    assert values == {"rl_beta": 0.04}
+    assert len(errors) == 1 and "rl_util" in errors[0]
+    for text in ("nan", "inf", "1e999", "0.5 " * 20, "0x1p-2"):
+        values, errors = parse_rl_query({"rl_util": text})
+        assert "rl_util" not in values and errors, text
+
+
+def test_prompts_per_gpu_offers_what_the_model_accepts() -> None:
+    at = _page()
+    at.query_params.update({"rl_gens": "8"})
+    at.run()
+    batch = at.number_input(key="rl_batch")
+    assert batch.max == rl.max_batch("grpo", 8) == 512
+    batch.set_value(512).run()
+    assert not at.error and not at.exception
+    # more generations lower the bound; the value is brought within it, and said so
+    at.number_input(key="rl_gens").set_value(16).run()
+    assert not at.exception
+    assert at.number_input(key="rl_batch").value == 256
+    assert any("256" in shown(e.value) for e in at.error)
+    # a link over the bound is named, not a traceback
+    at = _page()
+    at.query_params.update({"rl_gens": "64", "rl_batch": "1024"})
+    at.run()
+    assert not at.exception and at.number_input(key="rl_batch").value == 64

@@ -89,3 +89,30 @@ def test_too_small_is_the_same_comparison_as_the_fit() -> None:
     one_gpu = {o.gpu.id for o in fit(model, setup).fits if o.count == 1}
     assert not one_gpu & {g.id for g in small}  # a card that holds it alone is never "too small"
     assert {g.id for g in gpus} - {g.id for g in small} >= one_gpu
+
+
+@pytest.mark.parametrize(("column", "value"), [
+    ("bf16_dense_tflops", "1e99999"), ("bf16_dense_tflops", "inf"), ("bf16_dense_tflops", "nan"),
+    ("memory_bandwidth_gbps", "-inf"), ("usd_per_hour", "NaN"), ("memory_bandwidth_gbps", "1x"),
+    ("memory_bytes", "8e10"), ("memory_bytes", "inf"), ("max_per_node", "2.5"),
+])
+def test_non_finite_numbers_are_refused_by_row_and_column(tmp_path: Path, column: str,
+                                                          value: str) -> None:
+    row = {"id": "x1", "name": "GPU X", "vendor": "ACME", "segment": "datacenter",
+           "memory_bytes": "1000000000", "bf16_dense_tflops": "100",
+           "memory_bandwidth_gbps": "1000", "usd_per_hour": "1.0", "max_per_node": "8"}
+    row[column] = value
+    path = tmp_path / "gpus.csv"
+    path.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    with pytest.raises(CatalogError, match=rf"line 2: column {column}: '{value}' is not"):
+        load_gpus(path)
+
+
+def test_gpus_json_prints_finite_numbers_only() -> None:
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "vram", "gpus", "--json"], check=True,
+                         capture_output=True, text=True).stdout
+    json.loads(out, parse_constant=lambda name: pytest.fail(f"gpus --json printed {name}"))

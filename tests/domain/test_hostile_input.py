@@ -12,7 +12,7 @@ import pytest
 
 from vram import ConfigError, VramError, load_model, model_from_config
 from vram.errors import CatalogError, FileReadError
-from vram.files import read_csv_rows, read_limited
+from vram.files import read_csv_rows, read_limited, write_text
 from vram.gpus import load_gpus
 from vram.model.architecture import read_config_text
 from vram.model.catalog import load_config, parse_param_count
@@ -84,14 +84,38 @@ def test_an_unreadable_file_is_a_permission_error(tmp_path: Path) -> None:
     assert "permission denied" in str(_fails_fast(load_model, str(path)))
 
 
-def test_a_permission_error_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_permission_error_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Runs as root too (root reads any file): the open itself is refused here."""
     def refuse(*_: object) -> int:
         raise PermissionError(13, "Permission denied")
 
+    path = tmp_path / "config.json"
+    path.write_text("{}")
     monkeypatch.setattr(os, "open", refuse)
-    error = _fails_fast(load_model, "/srv/config.json")
+    error = _fails_fast(load_model, str(path))
     assert "permission denied" in str(error)
+
+
+def test_a_device_or_fifo_is_never_opened(monkeypatch: pytest.MonkeyPatch, fifo: Path,
+                                          tmp_path: Path) -> None:
+    """Issue 25: refused before it is opened (opening a device can act), to read or write."""
+    opened: list[object] = []
+    real_open = os.open
+
+    def spy(path: object, *args: object) -> int:
+        opened.append(path)
+        return real_open(path, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", spy)
+    for special in ("/dev/zero", "/dev/null", str(fifo)):
+        with pytest.raises(FileReadError):
+            read_limited(special, 100)
+        with pytest.raises(FileReadError):  # FileWriteError is one
+            write_text(special, "x")
+    assert opened == []
+    plain = tmp_path / "plain"
+    plain.write_text("x")
+    assert read_limited(plain, 100) == b"x" and opened == [plain]
 
 
 def test_reading_stops_one_byte_past_the_cap(tmp_path: Path) -> None:

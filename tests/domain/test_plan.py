@@ -224,3 +224,27 @@ def test_options_cost_is_hours_times_price(llama8b: vram.ModelSpec) -> None:
 def test_unknown_gpu_names_the_field(llama8b: vram.ModelSpec) -> None:
     with pytest.raises(vram.VramError, match="gpu: unknown GPU 'rtx-9999'; allowed: t4"):
         vram.plan(llama8b, vram.TrainingSetup(), hardware=vram.Hardware(gpu="rtx-9999"))
+
+
+@pytest.mark.parametrize("tokens", [0, -1, -1e9, float("nan"), float("inf"), 1e17, True, "1e9"])
+def test_tokens_are_checked_by_name(llama8b: vram.ModelSpec, tokens: object) -> None:
+    with pytest.raises(vram.VramError, match=r"^tokens: "):
+        vram.plan(llama8b, vram.TrainingSetup(method="qlora"), tokens=tokens)  # type: ignore[arg-type]
+
+
+def test_a_team_list_with_other_ids_is_timed_by_kind(llama8b: vram.ModelSpec) -> None:
+    """The measured rows name shipped ids; a team's H100 under another id gets the same
+    kind's MFU, from its own figures, and the plan says so."""
+    shipped = {g.id: g for g in load_gpus()}
+    ours = shipped["h100-sxm"].model_copy(update={"id": "our-h100", "usd_per_hour": 1.0})
+    setup = vram.TrainingSetup(method="qlora", seq_len=2048)
+    hw = vram.Hardware(gpu="our-h100", count=1)
+    mine = vram.plan(llama8b, setup, hardware=hw, tokens=1e9, gpus=[ours])
+    theirs = vram.plan(llama8b, setup, hardware=vram.Hardware(gpu="h100-sxm", count=1),
+                       tokens=1e9)
+    assert mine.hours == pytest.approx(theirs.hours)
+    assert "our-h100" in mine.speed_basis and "not among the measured GPUs" in mine.speed_basis
+    assert "h100-sxm" in theirs.speed_basis and "a measured GPU" in theirs.speed_basis
+    bare = ours.model_copy(update={"bf16_dense_tflops": None})
+    nothing = vram.plan(llama8b, setup, hardware=hw, tokens=1e9, gpus=[bare])
+    assert nothing.hours is None and "no bf16_dense_tflops" in nothing.speed_basis

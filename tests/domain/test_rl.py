@@ -300,3 +300,34 @@ def test_open_r1_grpo_config_becomes_an_rl_setup() -> None:
     assert setup.rollout.value == "colocate" and setup.gpu_memory_utilization == 0.3
     assert setup.effective_reference is Reference.NONE  # beta unset: TRL's 0.0
     assert setup.sequences_per_gpu == loaded.setup.micro_batch
+
+
+# ---- the policy step's bound is the RL setup's (issue 25) ----
+
+@pytest.mark.parametrize(("algo", "gens", "largest"), [
+    ("grpo", 8, 512), ("grpo", 1, 4096), ("grpo", 1024, 4), ("ppo", 3, 1365),
+    ("dpo", 8, 2048), ("orpo", 1, 2048), ("kto", 8, 4096),
+])
+def test_the_largest_batch_is_accepted_and_one_more_is_named(algo: str, gens: int,
+                                                             largest: int) -> None:
+    assert rl.max_batch(algo, gens) == largest
+    rollout = "none" if algo in ("dpo", "orpo", "kto") else "colocate"
+    setup = rl.RLSetup(algo=algo, num_generations=gens, batch=largest, rollout=rollout)
+    assert setup.sequences_per_gpu <= rl.MAX_SEQUENCES
+    assert rl_estimate_setup_is_valid(setup)
+    if largest < 4096:
+        with pytest.raises(ValueError, match=r"batch x num_generations: .*at most 4,096"):
+            rl.RLSetup(algo=algo, num_generations=gens, batch=largest + 1, rollout=rollout)
+
+
+def rl_estimate_setup_is_valid(setup: rl.RLSetup) -> bool:
+    from vram.rl.estimate import policy_setup
+
+    return policy_setup(setup).micro_batch == setup.sequences_per_gpu
+
+
+@pytest.mark.parametrize("memory", [0, -1, 2**50, 1.5, float("nan"), True, "80e9", None])
+def test_gpu_memory_bytes_is_checked_by_name(memory: object) -> None:
+    model = vram.load_model("llama-3.2-1b")
+    with pytest.raises(vram.VramError, match=r"^gpu_memory_bytes: "):
+        rl.estimate(model, rl.RLSetup(), memory)  # type: ignore[arg-type]

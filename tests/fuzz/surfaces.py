@@ -329,7 +329,7 @@ def run_cli(argv: list[str]) -> int:
 # The app: URL parameters and uploads (plain random generators; AppTest is slow)
 # --------------------------------------------------------------------------------------------
 
-PAGES = ("app.py", "pages/1_Learn.py", "pages/2_Compare.py", "pages/3_GPUs.py")
+PAGES = ("app.py", *sorted(f"pages/{p.name}" for p in (ROOT / "pages").glob("*.py")))
 URL_VALUES: dict[str, list[str]] = {
     "model": ["llama-3.2-1b", "llama-3.1-70b", "upload", "params", "gpt2", "nope"],
     "method": ["full", "lora", "qlora"], "opt": ["adamw", "sgd", "lion"],
@@ -344,6 +344,24 @@ URL_VALUES: dict[str, list[str]] = {
     "size": ["7", "0.001", "1e400", "70"], "config": ["{}", "z!!", "x" * 10, "{\"a\":"],
     "plan": ["1", "0", "2"], "mygpu": ["rtx-4090", "any", "nope"], "mycount": ["2", "0", "65"],
     "tokens": ["1000", "0", "1e400"],
+    # main's parallelism knobs, the allocator's settings and the what-if / presentation keys
+    "tp": ["1", "2", "8", "0", "3", "4097"], "pp": ["1", "2", "4", "0", "-1"],
+    "ppsched": ["gpipe", "1f1b", "interleaved", "nope"], "ppv": ["1", "2", "65", "0"],
+    "cp": ["1", "2", "4", "3", "0"], "cpkind": ["ring", "ulysses", "nope"],
+    "ep": ["1", "2", "8", "3"], "sp": ["1", "0", "maybe"],
+    "fp8": ["tensorwise", "rowwise", "blockwise", "te", "none", "fp4"],
+    "alloc": ["expandable_segments:True", "max_split_size_mb:128", "max_split_size_mb:nan",
+              "garbage_collection_threshold:2", "x:y", "roundup_power2_divisions:[x]"],
+    "ctx": ["500", "0", "-1", "1e400"], "sac": ["1", "0"],
+    "present": ["1", "0"], "whatif": ["1", "0"], "wgpu": ["h100-sxm", "rtx-4090", "nope"],
+    "compress": ["optimizer=4", "weights=2,activations=8", "weights=0", "activations=nan",
+                 "x=2", "optimizer=1e400", "optimizer=4,optimizer=8", "=", ","],
+    # the RL page's own parameters
+    "rl_model": ["qwen2.5-7b-instruct", "llama-3.2-1b", "nope"], "rl_gpu": ["h100-sxm", "nope"],
+    "rl_algo": ["grpo", "dpo", "ppo"], "rl_gens": ["8", "1024", "1025", "0"],
+    "rl_batch": ["1", "512", "513", "4096"], "rl_util": ["0.3", "0.3000000000junk", "nan"],
+    "rl_beta": ["0.04", "-1", "inf"], "rl_rollout": ["server", "shared"], "rl_sleep": ["1", "3"],
+    "rl_plen": ["512", "0"], "rl_clen": ["1024", "1048577"], "rl_ckpt": ["off"],
 }
 
 
@@ -464,7 +482,12 @@ def import_bytes(rng: random.Random) -> tuple[str, bytes]:
     """(kind, content) of a hostile training-config import: bombs, tags, mutated real files."""
     kind = rng.choice(["bomb", "deep", "tag", "anchor", "binary", "huge", "digits",
                        "mutated", "mutated", "mutated", "mutated", "json", "empty", "real",
-                       "real"])
+                       "real", "oddkeys"])
+    if kind == "oddkeys":  # keys YAML allows and no reader can name (issue 25)
+        key = rng.choice(["~", "null", "1", "2.5", "true", "no", "''", "? [a, b]"])
+        lines = rng.choice(TRAINING_CONFIGS).read_text().splitlines()
+        lines.insert(rng.randrange(len(lines) + 1), f"{key}: 1")
+        return kind, "\n".join(lines).encode()
     if kind == "bomb":
         lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
         for level in "bcdefghi"[: rng.randint(2, 8)]:

@@ -3,6 +3,7 @@ the key, never executed, never a traceback."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,76 @@ def test_deep_flow_nesting_is_refused_before_the_scanner_goes_quadratic() -> Non
     started = time.process_time()
     refused("a: " + "[" * depth + "]" * depth, "file", "nested deeper than 32 levels")
     assert time.process_time() - started < 1.0
+
+
+# ---- no file system from the app (issue 25) ----------------------------------------------------
+
+def _server_paths(tmp_path: Path) -> dict[str, Path]:
+    """Things that exist on a server, each a different kind, and one that does not."""
+    import os
+
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, '
+                      '"num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 100}')
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "not-json.json").write_text("not json")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    return {"json file": config, "folder": tmp_path / "folder",
+            "bad json": tmp_path / "not-json.json", "fifo": tmp_path / "fifo",
+            "device": Path("/dev/zero"), "symlink loop": tmp_path / "loop",
+            "missing": tmp_path / "missing.json"}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path: the report cuts long values, which would make
+    the paths' reports differ by where the cut falls."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="vr"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_without_the_filesystem_a_path_says_the_same_whatever_is_there(short_tmp: Path) -> None:
+    from tests.fuzz.surfaces import within
+    from vram.io.readers import NOT_IN_CATALOG
+
+    problems = {}
+    for kind, path in _server_paths(short_tmp).items():
+        text = f"base_model: {path}\nsequence_len: 1024\nmicro_batch_size: 1\n"
+        with within(10, what=kind):  # opening the FIFO would hang
+            loaded = load_training_config(text, filesystem=False)
+        assert loaded.model is None, kind
+        problems[kind] = (loaded.model_problem or "").replace(str(path), "PATH")
+        # the report says the same for all of them too
+        report = " ".join(" ".join(loaded.report.lines()).split())  # columns pad to the path
+        problems[kind + " report"] = report.replace(str(path), "PATH")
+    assert problems["json file"] == f"'PATH': {NOT_IN_CATALOG}"
+    assert len({v for k, v in problems.items() if not k.endswith("report")}) == 1, problems
+    assert len({v for k, v in problems.items() if k.endswith("report")}) == 1, problems
+
+
+def test_without_the_filesystem_catalog_names_and_hub_ids_still_resolve() -> None:
+    for ref, slug in (("llama-3.1-8b", "llama-3.1-8b"),
+                      ("meta-llama/Llama-3.1-8B", "llama-3.1-8b"),
+                      ("https://huggingface.co/Qwen/Qwen2.5-7B-Instruct", "qwen2.5-7b-instruct")):
+        loaded = load_training_config(f"base_model: {ref}\n", filesystem=False)
+        assert loaded.model_slug == slug and loaded.model is not None, ref
+
+
+def test_without_the_filesystem_the_source_is_text_even_if_it_names_a_file(
+        tmp_path: Path) -> None:
+    real = tmp_path / "run.yml"
+    real.write_text("base_model: llama-3.1-8b\nsequence_len: 4096\n")
+    with pytest.raises(TrainingConfigError):  # the path itself, read as YAML: not a mapping
+        load_training_config(str(real), filesystem=False)
+    assert load_training_config(str(real)).setup.seq_len == 4096  # the CLI reads the file
+
+
+def test_the_cli_still_resolves_a_model_path(tmp_path: Path) -> None:
+    config = _server_paths(tmp_path)["json file"]
+    loaded = load_training_config(f"base_model: {config}\n")
+    assert loaded.model is not None and loaded.model.hidden_size == 64

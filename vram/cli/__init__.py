@@ -17,11 +17,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from vram.cli import commands
 from vram.cli import plan as plan_cli
 from vram.cli import rl as rl_cli
 from vram.cli.flags import Parser, add_setup_flags, fail
-from vram.errors import VramError
+from vram.errors import VramError, one_line
 from vram.io.readers import cli_hook
 
 
@@ -73,8 +75,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **plan_cli.register_handlers(), "rl": rl_cli.run}
     try:
         return handlers[args.command](args, parser)
-    except VramError as exc:
-        return fail(prog, str(exc).splitlines()[0])
+    except (VramError, ValidationError) as exc:
+        return fail(prog, one_line(exc))
     except BrokenPipeError:
         return 0
     except OSError as exc:

@@ -9,7 +9,7 @@ import json
 import sys
 
 from vram.cli.flags import setup_from_args
-from vram.errors import VramError
+from vram.errors import VramError, one_line
 from vram.gpus import FitReport, fit, load_gpus
 from vram.io.readers import cli_hook
 from vram.io.report import (
@@ -20,7 +20,7 @@ from vram.io.report import (
     setup_warnings,
     what_if_lines,
 )
-from vram.io.validate import report_lines, run_cases
+from vram.io.validate import report_lines, run_cases, summarize
 from vram.model.architecture import ModelSpec
 from vram.model.catalog import load_config, load_model, model_catalog
 from vram.result import Estimate
@@ -99,6 +99,11 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except TraceUnavailable as exc:
         print(f"python -m vram trace: {exc}", file=sys.stderr)
         return 1
+    except VramError:
+        raise  # a setup or config the trace refuses: one line naming the field (vram.cli)
+    except Exception as exc:  # torch, Transformers or PEFT refusing this setup
+        raise VramError(f"the trace could not run this setup ({type(exc).__name__}: "
+                        f"{one_line(exc)})") from None
     payload = traced.to_json()
     if args.json:
         print(json.dumps(payload, indent=2))
@@ -134,9 +139,10 @@ def run_models(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def run_validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Exit status 1 when nothing was scored: the summary line says so (no median of 0.0)."""
     results = run_cases(args.cases)
     if args.json:
         print(json.dumps({"rows": [r.to_json() for r in results]}, indent=2))
     else:
         print("\n".join(report_lines(results)))
-    return 0
+    return 0 if summarize(results).errors else 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from vram.errors import VramError
+from vram.errors import VramError, one_line
 from vram.gpus import load_gpus
 from vram.model.architecture import ModelSpec
 from vram.model.catalog import load_model
@@ -77,16 +77,6 @@ def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[t
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def _first_error(exc: Exception) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        first = errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        message = str(first["msg"]).removeprefix("Value error, ")
-        return f"{where}: {message}" if where else message
-    return str(exc)
-
-
 def rl_setup_from_args(args: argparse.Namespace) -> RLSetup:
     """The RLSetup the flags describe; a bad one raises VramError naming the field."""
     gpus = args.gpu_count
@@ -106,7 +96,7 @@ def rl_setup_from_args(args: argparse.Namespace) -> RLSetup:
             gpu_memory_utilization=args.gpu_memory_utilization, sleep=args.sleep,
             rollout_gpus=args.rollout_gpus, chunked_loss=args.chunked_loss)
     except ValueError as exc:
-        raise VramError(_first_error(exc)) from None
+        raise VramError(one_line(exc)) from None
 
 
 def gpu_memory(gpu_id: str) -> int:
@@ -171,7 +161,7 @@ def _from_file(args: argparse.Namespace,
         try:
             setup = RLSetup.model_validate(fields)
         except ValueError as exc:
-            raise VramError(_first_error(exc)) from None
+            raise VramError(one_line(exc)) from None
     return model, setup
 
 

@@ -147,8 +147,15 @@ class Summary:
     p90_abs_pct: float
     max_abs_pct: float
     unsupported: int
+    #: Scored rows with an error to summarize (estimated): 0 means the figures above are not
+    #: figures, and `line` says so instead of printing 0.0.
+    errors: int = 0
 
     def line(self) -> str:
+        if not self.errors:
+            return (f"cases={self.cases} median_abs_pct=n/a p90_abs_pct=n/a max_abs_pct=n/a "
+                    "(nothing scored: no row of confidence high or medium that is not an "
+                    "upper bound could be estimated)")
         return (f"cases={self.cases} median_abs_pct={self.median_abs_pct:.1f} "
                 f"p90_abs_pct={self.p90_abs_pct:.1f} max_abs_pct={self.max_abs_pct:.1f}")
 
@@ -173,6 +180,7 @@ def summarize(results: list[CaseResult]) -> Summary:
         p90_abs_pct=_percentile(errors, 0.9),
         max_abs_pct=max(errors, default=0.0),
         unsupported=sum(1 for r in scored if r.predicted_bytes is None),
+        errors=len(errors),
     )
 
 

@@ -11,20 +11,26 @@ datacenter; `vram.plan.throughput.GpuClass`). Rows measured with CPU offload of 
 optimizer, and rows marked `calibrate=no` (the notes say why), are predicted but not used to
 calibrate.
 
+A row names the GPU it was measured on by its id in the shipped catalog (`data/gpus.csv`),
+whose figures (dense bf16 rate, bandwidth, segment) are that GPU's, whatever list a team
+points `VRAM_GPUS_CSV` at: the table is read by GPU kind (class), and a team's GPU is timed
+with its own figures and its kind's MFU (`MfuTable.basis` says which, issue 25).
+
     python -m vram validate-speed      # the time model's error on every row
 """
 
 from __future__ import annotations
 
-import csv
+import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from vram.errors import CatalogError
-from vram.gpus import Gpu, load_gpus
+from vram.errors import CatalogError, FileReadError, one_line
+from vram.files import read_csv_rows
+from vram.gpus import Gpu, load_gpus, shipped_gpus_path
 from vram.model.catalog import load_model
 from vram.paths import data_dir
 from vram.plan.flops import Recompute
@@ -75,6 +81,10 @@ class MfuTable:
     by_class: dict[GpuClass, float]
     by_method: dict[Method, float]
     overall: float
+    #: Rows behind each cell and each class, and the GPUs (catalog ids) they were measured on.
+    cell_rows: dict[tuple[Method, GpuClass], int] = field(default_factory=dict)
+    class_rows: dict[GpuClass, int] = field(default_factory=dict)
+    measured_gpus: frozenset[str] = frozenset()
 
     def mfu(self, method: Method, cls: GpuClass) -> float:
         if (method, cls) in self.cells:
@@ -82,15 +92,42 @@ class MfuTable:
         method_ratio = self.by_method.get(method, self.overall) / self.overall
         return self.by_class.get(cls, self.overall) * method_ratio
 
+    def basis(self, method: Method, cls: GpuClass) -> str:
+        """Where `mfu(method, cls)` comes from, in words (the plan shows it)."""
+        value = self.mfu(method, cls)
+        if (method, cls) in self.cells:
+            n = self.cell_rows.get((method, cls), 0)
+            return (f"MFU {value:.2f}: the median of {n} measured {method.value} run(s) on "
+                    f"{cls.value} GPUs")
+        if not self.class_rows:
+            return f"MFU {value:.2f}: no measured run to calibrate on (a default)"
+        if cls in self.by_class:
+            return (f"MFU {value:.2f}: no measured {method.value} run on {cls.value} GPUs: "
+                    f"their median ({self.class_rows[cls]} runs) scaled by {method.value}'s "
+                    "ratio to all methods")
+        return (f"MFU {value:.2f}: no measured run on {cls.value} GPUs: the median of all "
+                f"{sum(self.class_rows.values())} runs scaled by {method.value}'s ratio")
+
+
+def _whole(row: dict[str, str], key: str) -> int:
+    text = row[key].strip()
+    if not text.isdigit() or len(text) > 12:
+        raise ValueError(f"{key}: {text[:20]!r} is not a whole number")
+    return int(text)
+
 
 def _setup_from_row(row: dict[str, str]) -> tuple[TrainingSetup, Recompute]:
-    recompute = Recompute(row["recompute"].strip())
-    n_gpus = int(row["n_gpus"])
+    text = row["recompute"].strip()
+    if text not in {r.value for r in Recompute}:
+        raise ValueError(f"recompute: {text[:20]!r}; allowed: "
+                         f"{', '.join(r.value for r in Recompute)}")
+    recompute = Recompute(text)
+    n_gpus = _whole(row, "n_gpus")
     offload = row["offload"].strip() or "none"
     method = row["method"].strip()
     setup = TrainingSetup(
         method=method, optimizer=row["optimizer"].strip(), precision="bf16-true",
-        micro_batch=int(row["micro_batch"]), seq_len=int(row["seq_len"]),
+        micro_batch=_whole(row, "micro_batch"), seq_len=_whole(row, "seq_len"),
         grad_ckpt=recompute is not Recompute.NONE,
         compile=row["compile"].strip().lower() == "true", loss=row["loss"].strip(),
         n_gpus=n_gpus,
@@ -102,33 +139,65 @@ def _setup_from_row(row: dict[str, str]) -> tuple[TrainingSetup, Recompute]:
     return setup, recompute
 
 
+#: The columns a throughput table must have (`calibrate`, `source` and `notes` may be left out).
+COLUMNS = ("id", "model", "method", "gpu", "n_gpus", "seq_len", "micro_batch", "recompute",
+           "compile", "optimizer", "offload", "loss", "tokens_per_second_per_gpu")
+#: A throughput table is a few dozen rows of published runs: 1 MB is far more than enough.
+MAX_TABLE_BYTES = 1_000_000
+#: Tokens per second per GPU a measured run can have: above 0, below 10 million.
+MAX_TOKENS_PER_SECOND = 1e7
+
+
+def _measured(row: dict[str, str]) -> float:
+    text = row["tokens_per_second_per_gpu"].strip()
+    value = float(text) if len(text) <= 32 else math.nan
+    if not (math.isfinite(value) and 0 < value < MAX_TOKENS_PER_SECOND):
+        raise ValueError(f"tokens_per_second_per_gpu: {text[:40]!r} must be a number above 0 "
+                         f"and below {MAX_TOKENS_PER_SECOND:.0e}")
+    return value
+
+
 def read_runs(path: str | Path | None = None, gpus: Sequence[Gpu] | None = None,
               ) -> tuple[MeasuredRun, ...]:
-    """The measured table, each row turned into a workload (an error names the row)."""
+    """The measured table, each row turned into a workload (an error names the row).
+
+    The file is read as `vram.files` reads every file a person names: a regular UTF-8 CSV of
+    at most `MAX_TABLE_BYTES` (a FIFO or a device is refused before it is read). A row's
+    `gpu` is looked up in `gpus`, by default the shipped catalog: the GPU it was measured on,
+    never a team's list (`VRAM_GPUS_CSV`), whose ids and figures are its own."""
     csv_path = Path(path) if path is not None else data_dir() / "throughput.csv"
-    by_id = {gpu.id: gpu for gpu in (gpus if gpus is not None else load_gpus())}
+    listed = gpus if gpus is not None else load_gpus(shipped_gpus_path())
+    by_id = {gpu.id: gpu for gpu in listed}
+    try:
+        rows = read_csv_rows(csv_path, what="throughput table", required=COLUMNS,
+                             max_bytes=MAX_TABLE_BYTES)
+    except FileReadError as exc:
+        raise CatalogError(str(exc)) from None
+    if not rows:
+        raise CatalogError(f"throughput table {csv_path.name}: no rows")
     runs: list[MeasuredRun] = []
-    with open(csv_path, newline="", encoding="utf-8") as handle:
-        for line, row in enumerate(csv.DictReader(handle), start=2):
-            try:
-                setup, recompute = _setup_from_row(row)
-                model = load_model(row["model"].strip())
-                gpu = by_id[row["gpu"].strip()]
-                result = estimate(model, setup)
-                measured = float(row["tokens_per_second_per_gpu"])
-                calibrate = (row.get("calibrate") or "yes").strip().lower()
-                if calibrate not in ("yes", "no"):
-                    raise ValueError(f"calibrate: {calibrate!r}; allowed: yes, no")
-            except (KeyError, ValueError) as exc:
-                raise CatalogError(
-                    f"{csv_path.name} line {line}: {str(exc).splitlines()[0]}") from None
-            runs.append(MeasuredRun(
-                id=row["id"].strip(),
-                work=Workload(model=model, setup=setup, gpu=gpu,
-                              trainable_params=result.params.trainable, recompute=recompute,
-                              offloaded_activation_bytes=offloaded_activations(setup, result)),
-                tokens_per_second_per_gpu=measured, source=row.get("source", ""),
-                use_for_calibration=calibrate == "yes"))
+    for line, row in rows:
+        try:
+            setup, recompute = _setup_from_row(row)
+            model = load_model(row["model"].strip())
+            gpu_id = row["gpu"].strip()
+            if gpu_id not in by_id:
+                raise ValueError(f"gpu {gpu_id[:40]!r} is not in the GPU catalog")
+            gpu = by_id[gpu_id]
+            result = estimate(model, setup)
+            measured = _measured(row)
+            calibrate = (row.get("calibrate") or "yes").strip().lower()
+            if calibrate not in ("yes", "no"):
+                raise ValueError(f"calibrate: {calibrate[:20]!r}; allowed: yes, no")
+        except (KeyError, ValueError) as exc:
+            raise CatalogError(f"{csv_path.name} line {line}: {one_line(exc)}") from None
+        runs.append(MeasuredRun(
+            id=row["id"].strip()[:80],
+            work=Workload(model=model, setup=setup, gpu=gpu,
+                          trainable_params=result.params.trainable, recompute=recompute,
+                          offloaded_activation_bytes=offloaded_activations(setup, result)),
+            tokens_per_second_per_gpu=measured, source=row.get("source", ""),
+            use_for_calibration=calibrate == "yes"))
     return tuple(runs)
 
 
@@ -151,6 +220,9 @@ def calibrate(runs: Sequence[MeasuredRun]) -> MfuTable:
         by_class={key: statistics.median(values) for key, values in classes.items()},
         by_method={key: statistics.median(values) for key, values in methods.items()},
         overall=statistics.median(run.achieved_mfu() for run in usable),
+        cell_rows={key: len(values) for key, values in cells.items()},
+        class_rows={key: len(values) for key, values in classes.items()},
+        measured_gpus=frozenset(run.work.gpu.id for run in usable),
     )
 
 
@@ -213,6 +285,9 @@ def summary_line(label: str, errors: list[float]) -> str:
 def report_lines(runs: Sequence[MeasuredRun]) -> list[str]:
     """One line per row (predicted vs measured tokens/s per GPU), the MFU table, summaries."""
     checks = check_runs(runs)
+    if not checks:
+        raise CatalogError("throughput table: no row's GPU has a dense bf16 rate "
+                           "(bf16_dense_tflops), so no row can be predicted")
     used = {run.id for run in runs if run.calibrates}
     lines = [f"{'id':<28} {'predicted':>10} {'measured':>10} {'error':>8} {'held-out':>9}"]
     for check in checks:

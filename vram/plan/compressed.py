@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict
 
+from vram.errors import VramError
 from vram.gpus import Gpu, context_difference
 from vram.model.architecture import ModelSpec, model_from_param_count
 from vram.plan.solve import Proof, largest_fitting
@@ -40,16 +41,18 @@ class CompressedLimits(BaseModel):
     micro_batch_before: Proof
     seq_len: Proof
     seq_len_before: Proof
-    model_steps: Proof
-    model_steps_before: Proof
+    #: None when the setup's layout cannot split Llama-shaped models (tp over their heads).
+    model_steps: Proof | None
+    model_steps_before: Proof | None
 
     @property
-    def model_params(self) -> int:
-        return self.model_steps.value * MODEL_STEP
+    def model_params(self) -> int | None:
+        return None if self.model_steps is None else self.model_steps.value * MODEL_STEP
 
     @property
-    def model_params_before(self) -> int:
-        return self.model_steps_before.value * MODEL_STEP
+    def model_params_before(self) -> int | None:
+        steps = self.model_steps_before
+        return None if steps is None else steps.value * MODEL_STEP
 
 
 def _peak(ratios: Ratios) -> Callable[[ModelSpec, TrainingSetup], int]:
@@ -65,7 +68,7 @@ def _peak(ratios: Ratios) -> Callable[[ModelSpec, TrainingSetup], int]:
 
 
 def _limits(model: ModelSpec, setup: TrainingSetup, ratios: Ratios, usable: int,
-            ) -> tuple[Proof, Proof, Proof]:
+            ) -> tuple[Proof, Proof, Proof | None]:
     peak = _peak(ratios)
     batch = largest_fitting(
         lambda b: peak(model, setup.model_copy(update={"micro_batch": b})), usable,
@@ -80,7 +83,12 @@ def _limits(model: ModelSpec, setup: TrainingSetup, ratios: Ratios, usable: int,
         return peak(sized, setup)
 
     start = max(1, round(estimate(model, setup).params.total / MODEL_STEP))
-    size = largest_fitting(model_peak, usable, start, MAX_MODEL_STEPS)
+    try:
+        size: Proof | None = largest_fitting(model_peak, usable, start, MAX_MODEL_STEPS)
+    except VramError:  # a Llama shape on the way that tp cannot split (its heads)
+        if setup.tp == 1:
+            raise
+        size = None
     return batch, seq, size
 
 

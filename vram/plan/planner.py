@@ -10,11 +10,14 @@ fits (and what each change costs), and what the whole run costs on every catalog
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Sequence
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vram.errors import InputError
 from vram.gpus import Gpu, load_gpus
 from vram.model.architecture import ModelSpec
 from vram.plan.calibration import MfuTable, default_mfu_table
@@ -30,7 +33,8 @@ from vram.plan.levers import (
 )
 from vram.plan.solve import Proof, fewest_gpus, max_micro_batch, max_seq_len
 from vram.plan.throughput import Workload, gpu_class, offloaded_activations, seconds_per_token
-from vram.setup import TrainingSetup
+from vram.setup import Method, TrainingSetup
+from vram.setup.layout import gpu_step
 from vram.step.bounds import FitVerdict, Verdict
 
 #: Used for time ratios only, on a GPU whose catalog row has no FLOP/s figure.
@@ -123,6 +127,8 @@ class Plan(BaseModel):
     path_fits: bool
     path_setup: TrainingSetup
     path_summary: str
+    #: How the time was had: the GPU's kind and figures, and the MFU's source (`MfuTable`).
+    speed_basis: str
     tokens: float | None
     tokens_per_second: float | None
     hours: float | None
@@ -318,26 +324,63 @@ def _options(model: ModelSpec, est: Estimator, setup: TrainingSetup, gpus: Seque
     return options
 
 
+#: The most tokens a plan prices (the CLI's --tokens bound): 10 quadrillion.
+MAX_TOKENS = 1e16
+
+
+def checked_tokens(tokens: float | None) -> float | None:
+    """`tokens` as a float, or InputError naming it: a finite number above 0, at most 1e16."""
+    if tokens is None:
+        return None
+    if isinstance(tokens, bool) or not isinstance(tokens, numbers.Real):
+        raise InputError("tokens", f"a number of tokens to train, not {type(tokens).__name__}")
+    value = float(tokens)
+    if not (math.isfinite(value) and 0 < value <= MAX_TOKENS):
+        raise InputError("tokens", f"{tokens!r}: a finite number above 0 and at most "
+                         f"{MAX_TOKENS:.0e} (or None: no time and cost)")
+    return value
+
+
+def speed_basis(gpu: Gpu, method: Method, table: MfuTable) -> str:
+    """What the plan's time rests on: the GPU's own rate and kind from its list, and where its
+    kind's MFU comes from; a GPU no measured run used says so (a team's own ids)."""
+    if not gpu.bf16_dense_tflops:
+        return f"{gpu.id}: no bf16_dense_tflops in the GPU list, so no time or cost"
+    cls = gpu_class(gpu)
+    measured = ("a measured GPU" if gpu.id in table.measured_gpus
+                else "not among the measured GPUs: timed by its kind")
+    return (f"{gpu.id}: {gpu.bf16_dense_tflops:g} TFLOP/s dense bf16 from the GPU list, "
+            f"{cls.value} class, {measured}; {table.basis(method, cls)}")
+
+
 def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = None,
          tokens: float | None = None, gpus: Sequence[Gpu] | None = None,
          mfu: MfuTable | None = None) -> Plan:
     """Plan `setup` on `hardware` (default: the cheapest catalog option that holds it, else
     the GPU with the most memory): verdict, largest batch and sequence, levers, the path
     that fits, and time and cost for `tokens` on every catalog option."""
+    tokens = checked_tokens(tokens)
     catalog = tuple(gpus) if gpus is not None else load_gpus()
     table = mfu if mfu is not None else default_mfu_table()
     est = Estimator(model)
     options = _options(model, est, setup, catalog, table, tokens)
+    step = gpu_step(setup)
     if hardware is None:
         best = next((o for o in options if o.fits), None)
         if best is not None:
             hardware = Hardware(gpu=best.gpu, count=best.count)
         else:
             largest = max(catalog, key=lambda g: g.memory_bytes)
-            hardware = Hardware(gpu=largest.id, count=min(setup.n_gpus, 64))
+            if step > 64:
+                raise InputError("setup", f"a layout over {step} GPUs (tp × pp × lcm(cp, ep)); "
+                                 "a plan's hardware is at most 64 per node")
+            hardware = Hardware(gpu=largest.id, count=min(setup.n_gpus, 64 // step * step))
         given = False
     else:
         given = True
+        if hardware.total % step:
+            raise InputError("hardware", f"{hardware.total} GPUs: the parallel layout runs on "
+                             f"multiples of {step} (tp × pp × lcm(cp, ep))")
     gpu = find_gpu(hardware.gpu, catalog)
     run_setup = setup_on(setup, hardware.total)
     usable = gpu.memory_bytes
@@ -356,6 +399,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = 
     price = gpu.usd_per_hour * hardware.total if gpu.usd_per_hour else None
     hours = tokens / rate / 3600 if rate and tokens else None
     return Plan(
+        speed_basis=speed_basis(gpu, final.method, table),
         model_name=model.name, setup=setup, hardware=hardware, hardware_given=given,
         run_setup=run_setup, fits=fits, verdict=judged.verdict,
         fit_probability=judged.probability, device_peak_bytes=peak, device_low_bytes=band.low,

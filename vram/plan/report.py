@@ -49,6 +49,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "path": [step.model_dump() for step in plan.path],
         "path_fits": plan.path_fits,
         "path_summary": plan.path_summary,
+        "speed_basis": plan.speed_basis,
         "tokens": plan.tokens,
         "tokens_per_second": plan.tokens_per_second,
         "hours": plan.hours,
@@ -99,6 +100,7 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"run{after}: {plan.tokens:,.0f} tokens in {_hours(plan.hours)}, "
                      f"{_money(plan.usd_per_run)} ({_money(plan.usd_per_million_tokens)} per "
                      "million tokens)")
+        lines.append(f"speed: {plan.speed_basis}")
     lines.append("")
     lines.append(f"{'lever':<42} {'saves':>10} {'time':>8} {'fits':>5}  quality")
     for lever in plan.levers:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vram.plan.hardware import Estimator, setup_on
 from vram.setup import MAX_MICRO_BATCH, MAX_SEQ_LEN, TrainingSetup
+from vram.setup.layout import gpu_step
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -167,6 +168,10 @@ def max_seq_len(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
 
 def fewest_gpus(est: Estimator, setup: TrainingSetup, usable: int, limit: int) -> Proof:
     """The fewest GPUs of `usable` bytes each that surely hold the run (ZeRO-3 when sharding
-    is needed, as fit() does); exact, not only powers of two."""
-    return smallest_fitting(lambda n: est.high(setup_on(setup, n)), usable, limit,
-                            lambda n: est.peak(setup_on(setup, n)))
+    is needed, as fit() does); exact, not only powers of two: every count the setup's parallel
+    layout runs on (multiples of `gpu_step`; tp=4 is never priced on 2 GPUs)."""
+    step = gpu_step(setup)
+    found = smallest_fitting(lambda k: est.high(setup_on(setup, k * step)), usable,
+                             max(1, limit // step), lambda k: est.peak(setup_on(setup, k * step)))
+    return found.model_copy(update={"value": found.value * step,
+                                    "past": found.past * step if found.past else found.past})

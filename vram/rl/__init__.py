@@ -10,17 +10,27 @@ engine, phase by phase.
 
 from __future__ import annotations
 
+import numbers
+
+from vram.errors import InputError
+from vram.gpus import MAX_MEMORY_BYTES
 from vram.model.architecture import ModelSpec
 from vram.rl.advice import advise
 from vram.rl.estimate import estimate as _estimate
 from vram.rl.result import ModelRole, PhaseEstimate, PhaseName, RLBucket, RLEstimate
-from vram.rl.setup import Algo, Engine, Reference, RLSetup, Rollout
+from vram.rl.setup import MAX_SEQUENCES, Algo, Engine, Reference, RLSetup, Rollout, max_batch
 from vram.rl.stacks import RL_STACKS, RLDefault, rl_default
 
 
 def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int,
              *, with_advice: bool = True) -> RLEstimate:
     """Per-GPU memory of one RL step, both phases, with advice unless `with_advice` is off."""
+    memory = gpu_memory_bytes
+    if isinstance(memory, bool) or not isinstance(memory, numbers.Integral) or not (
+            0 < memory < MAX_MEMORY_BYTES):
+        raise InputError("gpu_memory_bytes", f"{gpu_memory_bytes!r}: the GPU's memory in bytes, "
+                         f"an integer above 0 and below 2**50 (as a GPU list's memory_bytes)")
+    gpu_memory_bytes = int(memory)
     result = _estimate(model, setup, gpu_memory_bytes)
     if setup.uses_engine and setup.rollout in (Rollout.COLOCATE, Rollout.SHARED):
         peaks = {level: (result if level == setup.sleep else _estimate(
@@ -31,6 +41,7 @@ def estimate(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int,
 
 
 __all__ = [
-    "RL_STACKS", "Algo", "Engine", "ModelRole", "PhaseEstimate", "PhaseName", "RLBucket",
-    "RLDefault", "RLEstimate", "RLSetup", "Reference", "Rollout", "estimate", "rl_default",
+    "MAX_SEQUENCES", "RL_STACKS", "Algo", "Engine", "ModelRole", "PhaseEstimate", "PhaseName",
+    "RLBucket", "RLDefault", "RLEstimate", "RLSetup", "Reference", "Rollout", "estimate",
+    "max_batch", "rl_default",
 ]

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from vram.setup import Method, Sharding, TrainingSetup
+from vram.setup import MAX_MICRO_BATCH, Method, Sharding, TrainingSetup
 
 
 class Algo(StrEnum):
@@ -59,6 +59,26 @@ KL_GATED: frozenset[Algo] = frozenset({Algo.GRPO, Algo.RLOO})
 
 MAX_GENERATIONS = 1024
 MAX_TOKENS = 1024 * 1024
+#: Sequences one GPU trains on per step: they are the policy step's micro-batch, so the
+#: policy's own bound (`TrainingSetup.micro_batch`) is theirs.
+MAX_SEQUENCES = MAX_MICRO_BATCH
+MAX_BATCH = 4096
+#: Pair algorithms train on the chosen and the rejected completion of each prompt.
+PAIRED: frozenset[Algo] = frozenset({Algo.DPO, Algo.ORPO, Algo.SIMPO})
+
+
+def sequences_per_prompt(algo: Algo, num_generations: int) -> int:
+    """Sequences the policy trains on per prompt: 2 for pairs, 1 for KTO, G otherwise."""
+    if algo in PAIRED:
+        return 2
+    return 1 if algo in OFFLINE else num_generations
+
+
+def max_batch(algo: Algo | str, num_generations: int) -> int:
+    """The most prompts per GPU whose sequences stay within `MAX_SEQUENCES` (at least 1)."""
+    per_prompt = sequences_per_prompt(Algo(algo), max(1, num_generations))
+    return max(1, min(MAX_BATCH, MAX_SEQUENCES // per_prompt))
+
 
 
 class RLSetup(BaseModel):
@@ -72,7 +92,7 @@ class RLSetup(BaseModel):
     num_generations: Annotated[int, Field(strict=True, ge=1, le=MAX_GENERATIONS)] = 8
     prompt_len: Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)] = 512
     completion_len: Annotated[int, Field(strict=True, ge=1, le=MAX_TOKENS)] = 256
-    batch: Annotated[int, Field(strict=True, ge=1, le=4096)] = 1
+    batch: Annotated[int, Field(strict=True, ge=1, le=MAX_BATCH)] = 1
     beta: Annotated[float, Field(ge=0.0, le=100.0)] = 0.0
     reference: Reference = Reference.AUTO
     reward_model: Annotated[bool, Field(strict=True)] = False
@@ -87,6 +107,12 @@ class RLSetup(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RLSetup:
+        if self.sequences_per_gpu > MAX_SEQUENCES:
+            per = sequences_per_prompt(self.algo, self.num_generations)
+            raise ValueError(
+                f"batch x num_generations: {self.batch} prompts x {per} sequences = "
+                f"{self.sequences_per_gpu:,} sequences per GPU; at most {MAX_SEQUENCES:,} "
+                f"(batch at most {max_batch(self.algo, self.num_generations):,} here)")
         if self.sleep and self.rollout not in (Rollout.COLOCATE, Rollout.SHARED):
             raise ValueError(
                 f"sleep: sleep mode frees the engine's memory for a colocated trainer; with "
@@ -140,9 +166,7 @@ class RLSetup(BaseModel):
     @property
     def sequences_per_gpu(self) -> int:
         """Sequences the policy trains on per step: pairs count twice (chosen + rejected)."""
-        if self.algo in (Algo.DPO, Algo.ORPO, Algo.SIMPO):
-            return 2 * self.batch
-        return self.batch * self.effective_generations
+        return self.batch * sequences_per_prompt(self.algo, self.num_generations)
 
     @property
     def seq_len(self) -> int:

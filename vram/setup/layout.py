@@ -16,6 +16,7 @@ dp_shard x cp; axolotl docs/nd_parallelism.qmd@v0.18.0: `ep x dp_shard = world`)
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 from vram.setup.enums import Attention, ContextParallel, Fp8Recipe, Method, PipelineSchedule
@@ -71,6 +72,13 @@ def rank_seq_len(setup: Layout) -> int:
 def data_parallel(setup: Layout) -> int:
     """The data-parallel replicas: `n_gpus / (tp pp cp)`."""
     return max(1, setup.n_gpus // model_parallel(setup))
+
+
+def gpu_step(setup: Layout) -> int:
+    """The GPU counts this layout runs on are the multiples of `tp pp lcm(cp, ep)`: tp x pp x
+    cp must divide the count, and ep the count / (tp pp) (`check_layout`). 1 without tp, pp,
+    cp or ep: any count."""
+    return setup.tp * setup.pp * math.lcm(setup.cp, setup.ep)
 
 
 def check_layout(setup: Layout) -> None:

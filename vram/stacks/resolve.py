@@ -19,10 +19,11 @@ each stack's `defaults` (data), and the physics that reads `resolve(setup).run.<
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
+from vram.memo import BoundedCache, cached_in
 from vram.setup import Method, Offload, Precision, Sharding, TrainingSetup
 from vram.setup.layout import shard_group
 from vram.stacks.support import unsupported
@@ -183,7 +184,13 @@ def _resolve(setup: TrainingSetup) -> Resolved:
     )
 
 
-@lru_cache(maxsize=4096)
+#: Resolved setups kept (a setup and its filled-in copy, about 3 KB each): a sweep's distinct
+#: setups, and a bound by bytes as every cache has (`vram.memo.BoundedCache`).
+_RESOLVED: BoundedCache[tuple[str, Hashable], Any] = BoundedCache(
+    max_entries=4096, max_bytes=16 * 2**20, kind=lambda key: key[0])
+
+
+@cached_in(_RESOLVED)
 def resolve(setup: TrainingSetup) -> Resolved:
     """The setup as the run has it (`Resolved.run`) and what follows; one per distinct setup."""
     return _resolve(setup)

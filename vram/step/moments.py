@@ -132,32 +132,51 @@ def _top_layer_backward(c: StepContext) -> Moment:
 
 def _first_layer_backward(c: StepContext) -> Moment:
     """Late backward: every gradient exists but the embedding's and the one being written
-    (the layer's largest, whole until it becomes .grad); one layer's activations remain."""
+    (whole until it becomes .grad); one layer's activations remain.
+
+    The layer's backward has two moments, and both happen: its MLP's (first, every saved
+    tensor alive, the MLP's transients, the layer's largest gradient being written: a whole
+    expert bank for MoE) and its attention's (the MLP's saved tensors freed, the attention's
+    transients, the largest attention projection's gradient being written). The peak is the
+    larger. With gradient accumulation the gradient being written is a new tensor beside the
+    accumulated one, so a large bank's gradient can make the MLP's moment the larger even where
+    the attention's transients are (choosing one moment by the transients alone made the
+    estimate fall as the sequence grew, issue 25)."""
+    plan = c.plan
+    mlp = _late_layer_moment(c, Stage.FIRST_LAYER, plan.backward_mlp_transient_bytes,
+                             c.grads.largest_in_layer)
+    attention = _late_layer_moment(c, Stage.FIRST_ATTENTION,
+                                   plan.backward_attention_transient_bytes,
+                                   c.grads.largest_in_attention)
+    if c.bank is not None:  # the bank's gradient write stands for the MLP's moment
+        grads, setup = c.grads, c.setup
+        first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
+        mlp = Moment(
+            Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD,
+            max(c.accumulated_bytes, grads.total - grads.pending
+                - grads.per_layer + c.bank.done_in_layer), [
+                *c.working[Stage.FIRST_LAYER], *c.mask, c.bank.item(first_layer, plan),
+                *c.tied_pending])
+    return max(mlp, attention, key=lambda m: m.gradients_total + m.activation_bytes)
+
+
+def _late_layer_moment(c: StepContext, stage: Stage, transient_bytes: int,
+                       written_bytes: int) -> Moment:
+    """The first layer's backward at one of its two moments: the layer's saved tensors, the
+    moment's transients and the gradient being written (`_first_layer_backward`)."""
     grads, plan, setup = c.grads, c.plan, c.setup
-    building = 0 if grads.unsharded_unit or c.in_backward else (
-        grads.largest_in_attention if plan.backward_peak_in_attention
-        else grads.largest_in_layer)
+    building = 0 if grads.unsharded_unit or c.in_backward else written_bytes
     late_grads = grads.head if c.in_backward else max(
         c.accumulated_bytes, grads.total - grads.pending - building
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
-    late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
-    mask = c.mask
-    late = Moment(Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD, late_grads, [
-        *c.working[late_stage], *mask,
+    return Moment(Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD, late_grads, [
+        *c.working[stage], *c.mask,
         ItemDraft(key="activations.backward", label="first layer's activations and gradients",
                   formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
-                  bytes=first_layer + plan.backward_transient_bytes + building,
+                  bytes=first_layer + transient_bytes + building,
                   source="per-layer backward"), *c.tied_pending], c.reducing)
-    if c.bank is None:
-        return late
-    return with_bank_write(late, plan, Moment(
-        Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD,
-        max(c.accumulated_bytes, grads.total - grads.pending
-            - grads.per_layer + c.bank.done_in_layer), [
-            *c.working[Stage.FIRST_LAYER], *mask, c.bank.item(first_layer, plan),
-            *c.tied_pending]))
 
 
 def _embedding_backward(c: StepContext) -> Moment:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vram.errors import VramError
 from vram.setup import ALL_LINEAR, Attention, Method, Precision, TrainingSetup
 from vram.stacks.precision import lora_base_16bit
 from vram.stacks.profile import profile_for
@@ -104,8 +105,9 @@ TARGET_MAP["mt5"] = TARGET_MAP["t5"]
 TARGET_MAP["roberta"] = TARGET_MAP["bert"]
 
 
-class TraceUnsupported(ValueError):
-    """This family or setup cannot be traced; the message says why."""
+class TraceUnsupported(VramError):
+    """This family or setup cannot be traced; the message says why (one line, naming the
+    field: the CLI prints it as any bad input)."""
 
 
 @dataclass
@@ -308,7 +310,19 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
     )
     # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stacks.table).
     keep_dtype = not stack_row(setup.framework).fp32_adapters
-    peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
+    try:
+        peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
+    except ValueError as exc:
+        if "lora_dropout" not in str(exc):
+            raise
+        # LoRA on an MoE layer's expert banks (3-D parameters) is PEFT's lora.ParamWrapper,
+        # whose __init__ raises "does not work with lora_dropout != 0"
+        # (peft@v0.21.2 src/peft/tuners/lora/layer.py ParamWrapper).
+        raise TraceUnsupported(
+            f"lora_dropout: {setup.lora_dropout:g}: PEFT trains an MoE model's expert banks "
+            "only with lora_dropout 0 (src/peft/tuners/lora/layer.py@v0.21.2 ParamWrapper); "
+            "trace with "
+            "--lora-dropout 0") from None
     if keep_dtype:
         dtype = weight_dtype(setup)
         for name, param in peft_model.named_parameters():

@@ -39,7 +39,7 @@ from vram.trace.engine import (
     swappable,
     wrap_in_backward,
 )
-from vram.trace.optim import in_backward, make_optimizer, state_tensors
+from vram.trace.optim import TRACE_OPTIMIZERS, in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
 from vram.trace.tracker import SegmentPeak
 
@@ -172,7 +172,15 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     a 70B model in seconds). With `n_layers=k`, a model of exactly `k` blocks is traced and
     nothing is extrapolated (`k` = the config's depth gives the full trace).
     """
+    if setup.optimizer not in TRACE_OPTIMIZERS:
+        traced = ", ".join(o.value for o in TRACE_OPTIMIZERS)
+        raise TraceUnsupported(
+            f"optimizer: {setup.optimizer.value} is not traced (the trace runs {traced}); "
+            "the estimate models it: python -m vram estimate")
     full = depth(config)
+    if n_layers is not None and not 1 <= n_layers <= full:
+        raise TraceUnsupported(f"n_layers (--layers): {n_layers}; the config has {full} "
+                               f"layers: 1 to {full}")
     notes = _setup_notes(setup)
     tracer = _depth_tracer(setup)
     period = layer_period(config)

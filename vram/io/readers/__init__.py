@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vram.errors import FileReadError, TrainingConfigError, VramError
+from vram.errors import FileReadError, TrainingConfigError, VramError, shown_name
 from vram.files import read_limited
 from vram.io.readers import axolotl, llamafactory, torchtune, trl
 from vram.io.readers.detect import infer_format
@@ -31,6 +31,7 @@ from vram.setup import TrainingSetup
 
 __all__ = [
     "FORMATS",
+    "NOT_IN_CATALOG",
     "LoadedTrainingConfig",
     "MappingReport",
     "ReadResult",
@@ -100,15 +101,28 @@ def _source_text(source: str | Path) -> tuple[str | bytes, Path | None]:
     return source, None
 
 
+#: What a model reference that names no catalog entry gets when no file may be looked at.
+NOT_IN_CATALOG = "not in the catalog: upload its config.json"
+
+
 def load_training_config(source: str | Path, *, format: Format | None = None,
                          overrides: Sequence[str] = (), gpus: int | None = None,
-                         allow_file_reads: bool = True) -> LoadedTrainingConfig:
+                         allow_file_reads: bool = True,
+                         filesystem: bool = True) -> LoadedTrainingConfig:
     """The model and setup of a training config file (a path) or its text.
 
     `overrides` are torchtune's `key=value`s; `gpus` is the GPU count the launcher would give
-    (no config holds it). Raises `TrainingConfigError` naming the key that cannot be used.
+    (no config holds it). `allow_file_reads=False` reads no DeepSpeed JSON beside the file.
+    `filesystem=False` looks at nothing on the file system at all (the app, which must not
+    let a pasted config map the server's files): `source` is the config's text, never a
+    path; the model reference resolves to a catalog slug or Hub id, and anything else is
+    `NOT_IN_CATALOG`, whether or not such a file exists. Raises `TrainingConfigError` naming
+    the key that cannot be used.
     """
-    text, path = _source_text(source)
+    if filesystem:
+        text, path = _source_text(source)
+    else:
+        text, path = (str(source), None)
     base_dir = path.parent if (path is not None and allow_file_reads) else None
     result = read_training_config(parse_mapping(text), format=format, overrides=overrides,
                                   base_dir=base_dir, file_name=path.name if path else None)
@@ -124,6 +138,8 @@ def load_training_config(source: str | Path, *, format: Format | None = None,
     reference = result.model_slug or result.model_ref
     if reference is None:
         problem = "the file names no model: give one (--model)"
+    elif result.model_slug is None and not filesystem:
+        problem = f"{shown_name(reference, 200)!r}: {NOT_IN_CATALOG}"
     else:
         try:
             model = load_model(reference)

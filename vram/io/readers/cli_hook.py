@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vram.errors import ConfigError
+from vram.files import write_text
 from vram.io.knobs import build_setup, setup_knobs
 from vram.io.readers import FORMATS, LoadedTrainingConfig, load_training_config
 from vram.io.readers.mapper import split_fields
@@ -126,9 +127,8 @@ def run_export(args: argparse.Namespace, parser: argparse.ArgumentParser,
         model = args.model
     writer = to_axolotl_yaml if args.to == "axolotl" else to_trl_yaml
     text, _ = writer(setup, model)
-    if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            handle.write(text)
+    if args.out:  # a regular file only: never a FIFO or a device (vram.files)
+        write_text(args.out, text, what="--out")
     else:
         print(text, end="")
     return 0

@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vram.errors import TrainingConfigError
+from vram.errors import FileReadError, TrainingConfigError
+from vram.files import read_limited_text
 from vram.io.readers.mapper import Mapper, shown
 
 MAX_DEEPSPEED_BYTES = 256_000
@@ -33,12 +34,11 @@ def _read_beside(path_text: str, base_dir: Path | None) -> dict[str, Any] | None
     path = next((p for p in candidates if base in p.parents and p.is_file()), None)
     if path is None:
         return None
-    if path.stat().st_size > MAX_DEEPSPEED_BYTES:
-        raise TrainingConfigError("deepspeed", f"{path.name} is larger than "
-                                  f"{MAX_DEEPSPEED_BYTES:,} bytes")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
+    try:  # a regular file, never read past the cap (vram.files), as every named file
+        data = json.loads(read_limited_text(path, MAX_DEEPSPEED_BYTES, what="DeepSpeed config"))
+    except FileReadError as exc:
+        raise TrainingConfigError("deepspeed", f"{path.name}: {exc.reason}") from None
+    except (ValueError, RecursionError) as exc:
         raise TrainingConfigError("deepspeed", f"{path.name} is not valid JSON "
                                   f"({str(exc)[:80]})") from None
     if not isinstance(data, dict):

@@ -120,10 +120,25 @@ def parse_mapping(text: str | bytes) -> dict[str, Any]:
         raise TrainingConfigError("file", f"cannot be read as data ({str(exc)[:120]})") from None
     if not isinstance(data, dict):
         raise TrainingConfigError("file", "must be a mapping of keys to values at the top level")
-    bad = next((k for k in data if not isinstance(k, str)), None)
-    if bad is not None:
-        raise TrainingConfigError(str(bad)[:40], "top-level keys must be text")
+    _text_keys(data, "")
     return data
+
+
+def _text_keys(data: object, where: str) -> None:
+    """Every key of every mapping is text: YAML also allows `~` (null), numbers, booleans and
+    even lists as keys, which no training config uses and no reader can name."""
+    stack = [(data, where)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if not isinstance(key, str):
+                    shown = "~ (null)" if key is None else repr(key)[:40]
+                    raise TrainingConfigError(
+                        f"{path}{shown}", "a key must be text (quote it, or remove the line)")
+                stack.append((value, f"{path}{key}."))
+        elif isinstance(node, list):
+            stack.extend((item, path) for item in node)
 
 
 def finite(value: object) -> bool:

@@ -39,6 +39,10 @@ class LayerActivations:
     #: Whether the layer's backward peaks in its attention (after the MLP's tensors are
     #: freed) rather than in its MLP.
     backward_peak_in_attention: bool = False
+    #: The backward's transients in the MLP and in the attention (`BackwardPeak`); the larger
+    #: is `backward_transient_per_token`.
+    backward_mlp_per_token: int = 0
+    backward_attention_per_token: int = 0
     #: What a layer's forward holds beyond what it keeps: eager attention's scores and masked
     #: scores (with checkpointing, its probabilities too, which it then drops).
     forward_transient_per_token: int = 0
@@ -84,6 +88,8 @@ def layer_activations(
         stack=stack.name, count=stack.count, terms=tuple(t for t in parts if t is not None),
         backward_transient_per_token=peak.transient_per_token,
         backward_peak_in_attention=peak.in_attention,
+        backward_mlp_per_token=peak.mlp_per_token,
+        backward_attention_per_token=peak.attention_per_token,
         forward_transient_per_token=forward_working_set_per_token(c, layout),
         moe=moe_bank_backward(c, mlp.bytes_per_token),
     )

@@ -39,6 +39,10 @@ class ActivationPlan:
     forward_transient_bytes: int
     #: The layer with the largest backward peaks in its attention, not its MLP.
     backward_peak_in_attention: bool
+    #: The largest layer backward's transients in its MLP and in its attention (the first
+    #: layer's backward is the larger of the two moments: `vram.step.moments`).
+    backward_mlp_transient_bytes: int
+    backward_attention_transient_bytes: int
     head_saved_bytes: int
     head_peak_bytes: int
     head_kept_bytes: int
@@ -66,6 +70,8 @@ class PlanPerToken:
     backward_transient: int
     forward_transient: int
     backward_peak_in_attention: bool
+    backward_mlp_transient: int
+    backward_attention_transient: int
     checkpointed: int  # every layer's checkpointed input (0 without checkpointing)
     stored: int  # every layer's saved tensors (0 under checkpointing)
     previous_step: int
@@ -114,6 +120,9 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
         backward_peak_in_attention=max(
             layers, key=lambda layer: layer.bytes_per_token + layer.backward_transient_per_token,
         ).backward_peak_in_attention,
+        backward_mlp_transient=max(layer.backward_mlp_per_token for layer in layers),
+        backward_attention_transient=max(
+            layer.backward_attention_per_token for layer in layers),
         checkpointed=checkpointed, stored=stored,
         previous_step=_previous_step_bytes_per_token(model, setup, profile, layers),
         moe=next((layer.moe for layer in layers if layer.moe is not None), None),
@@ -157,6 +166,8 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         head_saved_bytes=head.saved_per_token * tokens,
         forward_transient_bytes=per.forward_transient * tokens,
         backward_peak_in_attention=per.backward_peak_in_attention,
+        backward_mlp_transient_bytes=per.backward_mlp_transient * tokens,
+        backward_attention_transient_bytes=per.backward_attention_transient * tokens,
         head_kept_bytes=head.kept_per_token * tokens, head_cast_bytes=head.cast_per_token * tokens,
         head_peak_bytes=head.loss_peak_per_token * tokens, offloaded_bytes=offloaded,
     )

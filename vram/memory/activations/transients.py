@@ -44,8 +44,19 @@ def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
 
 @dataclass(frozen=True, slots=True)
 class BackwardPeak:
-    transient_per_token: int
-    in_attention: bool
+    """A layer's backward above what it saved: in its MLP (first) and in its attention (after
+    the MLP's saved tensors are freed; negative when less is in flight than was freed)."""
+
+    mlp_per_token: int
+    attention_per_token: int
+
+    @property
+    def transient_per_token(self) -> int:
+        return max(self.mlp_per_token, self.attention_per_token)
+
+    @property
+    def in_attention(self) -> bool:
+        return self.attention_per_token > self.mlp_per_token
 
 
 def _mlp_backward_copies(c: LayerContext) -> int:
@@ -70,8 +81,8 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
 
     The MLP's backward runs first, with everything the layer saved still alive; by the
     attention's backward the MLP's saved tensors are gone (the trace: at an eager layer's
-    softmax backward only the attention's tensors remain). The larger of the two is the
-    layer's backward peak.
+    softmax backward only the attention's tensors remain). Both are kept: the layer's
+    backward peak is the larger of the two moments, each with the gradient it writes then.
     """
     stack, e = c.stack, c.e
     mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
@@ -105,7 +116,7 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     if stack.post_norm:
         mlp_norm = norms_per_token
     after_mlp = attention_transient - mlp_per_token - mlp_norm
-    return BackwardPeak(max(mlp_transient, after_mlp), after_mlp > mlp_transient)
+    return BackwardPeak(mlp_transient, after_mlp)
 
 
 def moe_bank_backward(c: LayerContext, mlp_per_token: int) -> MoeBackward | None:
