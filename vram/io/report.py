@@ -43,6 +43,8 @@ def estimate_json(result: Estimate, report: FitReport | None = None) -> dict[str
         "approximate": result.approximate,
         "notes": list(result.notes),
     }
+    if result.vision is not None:
+        payload["vision"] = result.vision.model_dump()
     if report is not None:
         payload["cheapest"] = [
             {"gpu": option.gpu.id, "name": option.gpu.name, "count": option.count,
@@ -118,6 +120,8 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     ]
     if result.host_bytes:
         lines.append(f"{'host memory':<22}{size_text(result.host_bytes)}   (offloaded)")
+    if result.vision is not None:
+        lines.extend(vision_lines(result))
     for note in result.notes:
         lines.append(f"note: {note}")
     if report is not None:
@@ -132,6 +136,29 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
             names = ", ".join(g.name for g in report.unsupported)
             lines.append(f"  left out (no bf16; fp16-mixed runs there): {names}")
     return "\n".join(lines)
+
+
+def vision_lines(result: Estimate) -> list[str]:
+    """A VLM's token budget and the vision side's share of the peak's activations."""
+    v = result.vision
+    if v is None:
+        return []
+    lines = []
+    if v.images_per_sample:
+        tiles = f", {v.tiles_per_image} tiles" if v.tiles_per_image > 1 else ""
+        lines.append(f"{'images':<22}{v.images_per_sample} x {v.image_height}x{v.image_width} px"
+                     f" -> {v.resized_height}x{v.resized_width}{tiles}: "
+                     f"{v.tower_tokens_per_image:,} vision-tower tokens, "
+                     f"{v.tokens_per_image:,} LM tokens each")
+    if v.video_frames:
+        lines.append(f"{'video':<22}{v.video_frames} frames: {v.video_tokens:,} LM tokens")
+    activations = result.bucket_bytes.get("activations", 0)
+    share = 100 * v.vision_activation_bytes / activations if activations else 0.0
+    lines += [f"{'sequence':<22}{v.image_tokens_per_sample:,} image + "
+              f"{v.text_tokens_per_sample:,} text tokens = {result.setup.seq_len:,} (--seq)",
+              f"{'vision activations':<22}{size_text(v.vision_activation_bytes)}   "
+              f"({share:.0f}% of the peak's activations)"]
+    return lines
 
 
 def _peak_text(result: Estimate) -> str:

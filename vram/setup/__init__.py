@@ -17,6 +17,7 @@ from vram.setup.enums import (
     Quant,
     Sharding,
 )
+from vram.setup.knob import Knob
 from vram.setup.training import (
     ADAPTERS,
     ALL_LINEAR,
@@ -32,7 +33,6 @@ from vram.setup.training import (
     MAX_SEQ_LEN,
     SHARDING_ALIASES,
     TORCH_VERSION,
-    Knob,
     TrainingSetup,
     parse_lora_targets,
 )

@@ -25,6 +25,7 @@ from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_
 from vram.memory.inference import inference_estimate
 from vram.memory.optimizer import OptimizerPart, optimizer_part
 from vram.memory.overhead import allocator_slack_bytes, fixed_overhead_items, slack_item
+from vram.memory.vision import VisionPlan, vision_plan, vision_tokens
 from vram.memory.weights import (
     QUANTIZED,
     Stage,
@@ -139,6 +140,7 @@ class StepPeak:
 
     part: StatePart
     plan: act.ActivationPlan
+    vision: VisionPlan | None
     #: The moment of the allocated peak (the first of equal ones).
     peak: Moment
     allocated: int
@@ -152,8 +154,9 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
+    vision = vision_plan(model, setup, part.profile)
     moments = step_moments(model, setup, plan, grads, part.working,
-                       part.optimizer.step_temp_bytes + zero.step_copies_bytes)
+                       part.optimizer.step_temp_bytes + zero.step_copies_bytes, vision)
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
@@ -177,7 +180,7 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
-    return StepPeak(part, plan, peak, allocated, reserved)
+    return StepPeak(part, plan, vision, peak, allocated, reserved)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -207,6 +210,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         state_bytes=part.state_bytes, approximate=model.approximate,
         notes=_notes(part, peak),
         moments=tuple(figures),
+        vision=vision_tokens(step.vision, setup, peak.activation_items),
     )
 
 

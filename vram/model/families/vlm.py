@@ -21,6 +21,7 @@ from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families import vision
 from vram.model.families.base import ArchitectureFamily
+from vram.model.families.towers import TOWERS
 from vram.model.spec import ModelSpec
 
 VLM_NOTE = ("{family}: a vision-language model. Its vision tower and projector parameters are "
@@ -122,13 +123,15 @@ class VisionLanguage:
         if not isinstance(vision_config, Mapping):
             raise ConfigError("vision_config", "missing: a vision-language config has one")
         lm = self.text(name, _text_config(model_type, r.config))
-        tower, projector = _TOWERS[model_type](ConfigReader(vision_config), r, lm.hidden_size)
+        v = ConfigReader(vision_config)
+        tower, projector = _TOWERS[model_type](v, r, lm.hidden_size)
         tied = r.bool("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
         note = VLM_NOTE.format(family=model_type)
         if lm.approximate_why:
             note = f"{lm.approximate_why} {note}"
         return lm.model_copy(update={
             "family": model_type, "vision_params": tower, "projector_params": projector,
+            "vision": TOWERS[model_type](v, r, lm.hidden_size),
             "tied_embeddings": tied, "approximate": True, "approximate_why": note})
 
 
