@@ -116,6 +116,10 @@ def moments_for(peak_at: str) -> tuple[str, ...]:
         if role.startswith(("first", "last")):  # inside a block's forward
             return ("the last layer's forward", "end of forward")
         return ("end of forward", "the output cast to fp32")
+    if where and where[0] == "vision":  # a vision-language model's tower
+        if phase == "backward":
+            return ("the vision tower's backward", "the first layer's backward")
+        return ("end of forward",)
     if phase == "backward":
         if role == "head":
             return ("the loss",)

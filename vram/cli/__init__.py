@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_setup_flags(trace)
     trace.add_argument("--layers", type=int, help="trace this many layers exactly (no "
                        "extrapolation)")
+    trace.add_argument("--reserved", action="store_true",
+                       help="also replay the step from the model's build through the caching "
+                            "allocator model (full depth: minutes for a large model) and "
+                            "report max_memory_reserved under --alloc-conf")
     cli_hook.add_export_command(subcommands, add_setup_flags)
     gpus = subcommands.add_parser("gpus", help="list the GPU catalog")
     gpus.add_argument("--json", action="store_true",

@@ -92,6 +92,10 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = load_config(args.model)
     try:
         traced = trace_step(config, setup, n_layers=args.layers)
+        if args.reserved:
+            from vram.trace.allocator import with_reserved
+
+            traced = with_reserved(traced, config, setup)
     except TraceUnavailable as exc:
         print(f"python -m vram trace: {exc}", file=sys.stderr)
         return 1
@@ -103,6 +107,9 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"{name:<12} {size_text(value)}")
         print(f"{'peak':<12} {size_text(payload['allocated_peak_bytes'])} "
               f"(allocated, {payload.get('phase', '')})")
+        if traced.reserved_peak_bytes is not None:
+            print(f"{'reserved':<12} {size_text(traced.reserved_peak_bytes)} "
+                  f"(caching allocator, {traced.alloc_conf or 'default settings'})")
     return 0
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vram.errors import VramError
 from vram.memo import memoized, setup_key
@@ -181,6 +181,15 @@ class VisionPlan:
         return tuple(item for item in self.saved if item.key != PROJECTOR_KEY)
 
 
+def tower_profile(spec: VisionSpec, profile: StackProfile) -> StackProfile:
+    """The stack's profile for the tower: its residual stream in the compute dtype where the
+    tower keeps it so under autocast (`VisionSpec.residual_in_compute_dtype`)."""
+    n = profile.precision
+    if not spec.residual_in_compute_dtype or n.residual == n.compute:
+        return profile
+    return replace(profile, precision=replace(n, residual=n.compute))
+
+
 def _tower_stack(tower: ModelSpec, stack: LayerStack, span: int, setup: TrainingSetup,
                  profile: StackProfile, method: Method, roles: Roles) -> LayerActivations:
     """One stack of the tower's blocks, attending over `span` tokens at once."""
@@ -212,6 +221,7 @@ def _vision_plan(model: ModelSpec, setup: TrainingSetup,
     roles = [_roles(stack, setup) for stack in spec.blocks]
     projector_roles = _roles(spec.projector, setup)
     keeps = trains or any(bool(r) for r in roles) or bool(projector_roles)
+    profile = tower_profile(spec, profile)
     n = profile.precision
     pixels = LineItem.assemble(
         key="activations.vision.pixels", label="image pixel values (the processor's fp32)",

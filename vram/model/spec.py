@@ -241,6 +241,10 @@ class VisionSpec(BaseModel):
     #: Tokens each of `blocks` attends over at once (Qwen2.5-VL's 8x8-patch windows); 0: the
     #: whole image or tile.
     windows: tuple[int, ...]
+    #: The tower's residual stream stays in the compute dtype under autocast: it starts from
+    #: a convolution's output and adds only matmul outputs (Qwen2.5-VL: rotary positions, no
+    #: learned ones in fp32 to promote it).
+    residual_in_compute_dtype: bool = False
     #: The tower's width, and its norms outside the blocks (pre/post LayerNorms).
     width: int
     outer_norms: int = 0

@@ -112,9 +112,16 @@ def instantiate(hf_config: Any, dtype: torch.dtype, attn: str) -> nn.Module:
 
     prepare()
     with no_init_weights():
-        model: nn.Module = AutoModelForImageTextToText.from_config(
-            hf_config, dtype=dtype, attn_implementation=attn)
-    return model
+        try:
+            model: Any = AutoModelForImageTextToText.from_config(
+                hf_config, dtype=dtype, attn_implementation=attn)
+        except ValueError as exc:  # a language model transformers refuses SDPA (Gemma 2)
+            if "does not support" not in str(exc):
+                raise
+            model = AutoModelForImageTextToText.from_config(
+                hf_config, dtype=dtype, attn_implementation="eager")
+    model.tie_weights()  # skipped with the init: a tied head shares the embedding's matrix
+    return model  # type: ignore[no-any-return]
 
 
 def block_lists(model: nn.Module, text_layers: int,

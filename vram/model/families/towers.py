@@ -117,7 +117,7 @@ def qwen2_5_vl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
                             min_pixels=QWEN2_5_PIXELS[0], max_pixels=QWEN2_5_PIXELS[1],
                             temporal_patch=temporal, video_min_pixels=QWEN2_5_VIDEO_PIXELS[0],
                             video_max_pixels=QWEN2_5_VIDEO_PIXELS[1]),
-        blocks=tuple(blocks), windows=tuple(windows), width=h,
+        blocks=tuple(blocks), windows=tuple(windows), width=h, residual_in_compute_dtype=True,
         pixel_values_per_token=v.int("in_chans", "in_channels", default=3) * temporal * patch ** 2,
         projector=_projector(_mlp2(wide, wide, v.int("out_hidden_size"),
                                    names=("mlp.0", "mlp.2")), norm=NormKind.RMS, act_width=wide))
@@ -149,13 +149,25 @@ def qwen3_vl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
                              act_width=wide))
 
 
-def _siglip_blocks(v: ConfigReader, name: str = "vision") -> tuple[LayerStack, ...]:
+def used_layers(v: ConfigReader, r: ConfigReader) -> int:
+    """The tower's layers whose output reaches the language model: LLaVA takes the features
+    of `vision_feature_layer` (-2: all but the last), and the last layer's graph, unused, is
+    freed with the tower's outputs (llava/modeling_llava.py@v5.24.0 get_image_features)."""
+    layers = v.int("num_hidden_layers")
+    chosen = r.config.get("vision_feature_layer", -1)
+    if isinstance(chosen, int) and not isinstance(chosen, bool):
+        return layers + 1 + chosen if chosen < 0 else chosen
+    return layers
+
+
+def _siglip_blocks(v: ConfigReader, name: str = "vision",
+                   layers: int | None = None) -> tuple[LayerStack, ...]:
     """SiglipEncoderLayer / Idefics3EncoderLayer / CLIPEncoderLayer: LayerNorms, biased
     q/k/v/out_proj, fc1 -> activation -> fc2."""
     h, inter = v.int("hidden_size"), v.int("intermediate_size")
     linears = (*_qkvo(h, ("q_proj", "k_proj", "v_proj", "out_proj"), True, True),
                *_plain(h, inter))
-    return (_block(name, v.int("num_hidden_layers"), linears, h=h,
+    return (_block(name, layers or v.int("num_hidden_layers"), linears, h=h,
                    heads=v.int("num_attention_heads"), inter=inter, mlp=MlpKind.PLAIN,
                    norm=NormKind.LAYER, act=act_saved(v, default="gelu_pytorch_tanh")),)
 
@@ -204,7 +216,7 @@ def llava(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
     bias = r.bool("multimodal_projector_bias", True)
     return VisionSpec(
         processor=_fixed(v, (size // patch) ** 2, cls=1),
-        blocks=_siglip_blocks(v), windows=(0,), width=v.int("hidden_size"), outer_norms=1,
+        blocks=_siglip_blocks(v, layers=used_layers(v, r)), windows=(0,), width=v.int("hidden_size"), outer_norms=1,
         pixel_values_per_token=3 * patch ** 2,
         projector=_projector(_mlp2(v.int("hidden_size"), text_h, text_h, bias),
                              act_width=text_h))
