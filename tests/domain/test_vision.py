@@ -73,12 +73,12 @@ def test_images_are_part_of_seq_len_and_must_fit() -> None:
 
 
 def test_a_text_model_takes_no_images() -> None:
-    with pytest.raises(VramError, match="^images_per_sample: .* is not a vision-language model"):
+    with pytest.raises(VramError, match=r"^images_per_sample: .* is not a vision-language model"):
         _est("llama-3.2-1b", images_per_sample=1)
 
 
 def test_video_only_where_the_processor_takes_it() -> None:
-    with pytest.raises(VramError, match="^video_frames: "):
+    with pytest.raises(VramError, match=r"^video_frames: "):
         _est(f"{FAMILIES}/llava.json", video_frames=8)
     est = _est("qwen2.5-vl-7b", method="lora", video_frames=16, seq_len=8192)
     assert est.vision is not None

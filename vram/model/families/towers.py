@@ -216,7 +216,8 @@ def llava(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
     bias = r.bool("multimodal_projector_bias", True)
     return VisionSpec(
         processor=_fixed(v, (size // patch) ** 2, cls=1),
-        blocks=_siglip_blocks(v, layers=used_layers(v, r)), windows=(0,), width=v.int("hidden_size"), outer_norms=1,
+        blocks=_siglip_blocks(v, layers=used_layers(v, r)), windows=(0,),
+        width=v.int("hidden_size"), outer_norms=1,
         pixel_values_per_token=3 * patch ** 2,
         projector=_projector(_mlp2(v.int("hidden_size"), text_h, text_h, bias),
                              act_width=text_h))
