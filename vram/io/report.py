@@ -193,6 +193,31 @@ def vision_lines(result: Estimate) -> list[str]:
     return lines
 
 
+def vision_sentences(result: Estimate, held: str) -> list[str]:
+    """A VLM's token budget in words (the app's note): what the processor made of each image,
+    how much of `seq_len` the images take, and the vision side's part of the peak (`held`,
+    its bytes as the caller writes them)."""
+    v = result.vision
+    if v is None:
+        return []
+    out = []
+    if v.images_per_sample:
+        tiles = f" in {v.tiles_per_image} tiles" if v.tiles_per_image > 1 else ""
+        out.append(f"Each of the {v.images_per_sample} image(s) of {v.image_height}x"
+                   f"{v.image_width} px becomes {v.resized_height}x{v.resized_width}{tiles}: "
+                   f"{v.tower_tokens_per_image:,} vision-tower tokens and "
+                   f"{v.tokens_per_image:,} language-model tokens.")
+    if v.video_frames:
+        out.append(f"The {v.video_frames}-frame video is {v.video_tokens:,} tokens.")
+    activations = result.bucket_bytes.get("activations", 0)
+    share = 100 * v.vision_activation_bytes / activations if activations else 0.0
+    out += [f"Images take {v.image_tokens_per_sample:,} of the {result.setup.seq_len:,} "
+            f"tokens of each sequence; {v.text_tokens_per_sample:,} are left for text.",
+            f"The vision tower, projector and pixels hold {held} at the peak, "
+            f"{share:.0f}% of its activations."]
+    return out
+
+
 def _peak_text(result: Estimate) -> str:
     moment = peak_moment(result)
     if moment is None or moment.phase is not result.phase:
