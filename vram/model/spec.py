@@ -261,6 +261,10 @@ class VisionSpec(BaseModel):
     #: The image states reach the language model through cross-attention (mllama), not as
     #: tokens of its sequence.
     cross_attention: bool = False
+    #: With images, the language model attends bidirectionally within each image's tokens,
+    #: so every layer gets an explicit mask, the global ones too (Gemma 3's
+    #: `create_masks_for_vision_model` from `token_type_ids`).
+    lm_mask_with_images: bool = False
 
     @property
     def depth(self) -> int:

@@ -193,7 +193,7 @@ def gemma3(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
         width=h, outer_norms=1, pixel_values_per_token=3 * _image(v)[1] ** 2,
         projector=_projector((Linear(name="mm_input_projection_weight", role=Role.UP, d_in=h,
                                      d_out=text_h),), norm=NormKind.RMS),
-        projector_not_linear=("mm_input_projection_weight",))
+        projector_not_linear=("mm_input_projection_weight",), lm_mask_with_images=True)
 
 
 def paligemma(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
