@@ -261,9 +261,10 @@ def _vision_plan(model: ModelSpec, setup: TrainingSetup,
     saved.append(LineItem.assemble(
         key=PROJECTOR_KEY,
         label="vision projector: " + ", ".join(term.label for term in projector.terms),
-        formula="image tokens × Σ terms per token",
-        inputs={"tokens": basis, "per_token_bytes": projector.bytes_per_token},
-        bytes=basis * projector.bytes_per_token, source=TOWER_SOURCE))
+        formula="image tokens × projectors × Σ terms per token",
+        inputs={"tokens": basis, "projectors": spec.projector.count,
+                "per_token_bytes": projector.bytes_per_token},
+        bytes=basis * spec.projector.count * projector.bytes_per_token, source=TOWER_SOURCE))
     recompute = largest if setup.grad_ckpt else 0
     backward = tower_tokens * (recompute + transient)
     return VisionPlan(media, True, tower_tokens, lm_tokens, tuple(saved), pixels, backward)

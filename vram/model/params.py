@@ -218,7 +218,7 @@ def vision_linears(model: ModelSpec) -> list[tuple[Linear, int]]:
     if spec is None:
         return []
     out = [(linear, stack.count) for stack in spec.blocks for linear in stack.linears]
-    return out + [(linear, 1) for linear in spec.projector.linears
+    return out + [(linear, spec.projector.count) for linear in spec.projector.linears
                   if linear.name not in spec.projector_not_linear]
 
 

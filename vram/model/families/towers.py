@@ -72,11 +72,12 @@ def _mlp2(d_in: int, mid: int, out: int, bias: bool = True,
 
 
 def _projector(linears: tuple[Linear, ...], *, norm: NormKind | None = None,
-               act_width: int = 0) -> LayerStack:
+               act_width: int = 0, count: int = 1) -> LayerStack:
     """The projector as one layer without attention: a norm over each image token's values
-    (or none), its Linears, a GELU of `act_width` between them (or none)."""
+    (or none), its Linears, a GELU of `act_width` between them (or none); `count` alike, each
+    over every image token (Qwen3-VL's deepstack mergers beside its merger)."""
     return LayerStack(
-        name="projector", count=1, linears=linears, other_params=0,
+        name="projector", count=count, linears=linears, other_params=0,
         n_norms=0 if norm is None else 1, norm_kind=norm or NormKind.LAYER, n_heads=1,
         n_kv_heads=1, head_dim=1, mlp_kind=MlpKind.PLAIN, intermediate_size=act_width,
         causal=False, mixer=Mixer.NONE)
@@ -126,7 +127,8 @@ def qwen2_5_vl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
 def qwen3_vl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
     """Qwen3VLVisionModel (also Qwen3.5's): LayerNorm blocks with a fused biased `qkv` and a
     plain biased MLP (`linear_fc1`, `linear_fc2`), full attention over each image; the merger
-    (LayerNorm over each patch, linear_fc1 4h -> 4h, GELU, linear_fc2 4h -> out)."""
+    (LayerNorm over each patch, linear_fc1 4h -> 4h, GELU, linear_fc2 4h -> out) and one more
+    like it per `deepstack_visual_indexes` entry (their features join the first layers)."""
     h, inter, depth = v.int("hidden_size"), v.int("intermediate_size"), v.int("depth")
     heads, patch, merge = v.int("num_heads"), v.int("patch_size"), v.int("spatial_merge_size")
     temporal = v.int("temporal_patch_size")
@@ -134,6 +136,7 @@ def qwen3_vl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
                Linear(name="proj", role=Role.O, d_in=h, d_out=h, bias=True),
                *_plain(h, inter, ("linear_fc1", "linear_fc2")))
     wide = h * merge * merge
+    deep = len(v.config.get("deepstack_visual_indexes") or [])
     return VisionSpec(
         processor=Processor(kind=ProcessorKind.QWEN, patch=patch, merge=merge,
                             min_pixels=QWEN3_PIXELS[0], max_pixels=QWEN3_PIXELS[1],
@@ -146,7 +149,7 @@ def qwen3_vl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
         pixel_values_per_token=v.int("in_channels", default=3) * temporal * patch ** 2,
         projector=_projector(_mlp2(wide, wide, v.int("out_hidden_size"),
                                    names=("linear_fc1", "linear_fc2")), norm=NormKind.LAYER,
-                             act_width=wide))
+                             act_width=wide, count=1 + deep))
 
 
 def used_layers(v: ConfigReader, r: ConfigReader) -> int:
