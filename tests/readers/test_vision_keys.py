@@ -73,5 +73,5 @@ def test_axolotl_processor_kwargs_image_size_and_freezing() -> None:
 @pytest.mark.parametrize("size", ["big", [0, 10], True])
 def test_axolotl_bad_image_size_names_the_key(size: object) -> None:
     text = AXOLOTL.replace("image_size: [1920, 1080]", f"image_size: {size}")
-    with pytest.raises(TrainingConfigError, match="^image_size: "):
+    with pytest.raises(TrainingConfigError, match=r"^image_size: "):
         load_training_config(text, format="axolotl")

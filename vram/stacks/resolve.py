@@ -24,6 +24,8 @@ from functools import lru_cache
 from typing import Literal, cast
 
 from vram.setup import Method, Offload, Precision, Sharding, TrainingSetup
+from vram.setup.layout import shard_group
+from vram.stacks.support import unsupported
 from vram.stacks.table import StackRow, stack_row
 
 #: FSDP chosen on a stack whose own sharding is DeepSpeed: PyTorch's current API,
@@ -68,6 +70,8 @@ class Resolved:
     fsdp1_keeps_frozen_unsharded: bool
     #: bitsandbytes' 4-bit matmul keeps its input for backward (its version).
     bnb_keeps_matmul_input: bool
+    #: The knob the stack cannot run, as a message (`vram.stacks.support`); None: it runs.
+    unsupported: str | None = None
 
     @property
     def sharded_qlora(self) -> bool:
@@ -171,10 +175,11 @@ def _resolve(setup: TrainingSetup) -> Resolved:
     return Resolved(
         run=run,
         deepspeed=deepspeed,
-        fsdp2=setup.sharding is Sharding.ZERO3 and setup.n_gpus > 1 and version == 2,
+        fsdp2=setup.sharding is Sharding.ZERO3 and shard_group(setup) > 1 and version == 2,
         fsdp1_keeps_frozen_unsharded=version == 1 and torch_at_most(
             setup, LAST_TORCH_WITH_FSDP1_FROZEN_BUG),
         bnb_keeps_matmul_input=_bnb_keeps_matmul_input(run),
+        unsupported=unsupported(run, row),
     )
 
 
