@@ -1,6 +1,7 @@
 """The training configs' own keys for a vision-language model's inputs (issue 22): LLaMA-
 Factory's ProcessorArguments and freezing, axolotl's processor_kwargs, image_size and
-freeze_mm_modules (`vram/io/readers/vision.py`)."""
+freeze_mm_modules, the pixel bounds of the VLM scripts built on TRL
+(`vram/io/readers/vision.py`)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,34 @@ def test_axolotl_bad_image_size_names_the_key(size: object) -> None:
     text = AXOLOTL.replace("image_size: [1920, 1080]", f"image_size: {size}")
     with pytest.raises(TrainingConfigError, match=r"^image_size: "):
         load_training_config(text, format="axolotl")
+
+
+#: R1-V's GRPO recipe for Qwen2-VL as one TrlParser YAML: GRPOConfig, ModelConfig and its
+#: GRPOScriptArguments (max_pixels, min_pixels) in one file.
+TRL_GRPO = """
+model_name_or_path: Qwen/Qwen2.5-VL-7B-Instruct
+num_generations: 4
+max_completion_length: 512
+per_device_train_batch_size: 1
+gradient_checkpointing: true
+bf16: true
+max_pixels: 401408
+min_pixels: 3136
+"""
+
+
+def test_trl_vlm_script_pixel_bounds() -> None:
+    loaded = load_training_config(TRL_GRPO, format="trl")
+    assert (loaded.setup.max_pixels, loaded.setup.min_pixels) == (401_408, 3136)
+    assert not any(i.key in ("max_pixels", "min_pixels") for i in loaded.report.ignored)
+
+
+def test_trl_without_the_bounds_leaves_the_processors() -> None:
+    text = "\n".join(line for line in TRL_GRPO.splitlines() if "pixels" not in line)
+    setup = load_training_config(text, format="trl").setup
+    assert (setup.max_pixels, setup.min_pixels) == (None, None)
+
+
+def test_trl_bad_max_pixels_names_the_key() -> None:
+    with pytest.raises(TrainingConfigError, match=r"^max_pixels: "):
+        load_training_config(TRL_GRPO.replace("401408", "lots"), format="trl")

@@ -13,9 +13,15 @@ data, not the config: `--images` gives it.
   `image_size` (axolotl resizes each image to it first); `schemas/config.py`
   `freeze_mm_modules`.
 - TRL@f2cd577 loads the processor with no kwargs (`trl/trainer/sft_trainer.py` line 980): its
-  configs have none to read. ms-swift's `MAX_PIXELS` environment variable becomes a token
-  budget, `IMAGE_MAX_TOKEN_NUM = MAX_PIXELS // (patch · merge)²`
-  (`swift/model/models/qwen.py@3602360a` `compat_qwen_vl_utils`): give it as `--max-pixels`.
+  own config classes have none. The VLM scripts built on it add them as script arguments that
+  the same YAML carries (`TrlParser` reads one file into every dataclass): R1-V's
+  `GRPOScriptArguments.max_pixels` / `min_pixels` (Deep-Agent/R1-V@8fe656f3
+  `src/r1-v/src/open_r1/grpo.py`, defaults 12,845,056 and 3,136, handed to its trainer's
+  processor), the script its many forks (Video-R1, VLM-R1, ...) keep.
+- ms-swift's `MAX_PIXELS` environment variable becomes a token budget,
+  `IMAGE_MAX_TOKEN_NUM = MAX_PIXELS // (patch · merge)²` (`swift/model/models/qwen.py@3602360a`
+  `compat_qwen_vl_utils`): ms-swift takes no config file here, so give it as `--max-pixels`
+  (and `VIDEO_MAX_PIXELS` as `--video-max-pixels`).
 """
 
 from __future__ import annotations
@@ -75,6 +81,14 @@ def map_axolotl(m: Mapper) -> None:
     frozen = m.bool_key("freeze_mm_modules")
     if frozen is not None:
         m.set("freeze_vision", frozen, "freeze_mm_modules", frozen)
+
+
+def map_trl(m: Mapper) -> None:
+    """The `max_pixels` / `min_pixels` script arguments of the VLM scripts built on TRL."""
+    for field in ("max_pixels", "min_pixels"):
+        if m.get(field) is not None:
+            m.set(field, m.int_key(field, high=MAX_PIXELS), field, m.get(field),
+                  "a VLM script's argument (R1-V's GRPOScriptArguments)")
 
 
 def _axolotl_size(size: Any) -> tuple[int, int]:
