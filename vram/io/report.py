@@ -170,6 +170,12 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     return "\n".join(lines)
 
 
+def _vision_share_pct(result: Estimate, vision_bytes: int) -> float:
+    """The vision side's part of the peak's activations, in percent."""
+    activations = result.bucket_bytes.get("activations", 0)
+    return 100 * vision_bytes / activations if activations else 0.0
+
+
 def vision_lines(result: Estimate) -> list[str]:
     """A VLM's token budget and the vision side's share of the peak's activations."""
     v = result.vision
@@ -184,8 +190,7 @@ def vision_lines(result: Estimate) -> list[str]:
                      f"{v.tokens_per_image:,} LM tokens each")
     if v.video_frames:
         lines.append(f"{'video':<22}{v.video_frames} frames: {v.video_tokens:,} LM tokens")
-    activations = result.bucket_bytes.get("activations", 0)
-    share = 100 * v.vision_activation_bytes / activations if activations else 0.0
+    share = _vision_share_pct(result, v.vision_activation_bytes)
     lines += [f"{'sequence':<22}{v.image_tokens_per_sample:,} image + "
               f"{v.text_tokens_per_sample:,} text tokens = {result.setup.seq_len:,} (--seq)",
               f"{'vision activations':<22}{size_text(v.vision_activation_bytes)}   "
@@ -209,8 +214,7 @@ def vision_sentences(result: Estimate, held: str) -> list[str]:
                    f"{v.tokens_per_image:,} language-model tokens.")
     if v.video_frames:
         out.append(f"The {v.video_frames}-frame video is {v.video_tokens:,} tokens.")
-    activations = result.bucket_bytes.get("activations", 0)
-    share = 100 * v.vision_activation_bytes / activations if activations else 0.0
+    share = _vision_share_pct(result, v.vision_activation_bytes)
     out += [f"Images take {v.image_tokens_per_sample:,} of the {result.setup.seq_len:,} "
             f"tokens of each sequence; {v.text_tokens_per_sample:,} are left for text.",
             f"The vision tower, projector and pixels hold {held} at the peak, "
