@@ -49,6 +49,17 @@ def text_part(config: dict[str, Any]) -> dict[str, Any]:
     return nested if isinstance(nested, dict) else config
 
 
+def fed_layers(config: dict[str, Any]) -> int:
+    """How many of the first language-model layers take the tower's features besides the image
+    tokens: Qwen3-VL's deepstack adds one merger's output to each of layers 0..k-1, k =
+    len(`deepstack_visual_indexes`) (transformers 5.24.0 `modeling_qwen3_vl.py`
+    Qwen3VLTextModel.forward). A model traced with fewer layers leaves a merger unused (no
+    gradient, no activations), so the trace's extrapolation starts above them."""
+    if not is_vlm(config):
+        return 0
+    return len(config["vision_config"].get("deepstack_visual_indexes") or [])
+
+
 def in_vision(name: str) -> bool:
     """Whether a module or parameter name belongs to the vision tower or projector."""
     return any(part in VISION_MODULES for part in name.split("."))
