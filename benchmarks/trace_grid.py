@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vram import Estimate, MomentBytes, TrainingSetup, estimate, load_model
 from vram.model.catalog import load_config
@@ -116,6 +117,10 @@ def moments_for(peak_at: str) -> tuple[str, ...]:
         if role.startswith(("first", "last")):  # inside a block's forward
             return ("the last layer's forward", "end of forward")
         return ("end of forward", "the output cast to fp32")
+    if where and where[0] == "vision":  # a vision-language model's tower
+        if phase == "backward":
+            return ("the vision tower's backward", "the first layer's backward")
+        return ("end of forward",)
     if phase == "backward":
         if role == "head":
             return ("the loss",)
@@ -139,15 +144,24 @@ def same_moment(ours: Estimate, peak_at: str) -> MomentBytes:
 
 
 def compare(family: str, fields: dict[str, object]) -> Row:
-    from vram.trace import trace_step
-
     slug = FAMILIES.get(family) or SAMPLE_ONLY[family]
     setup = TrainingSetup(framework="hf-trainer", lora_targets="q_proj,v_proj", lora_rank=16,
                           **fields)  # type: ignore[arg-type]
+    errors, phase_match, seconds = against_trace(load_config(slug), setup)
+    return Row(family, fields, errors, phase_match, seconds)
+
+
+def against_trace(config: dict[str, Any], setup: TrainingSetup,
+                  ) -> tuple[dict[str, float], bool, float]:
+    """Trace one step of `config` under `setup` and compare the closed form with it: each
+    state bucket with the trace's largest, the activations at the trace's peak moment, the
+    allocated peak; whether the peak phase agrees; the trace's seconds."""
+    from vram.trace import trace_step
+
     start = time.perf_counter()
-    traced = trace_step(load_config(slug), setup)
+    traced = trace_step(config, setup)
     seconds = time.perf_counter() - start
-    ours = estimate(load_model(slug), setup)
+    ours = estimate(load_model(config), setup)
     buckets = ours.bucket_bytes
     moment = same_moment(ours, traced.peak_at)
     mine = {"weights": buckets["weights"], "gradients": ours.gradient_bytes_total,
@@ -156,7 +170,7 @@ def compare(family: str, fields: dict[str, object]) -> Row:
     errors["activations"] = relative_error(moment.activation_bytes,
                                            traced.buckets.get("activations", 0))
     errors["peak"] = relative_error(ours.allocated_peak_bytes, traced.allocated_peak_bytes)
-    return Row(family, fields, errors, ours.phase.value == traced.phase, seconds)
+    return errors, ours.phase.value == traced.phase, seconds
 
 
 def kept(family: str, fields: dict[str, object], only: list[str]) -> bool:
@@ -205,6 +219,32 @@ def run(chosen: list[tuple[str, dict[str, object]]],
     lines.append(f"setups={len(rows)} all_within_tolerance={passed} "
                  f"phase_agrees={sum(r.phase_match for r in rows)} median_trace_s={median:.2f}")
     return lines
+
+
+Combo = tuple[str, dict[str, object]]
+
+
+def covering_main(combos: list[Combo], compare_one: Callable[[str, dict[str, object]], Row],
+                  sample: int) -> None:
+    """A family grid's command line: a covering sample of `combos` (every family gets its share
+    before any gets more), compared and summarized, printed and optionally written."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sample", type=int, default=sample)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--only", action="append", default=[], metavar="FIELD=V1,V2")
+    args = parser.parse_args()
+    random.Random(args.seed).shuffle(combos)
+    per_family: dict[str, list[Combo]] = {}
+    for family, fields in combos:
+        per_family.setdefault(family, []).append((family, fields))
+    ordered = [row for group in itertools.zip_longest(*per_family.values()) for row in group
+               if row is not None]
+    chosen = [(f, fields) for f, fields in ordered[: args.sample] if kept(f, fields, args.only)]
+    lines = run(chosen, compare_one)
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:

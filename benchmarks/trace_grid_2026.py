@@ -14,16 +14,13 @@ fake tensors (benchmarks/FAMILY_TRACE_NOTES.md).
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
-import random
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trace_grid import Row, kept, relative_error, run, same_moment
-from vram import TrainingSetup, estimate, load_model
+from benchmarks.trace_grid import Row, against_trace, covering_main
+from vram import TrainingSetup
 from vram.model.catalog import load_config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "tests" / "data" / "families"
@@ -76,45 +73,14 @@ def grid() -> list[tuple[str, dict[str, object]]]:
 
 
 def compare(family: str, fields: dict[str, object]) -> Row:
-    from vram.trace import trace_step
-
-    config = config_of(family)
     setup = TrainingSetup(framework="hf-trainer", lora_targets="q_proj,v_proj", lora_rank=16,
                           **fields)  # type: ignore[arg-type]
-    start = time.perf_counter()
-    traced = trace_step(config, setup)
-    seconds = time.perf_counter() - start
-    ours = estimate(load_model(config), setup)
-    moment = same_moment(ours, traced.peak_at)
-    mine = {"weights": ours.bucket_bytes["weights"], "gradients": ours.gradient_bytes_total,
-            "optimizer": ours.bucket_bytes["optimizer"]}
-    errors = {name: relative_error(mine[name], traced.bucket_max.get(name, 0)) for name in mine}
-    errors["activations"] = relative_error(moment.activation_bytes,
-                                           traced.buckets.get("activations", 0))
-    errors["peak"] = relative_error(ours.allocated_peak_bytes, traced.allocated_peak_bytes)
-    return Row(family, fields, errors, ours.phase.value == traced.phase, seconds)
+    errors, phase_match, seconds = against_trace(config_of(family), setup)
+    return Row(family, fields, errors, phase_match, seconds)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sample", type=int, default=72)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--only", action="append", default=[], metavar="FIELD=V1,V2")
-    args = parser.parse_args()
-    combos = grid()
-    random.Random(args.seed).shuffle(combos)
-    # a covering sample: every family gets its share before any gets more
-    per_family: dict[str, list[tuple[str, dict[str, object]]]] = {}
-    for family, fields in combos:
-        per_family.setdefault(family, []).append((family, fields))
-    ordered = [row for group in itertools.zip_longest(*per_family.values()) for row in group
-               if row is not None]
-    chosen = [(f, fields) for f, fields in ordered[: args.sample] if kept(f, fields, args.only)]
-    lines = run(chosen, compare)
-    print("\n".join(lines))
-    if args.out:
-        args.out.write_text("\n".join(lines) + "\n")
+    covering_main(grid(), compare, 72)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import warnings
 from typing import Any
 
 from benchmarks.family_defaults import FIXTURES
+from vram.trace.vision import constant, prepare
 
 VLM_TYPES = ("gemma3", "qwen3_5", "llama4", "mistral3", "qwen2_5_vl", "qwen3_vl", "mllama", "llava",
              "internvl", "idefics3", "paligemma")
@@ -123,83 +124,18 @@ def image_inputs(model_type: str, config: dict[str, Any], torch: Any, hf: Any,
     raise ValueError(model_type)
 
 
-def on_constants(fn: Any) -> Any:
-    """Run a metadata helper of transformers (grid sizes -> indices, window lengths) for real:
-    its fake-tensor arguments that carry constants become their real values. It only ever sees
-    metadata, never weights or activations."""
-    import functools
-
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
-
-    def real(value: Any) -> Any:
-        if isinstance(value, FakeTensor) and value.constant is not None:
-            return value.constant
-        return value
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
-            out = fn(*(real(a) for a in args), **{k: real(v) for k, v in kwargs.items()})
-        if isinstance(out, tuple):
-            return tuple(constant(o) for o in out)
-        return constant(out)
-
-    del torch
-    wrapper.on_constants = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-def constant(value: Any) -> Any:
-    """A real tensor as a fake tensor that keeps its values (other values unchanged)."""
-    import torch
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode()
-    if mode is None or not isinstance(value, torch.Tensor):
-        return value
-    return mode.fake_tensor_converter.from_real_tensor(mode, value, make_constant=True)
-
-
-#: Modules whose metadata helpers (grid sizes -> position ids, windows, mRoPE indices) loop in
-#: Python over tensor values.
-HELPER_MODULES = ("transformers.vision_utils", "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl",
-                  "transformers.models.qwen3_vl.modeling_qwen3_vl",
-                  "transformers.models.qwen3_5.modeling_qwen3_5")
-
-
-def patch_metadata_helpers() -> None:
-    """Run `transformers.vision_utils.get_vision_*` and the Qwen VL models' `get_rope_index` on
-    constants (`on_constants`), once per process."""
-    import importlib
-
-    import transformers.vision_utils as vision_utils
-
-    for module_name in HELPER_MODULES:
-        module = importlib.import_module(module_name)
-        for value in list(vars(module).values()):
-            method = getattr(value, "get_rope_index", None) if isinstance(value, type) else None
-            if method is not None and not getattr(method, "on_constants", False):
-                value.get_rope_index = on_constants(method)
-        for name in dir(vision_utils):
-            if (name.startswith("get_vision_") and hasattr(module, name)
-                    and not getattr(getattr(module, name), "on_constants", False)):
-                setattr(module, name, on_constants(getattr(vision_utils, name)))
-
-
 def probe(model_type: str) -> str:
     import torch
-    import torch._subclasses.fake_tensor as fake_tensor
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import AutoConfig, AutoModelForImageTextToText
     from transformers.initialization import no_init_weights
 
-    patch_metadata_helpers()
     # A fake tensor made from Python data keeps its values ("constant") and ops on constants run
     # for real, but only up to CONSTANT_NUMEL_LIMIT elements (1 by default). The VLMs' metadata
-    # (grid sizes, image-token masks, window lengths) is read back with .tolist()/.item(): keep
-    # it as constants. Weights and activations are never made from Python data: they stay fake.
-    fake_tensor.CONSTANT_NUMEL_LIMIT = 1 << 20
+    # (grid sizes, image-token masks, window lengths) is read back with .tolist()/.item(): the
+    # trace's `prepare` keeps it as constants and runs transformers' metadata helpers on their
+    # values. Weights and activations are never made from Python data: they stay fake.
+    prepare()
 
     config = shrunk(model_type)
     fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}

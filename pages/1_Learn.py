@@ -120,6 +120,16 @@ def what_if_example(unit: charts.Unit) -> None:
         f"[Open this what-if in the calculator]({learn.what_if_link(data.registry(), compress)})")
 
 
+def vlm_example(unit: charts.Unit) -> None:
+    """The issue's Qwen2.5-VL-7B LoRA run with two 1080p images, live, and frozen."""
+    est = _run(learn.VLM_STATE)
+    frozen = _run({**learn.VLM_STATE, "vfreeze": True})
+    if est is None or frozen is None:
+        return
+    st.markdown(learn.vlm_example_text(est, frozen, unit) +
+                f" [Open it in the calculator]({learn.vlm_link(data.registry())})")
+
+
 def exercises() -> None:
     for n, ex in enumerate(learn.EXERCISES, start=1):
         with st.container(border=True):
@@ -180,6 +190,9 @@ Below, the same model three ways, computed live:
     st.header("What if the training state were compressed?")
     st.markdown(learn.WHAT_IF_MARKDOWN)
     what_if_example(unit)
+    st.header("A vision-language model's token budget")
+    st.markdown(learn.VLM_MARKDOWN)
+    vlm_example(unit)
     st.header("Common wrong beliefs")
     st.markdown(learn.BELIEFS_MARKDOWN)
     st.header("Try it yourself")

@@ -26,6 +26,7 @@ _ERRORS = "_url_errors"
 _READY = "_state_ready"
 #: The sidebar's Advanced expander (its open state; not in the URL).
 ADVANCED = "_advanced"
+IMAGES = "_images"
 
 
 def init_state() -> None:
@@ -218,9 +219,23 @@ def sidebar(*, bar: bool = False) -> dict[str, Any]:
         with st.expander("Advanced", key=ADVANCED, on_change="rerun") as advanced:
             if advanced.open:
                 for key, knob in params.KNOBS.items():
-                    if not knob.meta.basic and key not in FRONT_KEYS:
+                    if not knob.meta.basic and key not in FRONT_KEYS and not knob.meta.vlm_only:
                         _knob_control(key, method)
+        _images(method)
     return current()
+
+
+def _images(method: str) -> None:
+    """A vision-language model's inputs (images, their size, the pixel bounds, video), for a
+    model with a vision tower only; their values live on in the state for the others."""
+    spec, _ = data.resolve_model(current())
+    if spec is None or spec.vision is None:
+        return
+    with st.expander("Images (vision-language model)", key=IMAGES, on_change="rerun") as box:
+        if box.open:
+            for key, knob in params.KNOBS.items():
+                if knob.meta.vlm_only:
+                    _knob_control(key, method)
 
 
 def unit_switch(*, collapsed: bool = False) -> Unit:

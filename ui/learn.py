@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ui import params
-from ui.charts import BUCKET_LABELS, format_bytes
+from ui.charts import BUCKET_LABELS, Unit, format_bytes
 from vram.result import BucketName, Estimate
 from vram.step.through_step import through_step
 from vram.step.what_if import PRESETS, WhatIf, ratios_text, what_if
@@ -464,3 +464,45 @@ def what_if_link(reg: params.Registry, compress: str) -> str:
     by_key = {param.key: param for param in reg.params}
     query = {key: by_key[key].dump(value) for key, value in WHAT_IF_STATE.items()}
     return "./?" + urllib.parse.urlencode({**query, "whatif": "1", "compress": compress})
+
+
+VLM_MARKDOWN = """
+A vision-language model turns each image into tokens of the language model's own sequence:
+its processor resizes the image (Qwen-VL: within `max_pixels`), cuts it into 14-pixel
+patches for the vision tower, and merges 2x2 patches into one token. Those tokens take their
+place in the sequence like text, so `seq_len` counts them; and the vision tower runs over
+every patch, four times as many, keeping its own activations when it trains or carries LoRA
+adapters (PEFT's `all-linear` puts them there; LLaMA-Factory freezes the tower).
+"""
+
+#: The Learn page's VLM example: the issue's Qwen2.5-VL-7B LoRA run, two 1080p images.
+VLM_STATE: dict[str, Any] = {"model": "qwen2.5-vl-7b", "method": "lora", "seq": 4096,
+                             "img": 2, "imgh": 1080, "imgw": 1920, "maxpx": 1_003_520}
+
+
+def vlm_example_text(est: Estimate, frozen: Estimate, unit: Unit) -> str:
+    """The token budget of the example, live: each image's size and tokens, the share of the
+    sequence, the tower's part of the peak, and the same with the tower frozen."""
+    v, f = est.vision, frozen.vision
+    if v is None or f is None:
+        return ""
+    return (
+        f"For example, {est.model_name} with LoRA and {v.images_per_sample} photos of "
+        f"{v.image_height}x{v.image_width} px per sample at max_pixels 1,003,520: each becomes "
+        f"{v.resized_height}x{v.resized_width} px, **{v.tower_tokens_per_image:,} patches** for "
+        f"the vision tower and **{v.tokens_per_image:,} tokens** for the language model, so "
+        f"{v.image_tokens_per_sample:,} of the {est.setup.seq_len:,} tokens are image. With "
+        f"PEFT's all-linear adapters in the tower it holds "
+        f"**{format_bytes(v.vision_activation_bytes, unit)}** of the "
+        f"{format_bytes(est.bucket_bytes['activations'], unit)} of activations at the peak; "
+        f"frozen (LLaMA-Factory's default), only its pixels: "
+        f"{format_bytes(f.vision_activation_bytes, unit)}, and the peak falls from "
+        f"{format_bytes(est.device_peak_bytes, unit)} to "
+        f"{format_bytes(frozen.device_peak_bytes, unit)}.")
+
+
+def vlm_link(reg: params.Registry) -> str:
+    """The calculator with the example (relative, like `seed_link`)."""
+    by_key = {param.key: param for param in reg.params}
+    return "./?" + urllib.parse.urlencode(
+        {key: by_key[key].dump(value) for key, value in VLM_STATE.items()})

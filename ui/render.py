@@ -13,6 +13,7 @@ import streamlit as st
 
 from ui import charts
 from ui.charts import Unit, format_bytes
+from vram.io.report import vision_sentences
 from vram.result import BucketName, Estimate, LineItem
 from vram.step.through_step import through_step
 
@@ -60,6 +61,9 @@ def notes(est: Estimate) -> None:
         if explained and note.startswith("The peak is at ") and "gradients" in note:
             continue
         st.caption(note)
+    if est.vision is not None:
+        st.info(" ".join(vision_sentences(est, format_bytes(
+            est.vision.vision_activation_bytes, "GB"))))
 
 
 def _inputs_text(inputs: dict[str, Any]) -> str:

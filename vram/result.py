@@ -105,6 +105,8 @@ class MomentId(StrEnum):
     BLOCK_BELOW_TOP_BACKWARD = "the block below the top's backward"
     SECOND_LAYER_BACKWARD = "the second layer's backward"
     FIRST_LAYER_BACKWARD = "the first layer's backward"
+    #: A vision-language model's tower, after every language-model layer's backward.
+    VISION_BACKWARD = "the vision tower's backward"
     EMBEDDING_BACKWARD = "the embedding's backward"
     OPTIMIZER_STEP = "the optimizer step"
 
@@ -291,6 +293,33 @@ class PeakBytes(BaseModel):
                                 "device_peak_bytes": device_peak_bytes, "bounds": bounds})
 
 
+class VisionTokens(BaseModel):
+    """A vision-language model's images and video in one sample, as its processor makes them
+    (`vram.memory.vision`), and the vision side's share of the peak's activations."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    images_per_sample: NonNegativeInt
+    #: Each image (and video frame) before the processor, and after it (one tile's size for
+    #: tiled processors).
+    image_height: NonNegativeInt
+    image_width: NonNegativeInt
+    resized_height: NonNegativeInt = 0
+    resized_width: NonNegativeInt = 0
+    tiles_per_image: NonNegativeInt = 0
+    #: Tokens the vision tower runs over for one image (every tile), and the language
+    #: model's tokens for it.
+    tower_tokens_per_image: NonNegativeInt = 0
+    tokens_per_image: NonNegativeInt = 0
+    video_frames: NonNegativeInt = 0
+    video_tokens: NonNegativeInt = 0
+    #: Image and video tokens of one sample; the rest of `seq_len` is text.
+    image_tokens_per_sample: NonNegativeInt
+    text_tokens_per_sample: NonNegativeInt
+    #: At the peak: the vision tower's, projector's and pixel values' activations.
+    vision_activation_bytes: NonNegativeInt = 0
+
+
 class Estimate(BaseModel):
     """Per-GPU memory of one training step, by bucket, with the peaks tools would report."""
 
@@ -316,6 +345,8 @@ class Estimate(BaseModel):
     notes: tuple[str, ...] = ()
     #: Every candidate peak the estimate compared, in step order (the peak is the largest).
     moments: tuple[MomentBytes, ...] = ()
+    #: A vision-language model's images (None without any).
+    vision: VisionTokens | None = None
 
     @classmethod
     def assemble(cls, *, model_name: str, setup: TrainingSetup, params: ParamCounts,
@@ -324,7 +355,8 @@ class Estimate(BaseModel):
                  host_bytes: int, paged_bytes: int, state_bytes: int,
                  inference: InferenceEstimate,
                  approximate: bool, notes: tuple[str, ...],
-                 moments: tuple[MomentBytes, ...]) -> Estimate:
+                 moments: tuple[MomentBytes, ...], vision: VisionTokens | None = None,
+                 ) -> Estimate:
         """An `Estimate` of parts `vram` built (a validated setup, `assemble`d or validated
         parts): validating it again re-ran the setup's own checks on every call."""
         return _assembled(cls, {
@@ -334,7 +366,7 @@ class Estimate(BaseModel):
             "bounds": bounds, "host_bytes": host_bytes, "paged_bytes": paged_bytes,
             "state_bytes": state_bytes,
             "inference": inference, "approximate": approximate, "notes": notes,
-            "moments": moments})
+            "moments": moments, "vision": vision})
 
     def bucket(self, name: BucketName | str) -> Bucket:
         wanted = BucketName(name)

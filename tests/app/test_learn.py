@@ -169,3 +169,18 @@ def test_learn_asks_what_compression_would_buy() -> None:
     assert query["whatif"] == "1" and query["compress"] == compress
     values, errors = params.parse_query(data.registry(), query)
     assert not errors and values["compress"] == compress and values["ckpt"] is True
+
+
+def test_learn_shows_a_vision_language_models_token_budget() -> None:
+    """Issue 22: the Learn page's VLM example, Qwen2.5-VL-7B LoRA with two 1080x1920 photos at
+    max_pixels 1,003,520, says each is 1,222 tokens of the sequence and what the tower holds,
+    trained with adapters and frozen; its link opens the same run in the calculator."""
+    est = _estimate(learn.VLM_STATE)
+    frozen = _estimate({**learn.VLM_STATE, "vfreeze": True})
+    text = learn.vlm_example_text(est, frozen, "GB")
+    assert "728x1316 px" in text and "**4,888 patches**" in text and "**1,222 tokens**" in text
+    assert "2,444 of the 4,096 tokens" in text
+    assert frozen.device_peak_bytes < est.device_peak_bytes
+    query = dict(urllib.parse.parse_qsl(learn.vlm_link(data.registry()).removeprefix("./?")))
+    values, errors = params.parse_query(data.registry(), query)
+    assert not errors and values["img"] == 2 and values["maxpx"] == 1_003_520

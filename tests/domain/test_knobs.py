@@ -92,12 +92,14 @@ def test_a_bad_cell_names_its_column(cells: dict[str, str], column: str) -> None
 #: the schema's (design.md: "Case-file columns are added for new knobs ... empty means the
 #: default"), read before the shared file carries them.
 PARALLEL_CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "parallel" / "cases.csv"
+#: The project's case file of vision-language runs (issue 22): the VLM inputs' columns.
+VLM_CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "vlm" / "cases.csv"
 
 
 @pytest.mark.skipif(not CASES.exists(), reason="needs the shared case file")
 def test_every_declared_column_is_in_the_case_file() -> None:
     header: set[str] = set()
-    for path in (CASES, PARALLEL_CASES):
+    for path in (CASES, PARALLEL_CASES, VLM_CASES):
         with path.open(newline="", encoding="utf-8") as handle:
             header.update(next(csv.reader(handle)))
     for knob in setup_knobs():

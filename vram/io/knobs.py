@@ -31,6 +31,10 @@ from vram.setup import LORA_TARGETS, Knob, TrainingSetup, parse_lora_targets
 from vram.stacks.resolve import resolve
 
 Kind = Literal["bool", "int", "float", "choice", "targets", "text"]
+#: A vision-language model's knobs that default to the stack's: resolved in the setup record
+#: when the run has images or video (otherwise they do nothing).
+VISION_STACK_KNOBS = ("max_pixels", "min_pixels", "crop_images", "video_max_pixels",
+                      "freeze_vision")
 #: What a None value is called on every surface ("the stack's default").
 AUTO = "auto"
 #: Longer number texts are refused before conversion (int() of 4,300+ digits raises).
@@ -319,6 +323,8 @@ def _resolved(setup: TrainingSetup) -> dict[str, object]:
         "fsdp_version": run.fsdp_version if setup.sharding.shards_gradients else None,
         "fsdp_embedding_units": run.fsdp_embedding_units if resolved.fsdp2 else None,
         "torch_autocast": run.torch_autocast,
+        **({name: getattr(run, name) for name in VISION_STACK_KNOBS}
+           if setup.images_per_sample or setup.video_frames else {}),
     }
 
 

@@ -81,6 +81,8 @@ def estimate_json(result: Estimate, report: FitReport | None = None,
         "approximate": result.approximate,
         "notes": list(result.notes),
     }
+    if result.vision is not None:
+        payload["vision"] = result.vision.model_dump()
     if report is not None:
         payload["cheapest"] = _cheapest(report)
         payload["borderline"] = [_option(option) for option in report.borderline]
@@ -171,6 +173,8 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     ]
     if result.host_bytes:
         lines.append(f"{'host memory':<22}{size_text(result.host_bytes)}   (offloaded)")
+    if result.vision is not None:
+        lines.extend(vision_lines(result))
     for note in result.notes:
         lines.append(f"note: {note}")
     if report is not None:
@@ -199,6 +203,58 @@ def _band_line(band: Band, rate: float) -> str:
 def _option_line(option: FitOption, tail: str) -> str:
     price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
     return f"  {option.count} x {option.gpu.name:<32} {price:>12}   {tail}"
+
+
+def _vision_share_pct(result: Estimate, vision_bytes: int) -> float:
+    """The vision side's part of the peak's activations, in percent."""
+    activations = result.bucket_bytes.get("activations", 0)
+    return 100 * vision_bytes / activations if activations else 0.0
+
+
+def vision_lines(result: Estimate) -> list[str]:
+    """A VLM's token budget and the vision side's share of the peak's activations."""
+    v = result.vision
+    if v is None:
+        return []
+    lines = []
+    if v.images_per_sample:
+        tiles = f", {v.tiles_per_image} tiles" if v.tiles_per_image > 1 else ""
+        lines.append(f"{'images':<22}{v.images_per_sample} x {v.image_height}x{v.image_width} px"
+                     f" -> {v.resized_height}x{v.resized_width}{tiles}: "
+                     f"{v.tower_tokens_per_image:,} vision-tower tokens, "
+                     f"{v.tokens_per_image:,} LM tokens each")
+    if v.video_frames:
+        lines.append(f"{'video':<22}{v.video_frames} frames: {v.video_tokens:,} LM tokens")
+    share = _vision_share_pct(result, v.vision_activation_bytes)
+    lines += [f"{'sequence':<22}{v.image_tokens_per_sample:,} image + "
+              f"{v.text_tokens_per_sample:,} text tokens = {result.setup.seq_len:,} (--seq)",
+              f"{'vision activations':<22}{size_text(v.vision_activation_bytes)}   "
+              f"({share:.0f}% of the peak's activations)"]
+    return lines
+
+
+def vision_sentences(result: Estimate, held: str) -> list[str]:
+    """A VLM's token budget in words (the app's note): what the processor made of each image,
+    how much of `seq_len` the images take, and the vision side's part of the peak (`held`,
+    its bytes as the caller writes them)."""
+    v = result.vision
+    if v is None:
+        return []
+    out = []
+    if v.images_per_sample:
+        tiles = f" in {v.tiles_per_image} tiles" if v.tiles_per_image > 1 else ""
+        out.append(f"Each of the {v.images_per_sample} image(s) of {v.image_height}x"
+                   f"{v.image_width} px becomes {v.resized_height}x{v.resized_width}{tiles}: "
+                   f"{v.tower_tokens_per_image:,} vision-tower tokens and "
+                   f"{v.tokens_per_image:,} language-model tokens.")
+    if v.video_frames:
+        out.append(f"The {v.video_frames}-frame video is {v.video_tokens:,} tokens.")
+    share = _vision_share_pct(result, v.vision_activation_bytes)
+    out += [f"Images take {v.image_tokens_per_sample:,} of the {result.setup.seq_len:,} "
+            f"tokens of each sequence; {v.text_tokens_per_sample:,} are left for text.",
+            f"The vision tower, projector and pixels hold {held} at the peak, "
+            f"{share:.0f}% of its activations."]
+    return out
 
 
 def _peak_text(result: Estimate) -> str:

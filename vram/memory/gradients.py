@@ -19,6 +19,9 @@ from vram.sharding.shards import Shards
 from vram.stacks.profile import StackProfile
 from vram.units import FP32_BYTES as FP32
 
+#: The parameter groups of a vision tower and projector (`vram.model.params`).
+VISION_KEYS = ("vision", "vision_linears", "vision_lora")
+
 
 def grad_bytes(group: ParamGroup) -> int:
     """Gradients take the parameter's dtype (PyTorch accumulates .grad like the param)."""
@@ -70,6 +73,9 @@ class GradientPart:
     bank_gate_up: int = 0
     bank_down: int = 0
     bank_experts: int = 0
+    #: A vision-language model's vision tower, projector and their adapters: made in the
+    #: tower's backward, after every language-model layer's (`vram.memory.vision`).
+    vision: int = 0
 
 
 def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -138,8 +144,9 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
     if profile.fsdp2 and not in_backward:
         return _fsdp2_gradient_part(model, setup, profile, groups, full // n, per_layer // n,
                                     unit)
+    vision = sum(by_key.get(key, 0) for key in VISION_KEYS)
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
-                        per_layer // n, ddp, 0, largest, unit, tied=tied // n,
+                        per_layer // n, ddp, 0, largest, unit, tied=tied // n, vision=vision // n,
                         pending=untied_embedding // n + tied // n,
                         largest_in_attention=largest_attention,
                         # a unit's gradients are whole until reduce-scattered

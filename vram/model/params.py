@@ -15,6 +15,7 @@ from typing import Final, Literal
 from vram.model.spec import FUSED_PARTS, TARGET_ROLES, HeadKind, Linear, ModelSpec, Role
 from vram.setup import ALL_LINEAR, Method, Quant, TrainingSetup
 from vram.stacks.profile import StackProfile
+from vram.stacks.resolve import resolve
 from vram.units import BF16_BYTES, FP32_BYTES, INT8_BYTES, ceil_div
 
 #: NF4 and int8 blocks as bitsandbytes stores them (bitsandbytes/functional.py quantize_4bit:
@@ -198,14 +199,59 @@ def param_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) 
         *_head_group(model, profile, q_storage, dense, full),
         *_linear_groups(model, profile, q_storage, dense, full),
         *_vector_group(model, dense, full),
-        # a VLM's vision tower and projector: trained with the rest under full fine-tuning,
-        # frozen beside LoRA (issue 22; quantization and freezing knobs are not modelled yet)
-        *_group("vision", "vision tower and projector", model.vision_params
-                + model.projector_params, dense, full),
+        *_vision_groups(model, setup, q_storage, dense),
     ]
     if setup.trains_adapters:
         groups += _adapter_group(model, setup, profile)
     return groups
+
+
+def vision_frozen(setup: TrainingSetup) -> bool:
+    """The vision tower and projector get no gradients and no adapters (`freeze_vision`, else
+    the stack's default; unstated: trained like the rest)."""
+    return bool(resolve(setup).run.freeze_vision)
+
+
+def vision_linears(model: ModelSpec) -> list[tuple[Linear, int]]:
+    """The vision side's nn.Linear layers with their counts (tower blocks, projector)."""
+    spec = model.vision
+    if spec is None:
+        return []
+    out = [(linear, stack.count) for stack in spec.blocks for linear in stack.linears]
+    return out + [(linear, spec.projector.count) for linear in spec.projector.linears
+                  if linear.name not in spec.projector_not_linear]
+
+
+def vision_targeted(linear: Linear, setup: TrainingSetup) -> bool:
+    """Whether PEFT puts a LoRA adapter on this vision Linear: 'all-linear' takes every
+    nn.Linear but the output head (peft/tuners/tuners_utils.py@v0.21.2
+    `_maybe_include_all_linear_layers`); a list of names matches a module whose name ends in
+    one (`check_target_module_exists`), so the tower's own `q_proj` is adapted with the
+    language model's. A frozen vision side gets none (`vision_frozen`)."""
+    if not setup.trains_adapters or vision_frozen(setup):
+        return False
+    if setup.lora_targets == ALL_LINEAR:
+        return True
+    return linear.name.rsplit(".", 1)[-1] in setup.lora_targets
+
+
+def _vision_groups(model: ModelSpec, setup: TrainingSetup, q_storage: Storage | None,
+                   dense: Storage) -> list[ParamGroup]:
+    """A VLM's vision tower and projector: trained under full fine-tuning unless frozen; their
+    nn.Linear weights quantized under QLoRA like the language model's (transformers 5.24.0
+    `quantizers/base.py` get_keys_to_not_convert spares only the output head and tied weights)."""
+    total = model.vision_params + model.projector_params
+    trains = setup.method is Method.FULL and not vision_frozen(setup)
+    if q_storage is None or not total:
+        return _group("vision", "vision tower and projector", total, dense, trains)
+    linears = vision_linears(model)
+    weight = sum(count * linear.weight_params for linear, count in linears)
+    q_bytes = sum(count * quantized_bytes(linear.d_in * linear.d_out, linear.d_out, q_storage)
+                  for linear, count in linears)
+    return [*_group("vision_linears", f"vision Linear weights, {q_storage.value}", weight,
+                    q_storage, False, n_bytes=q_bytes),
+            *_group("vision", "vision tower and projector (norms, embeddings, biases)",
+                    total - weight, dense, False)]
 
 
 def _head_group(model: ModelSpec, profile: StackProfile, q_storage: Storage | None,
@@ -300,9 +346,28 @@ def _adapter_group(model: ModelSpec, setup: TrainingSetup,
         lora += r * (h + vocab)
         lora_matrices += [Matrices(r, h), Matrices(vocab, r)]
         lora_tensors += [(r * h, 1), (r * vocab, 1)]
-    return _group("lora", f"LoRA adapters (rank {setup.lora_rank})", lora,
-                  DENSE_STORAGE[profile.precision.adapters], True,
-                  matrices=tuple(lora_matrices), tensors=tuple(lora_tensors))
+    return [*_group("lora", f"LoRA adapters (rank {setup.lora_rank})", lora,
+                    DENSE_STORAGE[profile.precision.adapters], True,
+                    matrices=tuple(lora_matrices), tensors=tuple(lora_tensors)),
+            *_vision_adapter_group(model, setup, profile)]
+
+
+def _vision_adapter_group(model: ModelSpec, setup: TrainingSetup,
+                          profile: StackProfile) -> list[ParamGroup]:
+    """LoRA adapters PEFT puts on the vision tower's and projector's Linears
+    (`vision_targeted`), whole modules: r·(d_in + d_out) each."""
+    r = setup.lora_rank
+    n = 0
+    matrices: list[Matrices] = []
+    tensors: list[tuple[int, int]] = []
+    for linear, count in vision_linears(model):
+        if vision_targeted(linear, setup):
+            n += count * adapter_params(linear, r, None)
+            matrices += [Matrices(r, linear.d_in, count), Matrices(linear.d_out, r, count)]
+            tensors += [(r * linear.d_in, count), (r * linear.d_out, count)]
+    return _group("vision_lora", f"LoRA adapters on the vision tower (rank {r})", n,
+                  DENSE_STORAGE[profile.precision.adapters], True, matrices=tuple(matrices),
+                  tensors=tuple(tensors))
 
 
 def _fused_roles(

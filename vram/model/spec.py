@@ -14,6 +14,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict
 
 from vram.memo import memoized
+from vram.model.processor import Processor
 
 
 class Role(StrEnum):
@@ -205,6 +206,13 @@ class LayerStack(BaseModel):
     #: Elements per token the mixer's kernel saves for its backward beyond its projections'
     #: inputs, (in the compute dtype, in fp32): `docs/hybrid-layers.md`, set by the family.
     mixer_saved: tuple[int, int] = (0, 0)
+    #: q, k and v are views of one fused projection's output, and v (kept by the attention
+    #: kernel, or the eager matmul) keeps that whole output alive beside the rotated copies of
+    #: q and k (Qwen2.5-VL / Qwen3-VL vision blocks: `qkv(x).reshape(...).unbind(0)`).
+    qkv_view_kept: bool = False
+    #: The attention runs once per image or window and concatenates the outputs (Qwen vision
+    #: blocks' `torch.cat(attn_outputs)`): o_proj reads a copy of what the kernel kept.
+    attention_output_copied: bool = False
     #: Attention sees only the last `attention_window` positions (a sliding-window or chunked
     #: layer of a local/global pattern: Gemma 3, gpt-oss, OLMo 3, Llama 4); None: all.
     attention_window: int | None = None
@@ -216,6 +224,51 @@ class LayerStack(BaseModel):
     @property
     def params(self) -> int:
         return self.count * self.params_per_layer
+
+
+class VisionSpec(BaseModel):
+    """A vision-language model's vision side, for its activations (issue 22): what the
+    processor makes of an image, the tower's blocks, and the projector that writes image tokens
+    in the language model's width. Parameters are counted apart (`ModelSpec.vision_params`,
+    `projector_params`); these stacks and Linears say what the step keeps and what LoRA and
+    QLoRA reach (`vram.memory.vision`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    processor: Processor
+    #: The tower's blocks (bidirectional attention within one image, tile or window), by kind.
+    blocks: tuple[LayerStack, ...]
+    #: Tokens each of `blocks` attends over at once (Qwen2.5-VL's 8x8-patch windows); 0: the
+    #: whole image or tile.
+    windows: tuple[int, ...]
+    #: The tower's residual stream stays in the compute dtype under autocast: it starts from
+    #: a convolution's output and adds only matmul outputs (Qwen2.5-VL: rotary positions, no
+    #: learned ones in fp32 to promote it).
+    residual_in_compute_dtype: bool = False
+    #: The tower's width, and its norms outside the blocks (pre/post LayerNorms).
+    width: int
+    outer_norms: int = 0
+    #: Values per tower token in `pixel_values` as the processor hands them (C x T x P x P).
+    pixel_values_per_token: int
+    #: The projector (merger, connector) as one layer without attention: its norm, Linears and
+    #: activation, over the language model's image tokens (after a merge or pixel shuffle), or
+    #: (`projector_on_tower_tokens`) over every tower token (mllama's cross-attention states).
+    projector: LayerStack
+    projector_on_tower_tokens: bool = False
+    #: Projector "Linears" that are plain Parameters in a matmul (Gemma 3's
+    #: `mm_input_projection_weight`): LoRA's all-linear and bitsandbytes pass them by.
+    projector_not_linear: tuple[str, ...] = ()
+    #: The image states reach the language model through cross-attention (mllama), not as
+    #: tokens of its sequence.
+    cross_attention: bool = False
+    #: With images, the language model attends bidirectionally within each image's tokens,
+    #: so every layer gets an explicit mask, the global ones too (Gemma 3's
+    #: `create_masks_for_vision_model` from `token_type_ids`).
+    lm_mask_with_images: bool = False
+
+    @property
+    def depth(self) -> int:
+        return sum(stack.count for stack in self.blocks)
 
 
 class HeadKind(StrEnum):
@@ -259,6 +312,8 @@ class ModelSpec(BaseModel):
     #: language model's width (issue 22; `vram.model.families.vision`).
     vision_params: int = 0
     projector_params: int = 0
+    #: Its structure, for image inputs (None: a text model, or a tower not described yet).
+    vision: VisionSpec | None = None
 
     @property
     def lm_head_tied(self) -> bool:

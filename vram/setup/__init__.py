@@ -20,6 +20,7 @@ from vram.setup.enums import (
     Quant,
     Sharding,
 )
+from vram.setup.knob import Knob
 from vram.setup.training import (
     ADAPTERS,
     ALL_LINEAR,
@@ -35,7 +36,6 @@ from vram.setup.training import (
     MAX_SEQ_LEN,
     SHARDING_ALIASES,
     TORCH_VERSION,
-    Knob,
     TrainingSetup,
     parse_lora_targets,
 )

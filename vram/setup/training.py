@@ -9,7 +9,6 @@ that names the field and says what is allowed. Defaults describe a sensible sing
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -29,41 +28,19 @@ from vram.setup.enums import (
     Quant,
     Sharding,
 )
+from vram.setup.knob import Knob
 from vram.setup.layout import check_layout, shard_group
-
-
-@dataclass(frozen=True, slots=True)
-class Knob:
-    """How people meet one setup field, declared once on the field (`Annotated` metadata).
-
-    `vram.io.knobs` reads it, with the field's type, default and range, to build the CLI flag,
-    the app control and its URL key, the case-file reader, and error messages that name what
-    the person typed. The library's default is the only default.
-    """
-
-    #: The app control's title.
-    label: str
-    #: The app's widget key and URL parameter (short: it is in every shared link).
-    key: str
-    #: The command-line flag.
-    flag: str
-    help: str = ""
-    #: The case-file column (validation/README.md) that `validate` reads; None: not in cases.
-    column: str | None = None
-    #: Labels of the choices in the app, by their text ("auto" is the None choice).
-    labels: tuple[tuple[str, str], ...] = ()
-    #: The values the app offers (sliders and lists); empty: every allowed value.
-    app_options: tuple[object, ...] = ()
-    flag_aliases: tuple[str, ...] = ()
-    #: Other names accepted for a choice (sharding's fsdp-full, ...).
-    aliases: tuple[str, ...] = ()
-    #: Flag, URL and column state the opposite of the field (longest_batch_once).
-    inverse: bool = False
-    #: Drawn above the app's Advanced section.
-    basic: bool = False
-    #: The methods it means something for (the app disables it for the others); empty: all.
-    only_for: tuple[str, ...] = ()
-
+from vram.setup.vision import (
+    CropImages,
+    FreezeVision,
+    ImageHeight,
+    ImagesPerSample,
+    ImageWidth,
+    MaxPixels,
+    MinPixels,
+    VideoFrames,
+    VideoMaxPixels,
+)
 
 #: A PyTorch version's major and minor numbers at the start of its text.
 TORCH_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})")
@@ -491,6 +468,16 @@ class TrainingSetup(BaseModel):
                 ("deepspeed", "DeepSpeed"), ("axolotl", "axolotl"),
                 ("llama-factory", "LLaMA-Factory"), ("other", "other")),
     )] = Framework.HF_TRAINER
+    # A vision-language model's inputs (vram.setup.vision): seq_len counts their tokens.
+    images_per_sample: ImagesPerSample = 0
+    image_height: ImageHeight = None
+    image_width: ImageWidth = None
+    max_pixels: MaxPixels = None
+    min_pixels: MinPixels = None
+    crop_images: CropImages = None
+    video_frames: VideoFrames = 0
+    video_max_pixels: VideoMaxPixels = None
+    freeze_vision: FreezeVision = None
 
     @field_validator(
         "method", "quant", "optimizer", "precision", "attention", "loss", "offload", "framework",
@@ -583,6 +570,12 @@ class TrainingSetup(BaseModel):
         if self.sharding_engine == "fsdp" and self.sharding is Sharding.ZERO1:
             raise ValueError("sharding: FSDP has no ZeRO-1 (use zero2 or zero3, or the "
                              "deepspeed engine)")
+        if (self.image_height is None) != (self.image_width is None):
+            raise ValueError("image_width: give image_height and image_width together, or "
+                             "neither (the largest image the processor keeps)")
+        if self.min_pixels and self.max_pixels and self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels: {self.min_pixels:,} is above max_pixels "
+                             f"{self.max_pixels:,}")
         if self.sharding_engine == "fsdp" and self.offload is Offload.OPTIMIZER:
             raise ValueError("offload: FSDP offloads the optimizer only with the parameters "
                              "(params+optimizer); optimizer-only offload is DeepSpeed's")

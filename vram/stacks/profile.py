@@ -56,6 +56,8 @@ class StackProfile:
     #: bitsandbytes dequantizes to fp16 and casts to the compute dtype: two full copies.
     dequantizes_via_fp16: bool
     casts_output_to_fp32: bool
+    #: The stack scales images into the pixel bounds before the processor (`StackRow`).
+    resizes_images_before_processor: bool
     #: The dtype of each kind of tensor in this run.
     precision: PrecisionPolicy
     #: FSDP2 (`fully_shard`) shards the run (see `vram.sharding.fsdp2`).
@@ -116,6 +118,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         dequantizes_via_fp16=(row.quantizes_from_fp16 and qlora
                               and precision.sixteen_bit is not Dtype.FP16),
         casts_output_to_fp32=row.casts_output_to_fp32,
+        resizes_images_before_processor=row.resizes_images_before_processor,
         precision=precision,
         fsdp2=resolved.fsdp2,
         seq_split=setup.tp if setup.tp > 1 and run.sequence_parallel else 1,

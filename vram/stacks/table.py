@@ -80,6 +80,9 @@ class StackRow(BaseModel):
     #: QLoRA quantizes MoE expert banks (experts as nn.Linear); False: the model code holds a
     #: bank as one 3-D parameter, which bitsandbytes' Linear replacement passes by.
     quantizes_expert_banks: bool
+    #: A vision-language model's images are scaled into the `min_pixels`/`max_pixels` bounds by
+    #: the stack before the model's processor, which then applies its own (LLaMA-Factory).
+    resizes_images_before_processor: bool
     #: Runs tensor parallel (`tp`).
     runs_tensor_parallel: bool
     #: Runs pipeline parallel (`pp`).

@@ -11,6 +11,7 @@ from operator import attrgetter
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart
 from vram.memory.optimizer import steps_in_backward
+from vram.memory.vision import VisionPlan
 from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
 from vram.result import LineItem, MomentId, Phase
@@ -95,13 +96,18 @@ class StepContext:
     tied_pending: list[Alive]
     #: The unit in backward holding its gradients whole (sharded gradients).
     reducing: list[Alive]
+    #: A vision-language model's images: what the tower and projector keep until their
+    #: backward (after the language model's), and the pixel values, alive through the step.
+    vision_plan: VisionPlan | None = None
+    vision: list[Alive] = field(default_factory=list)
+    pixels: list[Alive] = field(default_factory=list)
 
 HEAD_SOURCE = "see vram.memory.head.head_activations"
 
 
 def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
                   grads: GradientPart, working: dict[Stage, list[LineItem]],
-                  step_temp: int) -> StepContext:
+                  step_temp: int, vision: VisionPlan | None = None) -> StepContext:
     in_backward = steps_in_backward(setup)
     previous: list[Alive] = [ItemDraft(
         key="activations.previous_step", label="previous step's bitsandbytes inputs",
@@ -121,6 +127,9 @@ def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
         head_inputs={"tokens": plan.tokens, "vocab": model.vocab_size},
         tied_pending=tied_pending(grads, model.vocab_size),
         reducing=reducing(grads, setup),
+        vision_plan=vision,
+        vision=[*vision.saved, vision.pixels] if vision else [],
+        pixels=[vision.pixels] if vision else [],
     )
 
 

@@ -31,6 +31,7 @@ from vram.memory.overhead import (
     fixed_overhead_items,
     slack_item,
 )
+from vram.memory.vision import VisionPlan, vision_plan, vision_tokens
 from vram.memory.weights import (
     QUANTIZED,
     Stage,
@@ -154,6 +155,7 @@ class StepPeak:
 
     part: StatePart
     plan: act.ActivationPlan
+    vision: VisionPlan | None
     #: The moment of the allocated peak (the first of equal ones).
     peak: Moment
     allocated: int
@@ -203,8 +205,9 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
+    vision = vision_plan(model, setup, part.profile)
     moments = step_moments(model, setup, plan, grads, part.working,
-                       part.optimizer.step_temp_bytes + zero.step_copies_bytes)
+                       part.optimizer.step_temp_bytes + zero.step_copies_bytes, vision)
     if stage is not None:
         with_pipeline(moments, stage, model, setup, plan, part.profile, part.groups)
     if zero.preallocated_gradients:
@@ -232,8 +235,8 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
-    return StepPeak(part, plan, peak, allocated, reserved, activations, activations_max,
-                    stage)
+    return StepPeak(part, plan, vision, peak, allocated, reserved, activations,
+                    activations_max, stage)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -264,6 +267,7 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         state_bytes=part.state_bytes, approximate=model.approximate,
         notes=_notes(part, peak) + _stage_note(setup, step.stage),
         moments=tuple(figures),
+        vision=vision_tokens(step.vision, setup, peak.activation_items),
     )
 
 

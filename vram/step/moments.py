@@ -9,6 +9,7 @@ from __future__ import annotations
 from vram.memory import activations as act
 from vram.memory import fp8
 from vram.memory.gradients import GradientPart
+from vram.memory.vision import VisionPlan
 from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
 from vram.result import LineItem, MomentId, Phase
@@ -20,16 +21,16 @@ from vram.step.fsdp2_moments import with_fsdp2
 
 
 def step_moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-             grads: GradientPart,
-             working: dict[Stage, list[LineItem]], step_temp: int) -> list[Moment]:
+             grads: GradientPart, working: dict[Stage, list[LineItem]], step_temp: int,
+             vision: VisionPlan | None = None) -> list[Moment]:
     """The candidate peaks of one step (see the module docstring), in step order. `working`
-    holds the weight copies alive at each stage."""
-    c = step_context(model, setup, plan, grads, working, step_temp)
+    holds the weight copies alive at each stage; `vision`, a VLM's images."""
+    c = step_context(model, setup, plan, grads, working, step_temp, vision)
     # Order matters for ties: the allocator reaches a peak at its first moment.
     return _with_fp8_casts(c, with_fsdp2(c, [
         *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
-        _top_layer_backward(c), _first_layer_backward(c), _embedding_backward(c),
-        _optimizer_step(c)]))
+        _top_layer_backward(c), _first_layer_backward(c), *_vision_backward(c),
+        _embedding_backward(c), _optimizer_step(c)]))
 
 
 _LAYER_BACKWARD = frozenset({MomentId.TOP_LAYER_BACKWARD, MomentId.BLOCK_BELOW_TOP_BACKWARD,
@@ -66,7 +67,7 @@ def _last_layer_forward(c: StepContext) -> list[Moment]:
                   formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
                   inputs={"tokens": plan.tokens}, bytes=plan.forward_transient_bytes,
                   source="eager/math attention materializes s × s scores"),
-        *c.previous])]
+        *c.previous, *c.vision])]
 
 
 def _forward_end(c: StepContext) -> Moment:
@@ -76,7 +77,7 @@ def _forward_end(c: StepContext) -> Moment:
         *c.forward_layers, *c.working[Stage.FORWARD],
         ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                   inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=HEAD_SOURCE),
-        *c.previous])
+        *c.previous, *c.vision])
 
 
 def _output_cast(c: StepContext) -> list[Moment]:
@@ -89,7 +90,7 @@ def _output_cast(c: StepContext) -> list[Moment]:
         ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                   inputs=c.head_inputs, bytes=plan.head_cast_bytes,
                   source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
-        *c.previous])]
+        *c.previous, *c.vision])]
 
 
 def _loss(c: StepContext) -> Moment:
@@ -100,7 +101,7 @@ def _loss(c: StepContext) -> Moment:
         *c.layers, *c.working[Stage.LOSS],
         ItemDraft(key="activations.loss", label="logits, loss and their gradients",
                   formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
-                  source=HEAD_SOURCE)])
+                  source=HEAD_SOURCE), *c.vision])
 
 
 def _top_layer_backward(c: StepContext) -> Moment:
@@ -119,7 +120,7 @@ def _top_layer_backward(c: StepContext) -> Moment:
                           inputs=c.head_inputs, bytes=plan.head_kept_bytes, source=HEAD_SOURCE)
     top = Moment(Phase.BACKWARD, MomentId.TOP_LAYER_BACKWARD, top_grads, [
         *c.layers, *c.working[Stage.TOP_LAYER], head_left,
-        _backward_item(setup, plan), *c.tied_pending], c.reducing)
+        _backward_item(setup, plan), *c.tied_pending, *c.vision], c.reducing)
     if c.bank is None:
         return top
     return with_bank_write(top, plan, Moment(
@@ -127,7 +128,7 @@ def _top_layer_backward(c: StepContext) -> Moment:
         max(c.accumulated_bytes, grads.head + c.bank.done_in_layer), [
             *c.layers, *c.working[Stage.TOP_LAYER], head_left,
             c.bank.item(plan.recompute_bytes if setup.grad_ckpt else 0, plan),
-            *c.tied_pending]))
+            *c.tied_pending, *c.vision]))
 
 
 def _first_layer_backward(c: StepContext) -> Moment:
@@ -154,9 +155,9 @@ def _first_layer_backward(c: StepContext) -> Moment:
         mlp = Moment(
             Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD,
             max(c.accumulated_bytes, grads.total - grads.pending
-                - grads.per_layer + c.bank.done_in_layer), [
+                - grads.per_layer + c.bank.done_in_layer - grads.vision), [
                 *c.working[Stage.FIRST_LAYER], *c.mask, c.bank.item(first_layer, plan),
-                *c.tied_pending])
+                *c.tied_pending, *c.vision])
     return max(mlp, attention, key=lambda m: m.gradients_total + m.activation_bytes)
 
 
@@ -167,7 +168,7 @@ def _late_layer_moment(c: StepContext, stage: Stage, transient_bytes: int,
     grads, plan, setup = c.grads, c.plan, c.setup
     building = 0 if grads.unsharded_unit or c.in_backward else written_bytes
     late_grads = grads.head if c.in_backward else max(
-        c.accumulated_bytes, grads.total - grads.pending - building
+        c.accumulated_bytes, grads.total - grads.pending - building - grads.vision
         - (grads.per_layer if grads.unsharded_unit else 0))
     first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     return Moment(Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD, late_grads, [
@@ -176,7 +177,7 @@ def _late_layer_moment(c: StepContext, stage: Stage, transient_bytes: int,
                   formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
                   bytes=first_layer + transient_bytes + building,
-                  source="per-layer backward"), *c.tied_pending], c.reducing)
+                  source="per-layer backward"), *c.tied_pending, *c.vision], c.reducing)
 
 
 def _embedding_backward(c: StepContext) -> Moment:
@@ -190,7 +191,7 @@ def _embedding_backward(c: StepContext) -> Moment:
         ItemDraft(key="activations.embedding_grad", label="embedding gradient being built",
                   formula="vocab × hidden × grad bytes", inputs={"vocab": vocab},
                   bytes=grads.embedding, source="aten embedding_dense_backward"),
-        *_tp_embedding_output_grad(c), *c.tied_pending])
+        *_tp_embedding_output_grad(c), *c.tied_pending, *c.pixels])
 
 
 def _tp_embedding_output_grad(c: StepContext) -> list[Alive]:
@@ -220,7 +221,27 @@ def _optimizer_step(c: StepContext) -> Moment:
             formula="one state-sized list (foreach AdamW's sqrt(v))", inputs={},
             bytes=c.step_temp_bytes, source="torch/optim/adamw.py _multi_tensor_adamw"))
     return Moment(Phase.OPTIMIZER_STEP, MomentId.OPTIMIZER_STEP,
-                  0 if c.in_backward else c.grads.total, items)
+                  0 if c.in_backward else c.grads.total, [*items, *c.pixels])
+
+
+def _vision_backward(c: StepContext) -> list[Moment]:
+    """A VLM's vision tower in backward, after every language-model layer's and the
+    projector's: what the tower kept, a block recomputed (checkpointing) and its gradient
+    buffers, at its top block: every gradient exists but the embedding's and the vision
+    side's. None when the vision side keeps nothing (frozen, no adapters)."""
+    vision = c.vision_plan
+    if vision is None or not vision.keeps:
+        return []
+    grads = c.grads
+    return [Moment(Phase.BACKWARD, MomentId.VISION_BACKWARD, grads.head if c.in_backward else
+                   max(c.accumulated_bytes, grads.total - grads.pending - grads.vision), [
+        *c.working[Stage.FIRST_LAYER], *vision.tower_saved, vision.pixels,
+        ItemDraft(key="activations.vision_backward", label="a vision block's backward"
+                  + (" (recomputed)" if c.setup.grad_ckpt else ""),
+                  formula="tower tokens × (one block's saved tensors under checkpointing + its "
+                          "gradient buffers)", inputs={"tower_tokens": vision.tower_tokens},
+                  bytes=vision.backward_bytes, source="per-layer backward, in the tower"),
+        *c.tied_pending], c.reducing)]
 
 
 def with_bank_write(dense: Moment, plan: act.ActivationPlan, bank: Moment) -> Moment:

@@ -40,6 +40,7 @@ from vram.stacks.precision import lora_base_16bit
 from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
 from vram.stacks.table import stack_row
+from vram.trace import vision
 from vram.trace.quant import QuantLinear, lora_forward_bnb
 
 #: Config keys that hold the number of repeated blocks.
@@ -120,13 +121,18 @@ class Built:
     autocast: torch.dtype | None
     vocab: int
     layer_lists: list[tuple[str, nn.ModuleList]]
+    #: A vision-language model's micro-batch (ids and image inputs), built in the step;
+    #: None: random ids only.
+    inputs: vision.Inputs | None = None
 
 
 def depth(config: dict[str, Any]) -> int:
-    """Number of repeated blocks the config describes."""
+    """Number of repeated blocks the config describes (a VLM: its language model's)."""
     for key in LAYER_KEYS:
         if isinstance(config.get(key), int):
             return int(config[key])
+    if vision.is_vlm(config) and vision.text_part(config) is not config:
+        return depth(vision.text_part(config))
     raise TraceUnsupported("config: no num_hidden_layers / num_layers / n_layer key")
 
 
@@ -143,7 +149,7 @@ def layer_period(config: dict[str, Any]) -> int:
         hf = AutoConfig.for_model(str(config.get("model_type", "")), **fields)
     except (ValueError, TypeError, KeyError):
         return 1
-    types = getattr(hf, "layer_types", None)
+    types = getattr(hf.get_text_config(), "layer_types", None)
     if not isinstance(types, list) or not types:
         return 1
     for period in range(1, len(types) + 1):
@@ -153,8 +159,12 @@ def layer_period(config: dict[str, Any]) -> int:
 
 
 def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
-    """A copy of `config` with every layer-count key set to `n_layers`."""
+    """A copy of `config` with every layer-count key set to `n_layers` (a VLM's in its
+    `text_config`)."""
     out = copy.deepcopy(config)
+    if vision.is_vlm(out) and vision.text_part(out) is not out:
+        out["text_config"] = with_depth(vision.text_part(out), n_layers)
+        return out
     for key in LAYER_KEYS:
         if key in out and isinstance(out[key], int):
             out[key] = n_layers
@@ -163,7 +173,9 @@ def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
     return out
 
 
-def kind_of(model_type: str) -> str:
+def kind_of(model_type: str, config: dict[str, Any] | None = None) -> str:
+    if config is not None and vision.is_vlm(config):
+        return "vlm"
     if model_type in SEQ2SEQ:
         return "seq2seq"
     if model_type in CLASSIFIER:
@@ -217,6 +229,11 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
     except (ValueError, KeyError) as exc:
         raise TraceUnsupported(
             f"model_type {model_type!r}: transformers cannot build it ({exc})") from exc
+    if kind == "vlm":
+        if setup.attention is Attention.FLASH:
+            raise TraceUnsupported("attention: flash is not traced for vision-language models")
+        return vision.instantiate(hf_config, weight_dtype(setup),
+                                  "eager" if setup.attention is Attention.EAGER else "sdpa")
     auto = {"causal": AutoModelForCausalLM, "seq2seq": AutoModelForSeq2SeqLM,
             "classifier": AutoModelForSequenceClassification}[kind]
     if setup.attention is Attention.FLASH:
@@ -300,8 +317,10 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
     from peft import LoraConfig, TaskType, get_peft_model
 
     task = {"causal": TaskType.CAUSAL_LM, "seq2seq": TaskType.SEQ_2_SEQ_LM,
-            "classifier": TaskType.SEQ_CLS}[kind]
+            "classifier": TaskType.SEQ_CLS, "vlm": TaskType.CAUSAL_LM}[kind]
+    frozen_vision = kind == "vlm" and bool(resolve(setup).run.freeze_vision)
     lora_config = LoraConfig(
+        exclude_modules=vision.lora_exclusions() if frozen_vision else None,
         r=setup.lora_rank, lora_alpha=2 * setup.lora_rank,
         target_modules=target_patterns(model_type, setup),
         lora_dropout=setup.lora_dropout, task_type=task,
@@ -341,8 +360,10 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
 def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     """Instantiate `config` with `setup` applied. Call inside a `FakeTensorMode`."""
     model_type = str(config.get("model_type", ""))
-    kind = kind_of(model_type)
+    kind = kind_of(model_type, config)
     n_layers = depth(config)
+    if kind == "vlm" and (setup.sharding.shards_weights or setup.n_gpus > 1):
+        raise TraceUnsupported("sharding: vision-language models are traced on one GPU")
     model = _instantiate(config, setup, kind)
     if model_type in MOE and (autocast_dtype(setup) is not None
                               or weight_dtype(setup) is not torch.bfloat16):
@@ -352,10 +373,15 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
 
         patch_moe()
         use_uniform_experts(model)
-    lists = layer_lists(model, n_layers)
+    lists = layer_lists(model, n_layers) if kind != "vlm" else vision.block_lists(
+        model, n_layers, _vision_depth(config))
+    if lists is None:
+        raise TraceUnsupported("model: no list of decoder layers or vision blocks found")
     if setup.method is Method.QLORA:
         profile = profile_for(setup)
         _quantize(model, lists, setup, quant_head=profile.quantizes_head)
+        if kind == "vlm":
+            _quantize_linears(vision.projector_linears(model), setup)
         if profile.upcasts_frozen_to_fp32:
             from peft import prepare_model_for_kbit_training
 
@@ -380,12 +406,35 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     if setup.method is Method.FULL:
         for param in model.parameters():
             param.requires_grad_(True)
+        if kind == "vlm" and resolve(setup).run.freeze_vision:
+            vision.freeze(model)
     else:
         model = _apply_lora(model, model_type, setup, kind)
     model.train()
-    vocab = int(getattr(hf.config, "vocab_size", 0) or 0)
+    config_of: Any = hf.config
+    text_config = config_of.get_text_config() if kind == "vlm" else config_of
+    vocab = int(getattr(text_config, "vocab_size", 0) or 0)
+    inputs = vision.make_inputs(model_type, config, hf.config, setup) if kind == "vlm" else None
     return Built(model=model, hf=hf, kind=kind, autocast=autocast_dtype(setup), vocab=vocab,
-                 layer_lists=lists)
+                 layer_lists=lists, inputs=inputs)
+
+
+def _vision_depth(config: dict[str, Any]) -> int:
+    """The vision tower's blocks (`depth` in Qwen's config, else `num_hidden_layers`)."""
+    tower = config["vision_config"]
+    for key in ("depth", "num_hidden_layers"):
+        if isinstance(tower.get(key), int):
+            return int(tower[key])
+    raise TraceUnsupported("vision_config: no depth / num_hidden_layers")
+
+
+def _quantize_linears(linears: list[tuple[nn.Module, str, nn.Linear]],
+                      setup: TrainingSetup) -> None:
+    """Replace each (parent, name, Linear) by its bitsandbytes-style 4/8-bit twin."""
+    keeps = resolve(setup).bnb_keeps_matmul_input
+    for parent, name, child in linears:
+        setattr(parent, name, QuantLinear(child, setup.effective_quant.value,
+                                          compute_dtype(setup), keeps))
 
 
 def trainable(model: nn.Module) -> Iterator[nn.Parameter]:

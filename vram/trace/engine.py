@@ -113,7 +113,7 @@ def _label_embedding_backward(built: Built, tracker: StorageTracker) -> None:
 
 
 def training_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
-          labels: torch.Tensor) -> torch.Tensor:
+          labels: torch.Tensor, extra: dict[str, Any] | None = None) -> torch.Tensor:
     model = built.model
     if built.kind == "causal" and resolve(setup).run.loss is Loss.CHUNKED:
         hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
@@ -128,7 +128,7 @@ def training_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
             total = part if total is None else total + part
         assert total is not None
         return total / labels.numel()
-    out = model(input_ids=ids, labels=labels)
+    out = model(input_ids=ids, labels=labels, **(extra or {}))
     loss: torch.Tensor = out.loss
     del out
     return loss
@@ -140,7 +140,11 @@ def run_steps(built: Built, setup: TrainingSetup, tracker: HostScalarTracker,
     vocab = max(built.vocab, 2)
     with tracker, cuda_attention(setup.attention.value), cuda_dropout(), cuda_autocast():
         batch, seq = setup.micro_batch, setup.seq_len
-        ids = torch.randint(0, vocab, (batch, seq))
+        extra: dict[str, Any] = {}
+        if built.inputs is not None:  # a VLM's micro-batch: ids with image tokens, pixels
+            ids, extra = built.inputs()
+        else:
+            ids = torch.randint(0, vocab, (batch, seq))
         classes = built.kind == "classifier"
         labels = torch.randint(0, 2, (batch,)) if classes else ids.clone()
         tracker.recording = True
@@ -148,9 +152,9 @@ def run_steps(built: Built, setup: TrainingSetup, tracker: HostScalarTracker,
             tracker.set_phase(FORWARD, "embed")
             if built.autocast is not None:
                 with torch.autocast("cpu", dtype=built.autocast):
-                    loss = training_loss(built, setup, ids, labels)
+                    loss = training_loss(built, setup, ids, labels, extra)
             else:
-                loss = training_loss(built, setup, ids, labels)
+                loss = training_loss(built, setup, ids, labels, extra)
             tracker.set_phase(BACKWARD, "head")
             with tracker.watching_backward(loss):
                 loss.backward()

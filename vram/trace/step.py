@@ -42,6 +42,7 @@ from vram.trace.engine import (
 from vram.trace.optim import TRACE_OPTIMIZERS, in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
 from vram.trace.tracker import SegmentPeak
+from vram.trace.vision import fed_layers
 
 MAX_POINTS = 2000
 
@@ -185,6 +186,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     tracer = _depth_tracer(setup)
     period = layer_period(config)
     periods = SHARDED_START_PERIODS if traces_fsdp2(setup) else 2
+    # every layer the tower feeds is in both traced models (Qwen3-VL's deepstack)
+    periods = max(periods, -(-fed_layers(config) // period))
     lo, hi = periods * period, (periods + 1) * period
     if n_layers is not None or full <= hi:
         target = n_layers if n_layers is not None else full

@@ -26,6 +26,7 @@ from vram.io.readers.common import (
 from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
+from vram.io.readers.vision import map_axolotl as map_vision
 from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
@@ -85,6 +86,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None) -> ReadResult:
             m.set("compile", m.bool_key("torch_compile"), "torch_compile")
     else:
         m.default("compile", False, f"torch_compile None = off ({SCHEMA})")
+    map_vision(m)
     uses_deepspeed = map_deepspeed(m, "deepspeed", base_dir)
     if map_fsdp(m, version_key="fsdp_version") and uses_deepspeed:
         raise TrainingConfigError("fsdp", "contradicts deepspeed: use one of them")

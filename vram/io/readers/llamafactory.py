@@ -28,6 +28,7 @@ from vram.io.readers.common import (
 from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
+from vram.io.readers.vision import map_llamafactory as map_vision
 from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
@@ -40,8 +41,8 @@ DATA_ARGS = f"{HPARAMS}/data_args.py@ff6d4d1"
 IRRELEVANT = HF_IRRELEVANT | frozenset({
     "dataset", "eval_dataset", "dataset_dir", "template", "max_samples", "val_size",
     "trust_remote_code", "tokenized_path", "adapter_name_or_path", "cache_dir",
-    "streaming", "buffer_size", "mix_strategy", "media_dir", "image_max_pixels",
-    "video_max_pixels", "enable_thinking", "lora_alpha", "additional_target", "create_new_adapter",
+    "streaming", "buffer_size", "mix_strategy", "media_dir", "enable_thinking", "lora_alpha",
+    "additional_target", "create_new_adapter",
     "ddp_timeout", "print_param_status", "infer_backend", "default_system", "export_dir",
 })
 
@@ -70,6 +71,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None) -> ReadResult:
         m.set("compile", m.bool_key("torch_compile"), "torch_compile")
     else:
         m.default("compile", False, f"torch_compile False ({TRAINING_ARGS})")
+    map_vision(m)
     uses_deepspeed = map_deepspeed(m, "deepspeed", base_dir)
     if map_fsdp(m) and uses_deepspeed:
         raise TrainingConfigError("fsdp", "contradicts deepspeed: use one of them")

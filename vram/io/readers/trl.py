@@ -27,6 +27,7 @@ from vram.io.readers.common import (
 from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
+from vram.io.readers.vision import map_trl as map_vision
 from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
@@ -99,6 +100,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None,
         m.redefault("ckpt_reentrant", True, f"trl/trainer/{kind}_trainer.py@f2cd577 forces "
                     "use_reentrant=True for PEFT under DeepSpeed ZeRO-3")
     _rl(m, kind)
+    map_vision(m)
     return m.finish(model_ref, slug)
 
 

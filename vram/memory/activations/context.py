@@ -89,14 +89,18 @@ class LayerContext:
 
 
 def layer_context(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
-                  profile: StackProfile) -> LayerContext:
+                  profile: StackProfile, roles: Roles | None = None) -> LayerContext:
+    """The layer's facts; `roles` overrides what LoRA adapts in it (a vision tower's Linears
+    are matched by their own names: `vram.memory.vision`)."""
     n = profile.precision
     full = setup.method is Method.FULL
+    if roles is None:
+        roles = targeted_roles(setup) if setup.trains_adapters else frozenset()
     return LayerContext(
         model=model, stack=stack, setup=setup, profile=profile, n=n, full=full,
         keeps_inputs=full or profile.quantized_linear_keeps_input,
         bnb_kept=not full and profile.quantized_linear_keeps_input,
-        roles=targeted_roles(setup) if setup.trains_adapters else frozenset(),
+        roles=roles,
         hidden=hidden_width(stack), e=n.compute, q_out=stack.n_heads * stack.head_dim,
         kv_out=stack.n_kv_heads * stack.head_dim,
         v_out=stack.n_kv_heads * (stack.v_head_dim or stack.head_dim),

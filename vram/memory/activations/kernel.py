@@ -75,9 +75,14 @@ def needs_mask(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
     Mistral's 4,096 window). In a model whose stacks carry their own window (the local/global
     patterns of issue 22: `LayerStack.attention_window`), only the windowed layers do: the
     global layers' mask is skipped for SDPA's `is_causal` (one mask per layer type,
-    `create_causal_mask` vs `create_sliding_window_causal_mask`)."""
+    `create_causal_mask` vs `create_sliding_window_causal_mask`). A VLM whose images attend
+    bidirectionally (`VisionSpec.lm_mask_with_images`) masks every layer when it has images
+    (transformers/models/gemma3/modeling_gemma3.py@v5.24.0 `create_masks_for_vision_model`)."""
     if not runs_transformers_code(profile):
         return False
+    if (model.vision is not None and model.vision.lm_mask_with_images
+            and (setup.images_per_sample or setup.video_frames)):
+        return True  # every layer's mask, for the images' bidirectional attention
     if any(st.attention_window for st in model.stacks):
         windows = [stack.attention_window] if stack is not None else [
             st.attention_window for st in model.stacks]

@@ -23,6 +23,7 @@ from vram.memory.activations.transients import (
     forward_working_set_per_token,
     moe_bank_backward,
 )
+from vram.model.params import Roles
 from vram.model.spec import LayerStack, Mixer, ModelSpec
 from vram.setup import TrainingSetup
 from vram.stacks.profile import StackProfile
@@ -71,9 +72,11 @@ class LayerActivations:
 
 def layer_activations(
     model: ModelSpec, stack: LayerStack, setup: TrainingSetup, profile: StackProfile,
+    roles: Roles | None = None,
 ) -> LayerActivations:
-    """Bytes one layer of `stack` keeps per token (attention scores per token × sequence)."""
-    c = layer_context(model, stack, setup, profile)
+    """Bytes one layer of `stack` keeps per token (attention scores per token × sequence);
+    `roles`: what LoRA adapts, when not the setup's targets (`layer_context`)."""
+    c = layer_context(model, stack, setup, profile, roles)
     layout = attention_layout(c)
     attends = stack.mixer is Mixer.ATTENTION or stack.parallel_ssm
     if not attends:  # no scores to hold: the mixer's kernel is fused

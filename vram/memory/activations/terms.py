@@ -179,6 +179,11 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
             # [b, 1, s, s] tensor per layer.
             attn += s * a_b
             formula += " + s·e (the layer's attention bias)"
+    if stack.qkv_view_kept:
+        # v is a view of the fused qkv output: its q and k thirds stay alive with it, beside
+        # the rotated q and k the kernel keeps (the trace of Qwen2.5-VL's vision blocks)
+        attn += a_b * (q_out + c.kv_out)
+        formula += " + e·(q + kv) (the fused qkv output, kept by v's view)"
     # o_proj's input: the attention output itself after a fused kernel in HF (it is laid out
     # [b, s, heads, d] already); a contiguous copy after eager/math attention, and in LitGPT
     # and torchtune, which reshape the transposed output.
@@ -186,7 +191,8 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     # that cast instead (the trace: six 16-bit h-wide copies per layer, o's among them).
     o_in = 2 if n.input_copy_per_linear else a_b
     o_cast = n.input_copy_per_linear and a_b != 2  # fp32 output: o_proj casts and keeps
-    if c.keeps_inputs and (o_cast or a.kernel.explicit_scores or not c.hf):
+    if c.keeps_inputs and (o_cast or a.kernel.explicit_scores or not c.hf
+                           or stack.attention_output_copied):
         attn += o_in * c.o_width
     ctx_kept = o_in * c.o_width if c.bnb_kept else 0  # o_proj's input, kept by MatMul4Bit
     if stack.cross_attention:

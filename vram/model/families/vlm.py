@@ -21,11 +21,23 @@ from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families import vision
 from vram.model.families.base import ArchitectureFamily
+from vram.model.families.towers import TOWERS
 from vram.model.spec import ModelSpec
 
-VLM_NOTE = ("{family}: a vision-language model. Its vision tower and projector parameters are "
-            "counted (weights, gradients, optimizer state); image tokens and the vision tower's "
-            "activations are not modelled yet, so activations and the peak are approximate.")
+#: Vision-language types whose image step is not held to the exact trace, and why: their
+#: estimates with images say they are approximate (the others: benchmarks/trace_grid_vlm.py).
+APPROXIMATE_VISION = {
+    "mllama": ("mllama: the images reach the language model through cross-attention layers "
+               "over the tiles' states; the tower's activations are counted, that "
+               "cross-attention's kept tensors over the image states are not, so activations "
+               "and the peak are approximate with images."),
+    "llama4": ("llama4: transformers 5.24.0 cannot run its image step (its forward reads "
+               "image_outputs off the text model's output), so the tower's activations are "
+               "not held to the exact trace: approximate with images."),
+    "qwen3_5": ("qwen3_5: the tower is Qwen3-VL's, held to the trace there; this type's "
+                "image step is not traced (its Gated DeltaNet layers run a slow fallback on a "
+                "CPU)."),
+}
 
 #: transformers 5.24.0 configuration classes' `tie_word_embeddings` defaults.
 _TIED_DEFAULT = {"gemma3": True, "paligemma": True, "mistral3": True, "internvl": True}
@@ -122,14 +134,15 @@ class VisionLanguage:
         if not isinstance(vision_config, Mapping):
             raise ConfigError("vision_config", "missing: a vision-language config has one")
         lm = self.text(name, _text_config(model_type, r.config))
-        tower, projector = _TOWERS[model_type](ConfigReader(vision_config), r, lm.hidden_size)
+        v = ConfigReader(vision_config)
+        tower, projector = _TOWERS[model_type](v, r, lm.hidden_size)
         tied = r.bool("tie_word_embeddings", _TIED_DEFAULT.get(model_type, False))
-        note = VLM_NOTE.format(family=model_type)
-        if lm.approximate_why:
-            note = f"{lm.approximate_why} {note}"
+        note = " ".join(n for n in (lm.approximate_why if lm.approximate else "",
+                                    APPROXIMATE_VISION.get(model_type, "")) if n)
         return lm.model_copy(update={
             "family": model_type, "vision_params": tower, "projector_params": projector,
-            "tied_embeddings": tied, "approximate": True, "approximate_why": note})
+            "vision": TOWERS[model_type](v, r, lm.hidden_size),
+            "tied_embeddings": tied, "approximate": bool(note), "approximate_why": note})
 
 
 def vision_language(text: Callable[[str, Mapping[str, Any]], ModelSpec]) -> dict[
