@@ -218,7 +218,7 @@ def _quantile(values: Sequence[float], q: float) -> float:
 
 
 def approximation_residuals() -> dict[str, list[float]]:
-    """(exact - approximate) / approximate allocated peak, over every dense decoder of the
+    """(exact - approximate) / approximate allocated peak, over every dense text decoder of the
     catalog and `APPROX_SETUPS`: read from its bare parameter count (`bare_size`), and read as
     a Llama decoder under an unknown model type where its config is Llama-shaped
     (`approximate`)."""
@@ -228,8 +228,9 @@ def approximation_residuals() -> dict[str, list[float]]:
             exact = load_model(entry.slug)
         except VramError:
             continue
+        # A bare count stands for a text decoder: a VLM's count holds its vision tower.
         if exact.approximate or exact.is_moe or exact.is_encoder_decoder \
-                or exact.head_kind.value != "lm":
+                or exact.head_kind.value != "lm" or exact.vision_params:
             continue
         config = load_config(entry.slug)
         readings = {"bare_size": model_from_param_count(exact.n_params)}
