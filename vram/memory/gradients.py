@@ -59,6 +59,8 @@ class GradientPart:
     bank_gate_up: int = 0
     bank_down: int = 0
     bank_experts: int = 0
+    #: The largest single gradient of the first layer (being written in its backward).
+    largest_in_first_layer: int = 0
 
 
 def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -93,13 +95,14 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
     layer_grads = by_key.get("linears", 0) + by_key.get("norms", 0) + by_key.get("lora", 0)
     per_layer = layer_grads // max(1, model.n_layers)
     linears = next((g for g in trainable if g.key == "linears"), None)
-    largest = 0
+    largest = largest_first = 0
     largest_attention = 0
     banks = {Role.GATE_UP: 0, Role.DOWN: 0}
     experts = 0
     if linears is not None:
         per_param = grad_bytes(linears) // max(1, linears.n_params)
         largest = per_param * max(ln.weight_params for st in model.stacks for ln in st.linears)
+        largest_first = per_param * max(ln.weight_params for ln in model.first_stack.linears)
         largest_attention = per_param * max(
             (ln.weight_params for st in model.stacks for ln in st.linears
              if ln.role in ATTENTION_ROLES), default=0)
@@ -130,7 +133,8 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
                         largest_in_attention=largest_attention,
                         # a unit's gradients are whole until reduce-scattered
                         bank_gate_up=banks[Role.GATE_UP] // (1 if unit else n),
-                        bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts)
+                        bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts,
+                        largest_in_first_layer=largest_first)
 
 
 def bucket_gradient_items(setup: TrainingSetup, grads: GradientPart,

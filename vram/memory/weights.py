@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from vram.model.params import STORAGE_BYTES, ParamGroup, Storage, leaves_bank_unquantized
+from vram.model.lora_reach import is_bank_parameter
+from vram.model.params import STORAGE_BYTES, ParamGroup, Storage
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem, MomentId
 from vram.setup import Offload, Sharding, TrainingSetup
@@ -19,7 +20,7 @@ from vram.sharding.deepspeed_zero import (
     runs_deepspeed_zero3,
 )
 from vram.sharding.shards import Shards
-from vram.stacks.profile import StackProfile, profile_for
+from vram.stacks.profile import StackProfile, profile_for, runs_grouped_experts
 
 QUANTIZED = (Storage.NF4, Storage.NF4_DQ, Storage.INT8)
 
@@ -243,12 +244,16 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     if stage is Stage.LAYERS_FORWARD:
         head_keys = ()  # the head has not run: no cast of it exists yet (the trace)
         stage = Stage.FORWARD
+    # grouped_mm experts multiply by their fp32 banks as they are: no cast
+    grouped = runs_grouped_experts(setup, profile)
+    banks = sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
+                if is_bank_parameter(ln, profile)) if grouped else 0
     dense = [g for g in groups if g.key in ("linears", "expert_banks", *head_keys)
-             and g.storage is Storage.FP32]
+             and g.storage is Storage.FP32 and not (grouped and g.key == "expert_banks")]
     layers = max(1, model.n_layers)
 
     def kept(group: ParamGroup) -> int:
-        whole = 2 * group.n_params
+        whole = 2 * (group.n_params - (banks if group.key == "linears" else 0))
         if group.key in head_keys or (stage is Stage.FORWARD and group.trainable):
             return whole
         if stage is Stage.FIRST_ATTENTION and group.key == "expert_banks":
@@ -283,7 +288,7 @@ def _down_params(model: ModelSpec) -> int:
 def largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool = True) -> int:
     """The largest quantized matrix (bitsandbytes dequantizes one at a time)."""
     biggest = max((ln.d_in * ln.d_out for stack in model.stacks for ln in stack.linears
-                   if not leaves_bank_unquantized(ln, profile)), default=0)
+                   if not is_bank_parameter(ln, profile)), default=0)
     if profile.quantizes_head and with_head:
         biggest = max(biggest, model.vocab_size * model.hidden_size)
     return biggest

@@ -8,6 +8,8 @@
 
 from vram.setup.enums import (
     Attention,
+    ExpertBanks,
+    Experts,
     Framework,
     Loss,
     Method,
@@ -53,6 +55,8 @@ __all__ = [
     "SHARDING_ALIASES",
     "TORCH_VERSION",
     "Attention",
+    "ExpertBanks",
+    "Experts",
     "Framework",
     "Knob",
     "Loss",

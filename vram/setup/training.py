@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from vram.setup.enums import (
     Attention,
+    ExpertBanks,
+    Experts,
     Framework,
     Loss,
     Method,
@@ -154,6 +156,15 @@ class TrainingSetup(BaseModel):
         app_options=(0.0, 0.05, 0.1),
         help="PEFT keeps the dropped-out copy of each adapted Linear's input.",
     )] = 0.05
+    lora_experts: Annotated[ExpertBanks, Knob(
+        "LoRA on expert banks", key="lexp", flag="--lora-experts", column="lora_experts",
+        only_for=ADAPTERS,
+        labels=(("none", "none beyond the targets"), ("gate_up", "gate/up banks"),
+                ("down", "down banks"), ("all", "all expert banks")),
+        help="MoE expert banks LoRA adapts through PEFT target_parameters (axolotl "
+             "lora_target_parameters): a rank-r adapter per expert and a bank-sized copy of "
+             "the adapted weights every forward",
+    )] = ExpertBanks.NONE
     quant: Annotated[Quant | None, Knob(
         "Quantization of the base", key="quant", flag="--quant", column="quant",
         only_for=("qlora",),
@@ -400,6 +411,14 @@ class TrainingSetup(BaseModel):
         labels=(("sdpa", "SDPA"), ("eager", "eager (keeps s×s scores)"),
                 ("flash", "FlashAttention")),
     )] = Attention.SDPA
+    experts_implementation: Annotated[Experts, Knob(
+        "MoE experts implementation", key="moeimpl", flag="--experts-implementation",
+        column="experts_implementation",
+        labels=(("grouped_mm", "grouped_mm (Transformers 5 default)"),
+                ("eager", "eager loop over the experts")),
+        help="Transformers 5's experts_implementation: grouped_mm runs each expert bank as one "
+             "matmul in the bank's dtype; eager loops over the experts under autocast",
+    )] = Experts.GROUPED_MM
     loss: Annotated[Loss | None, Knob(
         "Loss (cross-entropy)", key="loss", flag="--loss", column="loss",
         labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),
@@ -434,7 +453,7 @@ class TrainingSetup(BaseModel):
 
     @field_validator(
         "method", "quant", "optimizer", "precision", "attention", "loss", "offload", "framework",
-        mode="before",
+        "lora_experts", "experts_implementation", mode="before",
     )
     @classmethod
     def _enum_from_text(cls, value: object) -> object:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, cast
 
-from vram.setup import Method, Offload, Precision, Sharding, TrainingSetup
+from vram.errors import VramError
+from vram.setup import ExpertBanks, Method, Offload, Precision, Sharding, TrainingSetup
 from vram.stacks.table import StackRow, stack_row
 
 #: FSDP chosen on a stack whose own sharding is DeepSpeed: PyTorch's current API,
@@ -154,8 +155,18 @@ def _bnb_keeps_matmul_input(run: TrainingSetup) -> bool:
     return torch_at_most(run, LAST_TORCH_OF_BNB_KEEPING)
 
 
+def _check_expert_lora(setup: TrainingSetup, row: StackRow) -> None:
+    """LoRA on the expert banks needs a stack that passes PEFT `target_parameters`."""
+    if (setup.lora_experts is not ExpertBanks.NONE and setup.trains_adapters
+            and not row.lora_target_parameters):
+        where = row.sources["lora_target_parameters"].split(" (")[0]
+        raise VramError(f"lora_experts: {setup.framework.value} has no PEFT target_parameters "
+                        f"option, so no LoRA on expert banks ({where[:100]}); use none")
+
+
 def _resolve(setup: TrainingSetup) -> Resolved:
     row = stack_row(setup.framework)
+    _check_expert_lora(setup, row)
     stack = stack_defaults(setup, row)
     filled = {name: value for name, value in stack.items() if getattr(setup, name) is None}
     version = _fsdp_version(setup, cast("Literal[1, 2] | None", stack["fsdp_version"]))

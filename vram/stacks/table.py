@@ -80,6 +80,11 @@ class StackRow(BaseModel):
     #: QLoRA quantizes MoE expert banks (experts as nn.Linear); False: the model code holds a
     #: bank as one 3-D parameter, which bitsandbytes' Linear replacement passes by.
     quantizes_expert_banks: bool
+    #: A run can name PEFT `target_parameters`: LoRA on the MoE expert banks (`lora_experts`).
+    lora_target_parameters: bool
+    #: 'all-linear' reaches PEFT as the names of the model's nn.Linear modules (the stack lists
+    #: them), not as PEFT's own 'all-linear', which on transformers 5 also names the experts.
+    all_linear_by_module_name: bool
     #: The stack's default of each knob that defers to it, keyed by the `TrainingSetup` field
     #: (None: the stack leaves it to the library's default).
     defaults: Mapping[str, Any]

@@ -230,7 +230,7 @@ def saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activati
                 key, label, formula,
                 {"tokens": tokens, "layers": layer.count,
                  "per_token_bytes": term.bytes_per_token},
-                term.bytes_per_token * tokens * layer.count,
+                (term.bytes_per_token * tokens + term.fixed_bytes) * layer.count,
                 "autograd saved tensors; see vram.memory.activations",
             )
             for layer in layers

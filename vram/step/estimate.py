@@ -32,6 +32,7 @@ from vram.memory.weights import (
     weight_items,
     working_items,
 )
+from vram.model.lora_reach import expert_lora_notes
 from vram.model.params import ParamGroup, param_groups, trainable_params
 from vram.model.spec import ModelSpec
 from vram.result import (
@@ -53,9 +54,10 @@ from vram.step.draft import line_items
 from vram.step.moments import step_moments
 
 
-def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
+def _fixed_notes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                 optimizer: OptimizerPart) -> tuple[str, ...]:
     """The notes that do not depend on the peak moment."""
-    notes: list[str] = []
+    notes: list[str] = list(expert_lora_notes(model, setup, profile))
     if optimizer.paged_bytes:
         notes.append(
             f"Paged optimizer state ({optimizer.paged_bytes:,} B) lives in unified memory: "
@@ -122,7 +124,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         bucket_gradient_items=bucket_gradient_items(setup, grads, zero),
         fixed_overhead=fixed_overhead,
         fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
-        fixed_notes=_fixed_notes(model, optimizer),
+        fixed_notes=_fixed_notes(model, setup, profile, optimizer),
         live_weight_items=deepspeed_live_items(model, setup, groups))
 
 

@@ -110,13 +110,19 @@ def _first_layer_backward(c: StepContext) -> Moment:
     """Late backward: every gradient exists but the embedding's and the one being written
     (the layer's largest, whole until it becomes .grad); one layer's activations remain."""
     grads, plan, setup = c.grads, c.plan, c.setup
-    building = 0 if grads.unsharded_unit or c.in_backward else (
-        grads.largest_in_attention if plan.backward_peak_in_attention
-        else grads.largest_in_layer)
+    if plan.dense_first_layer is not None:
+        # an MoE model whose first layer is dense: that layer's own tensors, and no bank
+        first_layer, transient = plan.dense_first_layer
+        largest = grads.largest_in_first_layer
+    else:
+        first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
+        transient = plan.backward_transient_bytes
+        largest = (grads.largest_in_attention if plan.backward_peak_in_attention
+                   else grads.largest_in_layer)
+    building = 0 if grads.unsharded_unit or c.in_backward else largest
     late_grads = grads.head if c.in_backward else max(
         c.accumulated_bytes, grads.total - grads.pending - building
         - (grads.per_layer if grads.unsharded_unit else 0))
-    first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     late_stage = Stage.FIRST_ATTENTION if plan.backward_peak_in_attention else Stage.FIRST_LAYER
     mask = c.mask
     late = Moment(Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD, late_grads, [
@@ -124,9 +130,9 @@ def _first_layer_backward(c: StepContext) -> Moment:
         ItemDraft(key="activations.backward", label="first layer's activations and gradients",
                   formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
-                  bytes=first_layer + plan.backward_transient_bytes + building,
+                  bytes=first_layer + transient + building,
                   source="per-layer backward"), *c.tied_pending], c.reducing)
-    if c.bank is None:
+    if c.bank is None or plan.dense_first_layer is not None:
         return late
     return with_bank_write(late, plan, Moment(
         Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD,

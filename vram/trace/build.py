@@ -26,6 +26,7 @@ Recipes (what each `TrainingSetup` field becomes):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +35,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from vram.setup import ALL_LINEAR, Attention, Method, Precision, TrainingSetup
+from vram.setup import (
+    ALL_LINEAR,
+    Attention,
+    ExpertBanks,
+    Experts,
+    Method,
+    Precision,
+    TrainingSetup,
+)
 from vram.stacks.precision import lora_base_16bit
 from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
@@ -46,7 +55,6 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"
 
 #: Families the trace knows: model_type -> kind of head.
 SEQ2SEQ = {"t5", "mt5", "bart"}
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"}
 CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
 
 #: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
@@ -294,6 +302,41 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
                 model.config.tie_word_embeddings = False
 
 
+#: PEFT `target_parameters` of each `lora_experts` choice: the expert banks by their names in
+#: transformers 5 (`gate_up_proj`, or `up_proj` for a non-gated expert; `down_proj`).
+EXPERT_PARAMETERS: dict[ExpertBanks, tuple[str, ...]] = {
+    ExpertBanks.NONE: (),
+    ExpertBanks.GATE_UP: ("experts.gate_up_proj", "experts.up_proj"),
+    ExpertBanks.DOWN: ("experts.down_proj",),
+    ExpertBanks.ALL: ("experts.gate_up_proj", "experts.up_proj", "experts.down_proj"),
+}
+
+
+@contextlib.contextmanager
+def _expert_adapters_without_dropout() -> Iterator[None]:
+    """PEFT's `ParamWrapper` (LoRA on a parameter: the expert banks, a router weight) refuses
+    `lora_dropout != 0` (peft/tuners/lora/layer.py@v0.21.2 `ParamWrapper.__init__`); axolotl
+    builds it with dropout 0 and keeps the run's dropout on every other adapter
+    (src/axolotl/loaders/adapter.py@01883e35 `_patch_peft_param_wrapper_dropout`). The trace
+    does the same, so a run that names the banks (or whose targets PEFT rewrites into them)
+    traces as axolotl runs it."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    original = ParamWrapper.__init__
+
+    def init(self: Any, base_layer: Any, adapter_name: str, parameter_name: str, config: Any,
+             *args: Any, **kwargs: Any) -> None:
+        config = copy.copy(config)
+        config.lora_dropout = 0.0
+        original(self, base_layer, adapter_name, parameter_name, config, *args, **kwargs)
+
+    ParamWrapper.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ParamWrapper.__init__ = original  # type: ignore[method-assign]
+
+
 def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: str) -> nn.Module:
     from peft import LoraConfig, TaskType, get_peft_model
 
@@ -305,10 +348,12 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         lora_dropout=setup.lora_dropout, task_type=task,
         # Conv1D stores its weight transposed; PEFT would set this itself, with a warning
         fan_in_fan_out=model_type in CONV1D_TYPES,
+        target_parameters=list(EXPERT_PARAMETERS[setup.lora_experts]) or None,
     )
     # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stacks.table).
     keep_dtype = not stack_row(setup.framework).fp32_adapters
-    peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
+    with _expert_adapters_without_dropout():
+        peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
     if keep_dtype:
         dtype = weight_dtype(setup)
         for name, param in peft_model.named_parameters():
@@ -330,10 +375,7 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     kind = kind_of(model_type)
     n_layers = depth(config)
     model = _instantiate(config, setup, kind)
-    if model_type in MOE and (autocast_dtype(setup) is not None
-                              or weight_dtype(setup) is not torch.bfloat16):
-        # transformers' default `grouped_mm` experts need bf16 operands; the other recipes
-        # run the eager expert loop (see moe.py).
+    if setup.experts_implementation is Experts.EAGER:
         from vram.trace.moe import patch_moe, use_uniform_experts
 
         patch_moe()

@@ -5,7 +5,7 @@ the zero-padded output of a fused projection's slices.
 from __future__ import annotations
 
 from vram.memory.activations.context import LayerContext, Term
-from vram.model.params import EVERY_LINEAR, Roles, is_targeted
+from vram.model.lora_reach import EVERY_LINEAR, Roles, module_adapted
 from vram.model.spec import Role
 from vram.setup import TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
@@ -62,8 +62,8 @@ def lora_term(c: LayerContext) -> Term | None:
     shared_inputs: set[str] = set()
     copies_input = setup.lora_dropout > 0 or lora_bytes != e
     for linear in c.stack.linears:
-        if not is_targeted(linear, c.roles):
-            continue
+        if not module_adapted(linear, c.reach, profile):
+            continue  # an expert bank's adapter keeps no branch: `expert_lora_term`
         tokens_share = experts if linear.copies > 1 else 1
         if profile.adapts_fused_slices and linear.role in (Role.Q, Role.K, Role.V):
             # LitGPT: one LoRAQKVLinear, one dropout for all selected slices.

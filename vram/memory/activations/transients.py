@@ -10,7 +10,12 @@ from vram.memory.activations.context import LayerContext, MoeBackward
 from vram.memory.activations.kernel import (
     Kernel,
 )
-from vram.memory.activations.terms import AttentionLayout, activation_in_fp32, experts_run_grouped
+from vram.memory.activations.terms import (
+    AttentionLayout,
+    activation_in_fp32,
+    expert_bytes,
+    experts_run_grouped,
+)
 from vram.model.spec import MlpKind
 from vram.units import FP32_BYTES as FP32
 
@@ -74,7 +79,8 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     layer's backward peak.
     """
     stack, e = c.stack, c.e
-    mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
+    mlp_transient = (_mlp_backward_copies(c) * expert_bytes(c) * stack.intermediate_size
+                     * c.experts)
     if activation_in_fp32(c):
         # gelu_new in fp32 under autocast: its output's gradient arrives cast to fp32 and the
         # final product's MulBackward writes both factors' gradients in fp32 (the trace); a
@@ -114,9 +120,10 @@ def moe_bank_backward(c: LayerContext, mlp_per_token: int) -> MoeBackward | None
     if not (stack.n_experts and c.full and c.hf):
         return None
     experts_saved = mlp_per_token - FP32 * stack.n_experts  # what the experts keep, all of them
-    if experts_run_grouped(c.setup, c.profile):
-        gathered = c.experts * 2 * c.e * c.hidden  # each expert's gathered input and output
-        mlp_transient = 2 * c.e * stack.intermediate_size * c.experts
+    if experts_run_grouped(c):
+        eb = expert_bytes(c)
+        gathered = c.experts * 2 * eb * c.hidden  # each expert's gathered input and output
+        mlp_transient = 2 * eb * stack.intermediate_size * c.experts
         return MoeBackward(experts_saved - gathered - mlp_transient, loop=False)
     freed = experts_saved * 2 // stack.n_experts
     return MoeBackward(freed - c.n.residual * c.hidden, loop=True)

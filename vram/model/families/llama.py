@@ -84,7 +84,9 @@ VARIANTS: dict[str, LlamaVariant] = {
     "qwen2_moe": LlamaVariant(qkv_bias_default=True, o_bias_follows_attention_bias=False,
                               moe=MoeLayout(shared_expert=True)),
     "qwen3_moe": LlamaVariant(qk_norm=QkNorm.PER_HEAD, moe=MoeLayout()),
-    "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH),
+    # OLMo 2 scales in fp32 and casts after: `(self.weight * hidden_states).to(input_dtype)`
+    # (transformers/models/olmo2/modeling_olmo2.py@v5.24.0 Olmo2RMSNorm)
+    "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH, norm_scales_in_fp32=True),
     # OLMoE (transformers/models/olmoe/modeling_olmoe.py@v5.24.0): OLMo 2's full-width q/k
     # norms, 64 routed experts (OlmoeExperts' 3-D banks) of width intermediate_size, no
     # shared expert
@@ -134,7 +136,7 @@ def _experts(h: int, moe: MoeLayout, r: ConfigReader) -> tuple[list[Linear], int
     if moe.shared_expert:
         shared = r.int("shared_expert_intermediate_size")
         linears.extend(gated_mlp(h, shared))
-        linears.append(Linear(name="shared_expert_gate", role=Role.ROUTER, d_in=h, d_out=1))
+        linears.append(Linear(name="shared_expert_gate", role=Role.AUX, d_in=h, d_out=1))
     return linears, n_experts, top_k, expert_inter
 
 
