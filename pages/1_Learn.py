@@ -9,7 +9,20 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, data, inputs, learn, params, present, render, text
+from ui import (
+    charts,
+    compare,
+    compare_chart,
+    data,
+    inputs,
+    learn,
+    lesson_bar,
+    params,
+    present,
+    render,
+    tables,
+    text,
+)
 
 st.set_page_config(page_title="vram · learn", page_icon="🧮", layout="wide")
 
@@ -37,15 +50,12 @@ def examples(unit: charts.Unit) -> None:
         if setup is None:
             text.error(errors)
             return
-        labelled.append((params.label("method", method), vram.estimate(model, setup)))
-    render.plot(
-        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(), height=480,
-                              font_px=present.FONT_PX if present.is_on() else 16,
-                              keep_labelled=data.lesson_capacities()),
-        key="learn_examples",
-    )
+        labelled.append((lesson_bar.SHORT_METHODS[method], vram.estimate(model, setup)))
+    st.markdown(compare_chart.legend_markdown(), unsafe_allow_html=True)
+    render.plot(compare.figure(labelled, unit, present=present.is_on(), height=480),
+                key="learn_examples")
     st.caption(learn.TEACHING_NOTE)
-    st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
+    st.table(tables.bucket_table(labelled, unit), hide_index=True)
 
 
 def seeds(unit: charts.Unit) -> None:
@@ -85,8 +95,32 @@ def seeds(unit: charts.Unit) -> None:
         st.markdown(f"[Open it in the calculator]({link})")
 
 
+def _run(state: dict[str, object]) -> vram.Estimate | None:
+    """The estimate of the defaults with an exercise's overrides (None: it cannot be built)."""
+    full = {**data.registry().defaults(), **state}
+    model, _ = data.resolve_model(full)
+    setup, errors = params.build_setup(full)
+    if model is None or setup is None:
+        text.error(errors)
+        return None
+    return vram.estimate(model, setup)
+
+
+def what_if_example(unit: charts.Unit) -> None:
+    """8B full with checkpointing, with 8-bit optimizer states and FP8 activations, live."""
+    est = _run(learn.WHAT_IF_STATE)
+    if est is None:
+        return
+    compress, what = learn.what_if_example(est)
+    st.markdown(
+        f"For example, {text.plain(est.model_name)} fully fine-tuned (AdamW, bf16 mixed, "
+        f"checkpointing on) peaks at **{charts.format_bytes(est.device_peak_bytes, unit)}**; "
+        f"with 8-bit optimizer states and FP8 activations, "
+        f"**{charts.format_bytes(what.device_peak_bytes, unit)}** (at {what.moment}). "
+        f"[Open this what-if in the calculator]({learn.what_if_link(data.registry(), compress)})")
+
+
 def exercises() -> None:
-    reg = data.registry()
     for n, ex in enumerate(learn.EXERCISES, start=1):
         with st.container(border=True):
             st.markdown(f"**Exercise {n}.** {ex.question}")
@@ -102,21 +136,10 @@ def exercises() -> None:
             if answer is None:
                 st.caption(f"Hint: {ex.hint}")
                 continue
-            state = {**reg.defaults(), **ex.state}
-            model, _ = data.resolve_model(state)
-            setup, errors = params.build_setup(state)
-            if model is None or setup is None:
-                text.error(errors)
+            checked = learn.check(ex, float(answer), _run)
+            if checked is None:
                 continue
-            est = vram.estimate(model, setup)
-            baseline = None
-            if ex.baseline is not None:
-                base_setup, base_errors = params.build_setup({**reg.defaults(), **ex.baseline})
-                if base_setup is None:
-                    st.error("\n".join(base_errors))
-                    continue
-                baseline = vram.estimate(model, base_setup)
-            result = learn.grade(float(answer), learn.answer_bytes(ex, est, baseline))
+            result, est = checked
             (st.success if result.ok else st.warning)(result.message)
             st.markdown(learn.explanation(est, ex.target))
 
@@ -154,6 +177,9 @@ Below, the same model three ways, computed live:
     seeds(unit)
     st.header("The levers: which technique shrinks which bucket")
     st.markdown(learn.LEVERS_MARKDOWN)
+    st.header("What if the training state were compressed?")
+    st.markdown(learn.WHAT_IF_MARKDOWN)
+    what_if_example(unit)
     st.header("Common wrong beliefs")
     st.markdown(learn.BELIEFS_MARKDOWN)
     st.header("Try it yourself")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 import vram
-from ui import charts, compare, data, inputs, present, render, text
+from ui import compare, compare_chart, data, inputs, present, render, tables, text
 
 st.set_page_config(page_title="vram · compare", page_icon="🧮", layout="wide")
 
@@ -34,13 +34,9 @@ def main() -> None:
         labelled.append((compare.label(pin, model.name, n), vram.estimate(model, setup)))
     if not labelled:
         return
-    render.plot(
-        charts.compare_figure(labelled, unit=unit, capacities=data.capacities(),
-                              font_px=present.FONT_PX if present.is_on() else 16,
-                              keep_labelled=data.lesson_capacities()),
-        key="compare",
-    )
-    st.dataframe(render.bucket_table(labelled, unit), hide_index=True)
+    st.markdown(compare_chart.legend_markdown(), unsafe_allow_html=True)
+    render.plot(compare.figure(labelled, unit, present=present.is_on()), key="compare")
+    st.table(tables.bucket_table(labelled, unit), hide_index=True)
     compare.remove_buttons(labelled)
 
 

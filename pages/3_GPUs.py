@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from ui import data, inputs, params, render, results, text
+from ui import data, inputs, params, present, render, results, tables, text
 
 st.set_page_config(page_title="vram · GPUs", page_icon="🧮", layout="wide")
 
@@ -32,13 +32,13 @@ def main() -> None:
     a.multiselect("Vendor", vendors, key="vendor", placeholder="all vendors")
     b.multiselect("Segment", segments, key="segment", placeholder="all segments")
     c.toggle("Only GPUs that hold this run", key="fits", disabled=report is None)
-    table = render.gpu_table(
+    table = tables.gpu_table(
         data.filter_gpus(gpus, state["vendor"], state["segment"]),
         report,
         unit,
         only_fits=bool(state["fits"]) and report is not None,
     )
-    render.gpu_dataframe(table, unit)
+    tables.gpu_dataframe(table, unit, present=present.is_on())
     source = "your VRAM_GPUS_CSV" if data.custom_gpu_list() else "data/gpus.csv"
     st.caption(
         f"From {source}. Memory is what the driver reports; prices are typical on-demand "

@@ -56,7 +56,7 @@ def shared_points(path: Path = CASES_CSV) -> tuple[list[Point], list[validate.Ca
     with path.open(newline="", encoding="utf-8") as handle:
         stacks = {row["id"]: row.get("framework") or "hf-trainer" for row in csv.DictReader(handle)}
     results = validate.run_cases(path)
-    points = [Point(r.case_id, "published runs", stacks.get(r.case_id, "?"), r.method, r.metric,
+    points = [Point(r.case_id, PUBLISHED, stacks.get(r.case_id, "?"), r.method, r.metric,
                     r.measured_bytes, r.predicted_bytes)
               for r in results if r.scored and r.predicted_bytes is not None and r.measured_bytes]
     return points, results
@@ -76,18 +76,29 @@ def h200_points(path: Path = H200_CSV) -> list[Point]:
         for row in csv.DictReader(handle):
             for metric, measured, predicted in _H200_METRICS:
                 if row.get(measured) and row.get(predicted):
-                    points.append(Point(row["id"], "H200 runs (ours)", row["framework"],
+                    points.append(Point(row["id"], OURS, row["framework"],
                                         row["method"], metric,
                                         round(float(row[measured]) * MIB),
                                         round(float(row[predicted]) * MIB)))
     return points
 
 
+#: The two kinds of run, never mixed in one figure: runs others measured and published (what
+#: the README's accuracy table and `vram validate` count: one figure each), and the project's
+#: own GPU steps (each measured three ways: allocated, reserved, nvidia-smi).
+PUBLISHED = "published runs"
+OURS = "H200 runs (ours)"
+SOURCES: tuple[str, ...] = (PUBLISHED, OURS)
+
+
 def filter_points(points: Iterable[Point], *, stacks: Sequence[str] = (),
-                  methods: Sequence[str] = (), metrics: Sequence[str] = ()) -> list[Point]:
-    """Points whose stack, method and metric are among those chosen (none chosen: all)."""
+                  methods: Sequence[str] = (), metrics: Sequence[str] = (),
+                  source: str | None = None) -> list[Point]:
+    """Points of one source whose stack, method and metric are among those chosen (none
+    chosen: all)."""
     return [p for p in points
-            if (not stacks or p.stack in stacks) and (not methods or p.method in methods)
+            if (source is None or p.source == source)
+            and (not stacks or p.stack in stacks) and (not methods or p.method in methods)
             and (not metrics or p.metric in metrics)]
 
 
@@ -100,6 +111,23 @@ def error_summary(points: Sequence[Point]) -> dict[str, float]:
     median = errors[mid] if len(errors) % 2 else (errors[mid - 1] + errors[mid]) / 2
     return {"cases": len(errors), "median_abs_pct": round(median, 1),
             "max_abs_pct": round(errors[-1], 1)}
+
+
+def source_note(source: str, points: Sequence[Point]) -> str:
+    """What a source's figures are, with the whole source's summary (the README's, for the
+    published runs)."""
+    mine = [p for p in points if p.source == source]
+    whole = error_summary(mine)
+    if source == PUBLISHED:
+        return (f"All {whole['cases']:,} scored published runs: median "
+                f"{whole['median_abs_pct']:.1f} %, largest {whole['max_abs_pct']:.1f} %, as in "
+                "the README's accuracy table (`python -m vram validate`). Our own H200 steps are "
+                "counted apart (the other choice above).")
+    runs = len({p.case_id for p in mine})
+    return (f"{runs:,} steps the project ran on one H200, each measured three ways: "
+            f"{whole['cases']:,} figures, median {whole['median_abs_pct']:.1f} %, largest "
+            f"{whole['max_abs_pct']:.1f} % (benchmarks/gpu_h200.csv). Not in the README's "
+            "table, which counts published runs only.")
 
 
 @dataclass(frozen=True)

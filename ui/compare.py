@@ -9,9 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import plotly.graph_objects as go
 import streamlit as st
 
-from ui import inputs, params, text
+from ui import compare_chart, data, inputs, params, text
+from ui import present as present_mode
+from ui.charts import SMALL_FONT_SIZE, Unit
 from vram.result import Estimate
 from vram.setup import TrainingSetup
 
@@ -63,6 +66,16 @@ def remove_buttons(labelled: Sequence[tuple[str, Estimate]]) -> None:
     for n, (col, (name, _)) in enumerate(zip(cols, labelled, strict=False)):
         col.button(f"✕ Remove {n + 1}", on_click=remove, args=(n,), key=f"unpin_{n}",
                    help=text.plain(name))
+
+
+def figure(labelled: Sequence[tuple[str, Estimate]], unit: Unit, *, present: bool,
+           height: int = 560) -> go.Figure:
+    """The side-by-side chart of Compare and Learn, sized for the mode."""
+    return compare_chart.compare_figure(
+        labelled, unit=unit, capacities=data.capacities(), height=height,
+        font_px=present_mode.FONT_PX if present else SMALL_FONT_SIZE,
+        keep_labelled=data.lesson_capacities(),
+        min_figure_px=present_mode.MIN_FIGURE_PX if present else compare_chart.FIGURE_MIN_PX)
 
 
 def build(pin: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:

@@ -58,6 +58,7 @@ def registry() -> params.Registry:
         tuple(e.slug for e in catalog()), default_model(),
         gpu_vendors=tuple(sorted({g.vendor for g in gpu_list})),
         gpu_segments=tuple(sorted({g.segment for g in gpu_list})),
+        gpu_ids=tuple(g.id for g in gpu_list), lesson_gpu=LESSON_GPU_ID,
     )
 
 

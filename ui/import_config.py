@@ -113,18 +113,30 @@ def _contents() -> None:
     if shown:
         report = shown["report"]
         st.caption(f"Read as {report.format} ({text.plain(report.tool_version)})")
-        st.dataframe([row.model_dump() for row in report.mapped], hide_index=True)
+        # Lists, not grids: three grid columns in the sidebar's 300 px were cut to one
+        # letter a value; a list wraps.
+        st.markdown(report_markdown([(r.key, r.value, r.sets) for r in report.mapped]))
         if report.defaults:
             st.caption("Defaults the file leaves out")
-            st.dataframe([d.model_dump() for d in report.defaults], hide_index=True)
+            st.markdown(report_markdown([(d.field, d.value, d.source)
+                                         for d in report.defaults]))
         if report.not_modelled:
             st.caption("Read, not yet modelled")
-            st.dataframe([n.model_dump() for n in report.not_modelled], hide_index=True)
+            st.markdown(report_markdown([(n.field, n.value, n.note)
+                                         for n in report.not_modelled]))
         if report.ignored:
             st.caption("Ignored")
-            st.dataframe([i.model_dump() for i in report.ignored], hide_index=True)
+            st.markdown(report_markdown([(i.key, "", i.reason) for i in report.ignored]))
         for note in [*report.notes, *shown["notes"]]:
             st.caption(text.plain(note))
+
+
+def report_markdown(rows: list[tuple[str, str, str]]) -> str:
+    """One bullet per key: "**key** = value: what it sets", every value whole and shown as
+    text (the file is the user's)."""
+    return "\n".join(
+        f"- **{text.plain(key)}**" + (f" = {text.plain(value)}" if value else "")
+        + (f": {text.plain(note)}" if note else "") for key, value, note in rows)
 
 
 def export_downloads(setup: TrainingSetup, model_choice: str) -> None:

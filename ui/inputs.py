@@ -14,7 +14,7 @@ from typing import Any
 
 import streamlit as st
 
-from ui import data, import_config, params, present, render, text
+from ui import data, import_config, lesson_bar, params, present, render, results, text
 from ui.charts import Unit
 from vram.errors import VramError
 from vram.model.architecture import read_config_text
@@ -144,11 +144,23 @@ def _number_label(value: Any) -> str:
 _ON_CHANGE: dict[str, Callable[[], None]] = {"gpus": _on_gpus_change}
 
 
-def sidebar() -> dict[str, Any]:
+#: Knobs drawn above Advanced, in this order: the lesson's path (method, optimizer, batch,
+#: sequence and gradient checkpointing, "the first lever you reach for").
+FRONT_KEYS = ("method", "opt", "batch", "seq", "ckpt")
+
+
+def _checkpointing_cost() -> float | None:
+    """What checkpointing adds to this run's compute (cached with the run's estimate)."""
+    return results.result(current()).ckpt_compute
+
+
+def sidebar(*, bar: bool = False) -> dict[str, Any]:
     """Draw the setup controls in the sidebar; return the state dict they produce.
 
-    Method, optimizer, batch and sequence come first; every other knob of `TrainingSetup`
-    is drawn under Advanced from its declaration, so a new knob appears there by itself.
+    The model and its teaching-size presets, then method, optimizer, batch, sequence and
+    gradient checkpointing; every other knob of `TrainingSetup` is drawn under Advanced from
+    its declaration, so a new knob appears there by itself. With `bar` (presentation mode)
+    the presets, the method and checkpointing are drawn in the bar instead (`lesson_bar`).
     """
     reg = data.registry()
     with st.sidebar:
@@ -182,29 +194,33 @@ def sidebar() -> dict[str, Any]:
                 key="size",
                 help="A Llama-shaped model of this size (approximate).",
             )
-        st.radio(
-            params.title("method"),
-            params.options("method"),
-            key="method",
-            horizontal=True,
-            format_func=lambda v: params.label("method", v),
-        )
+        if not bar:
+            lesson_bar.size_presets()
+            st.radio(
+                params.title("method"),
+                params.options("method"),
+                key="method",
+                horizontal=True,
+                format_func=lambda v: params.label("method", v),
+            )
         method = str(st.session_state["method"])
         _knob_control("opt", method)
         batches = params.options("batch")
         st.slider(params.title("batch"), batches[0], batches[-1], key="batch")
         _knob_control("seq", method)
+        if not bar:
+            lesson_bar.checkpointing(_checkpointing_cost())
         # Drawn only while open: closed, its twenty controls would still cost about 12 ms of
         # server CPU a rerun (issue 13). Their values live on in the state (`init_state`).
         with st.expander("Advanced", key=ADVANCED, on_change="rerun") as advanced:
             if advanced.open:
                 for key, knob in params.KNOBS.items():
-                    if not knob.meta.basic:
+                    if not knob.meta.basic and key not in FRONT_KEYS:
                         _knob_control(key, method)
     return current()
 
 
-def unit_switch() -> Unit:
+def unit_switch(*, collapsed: bool = False) -> Unit:
     """GB (10^9 bytes) or GiB (2^30 bytes), for every figure on the page."""
     st.radio(
         "Units",
@@ -212,23 +228,40 @@ def unit_switch() -> Unit:
         key="unit",
         horizontal=True,
         help="GB = 10⁹ bytes (vendors), GiB = 2³⁰ bytes (nvidia-smi).",
+        label_visibility="collapsed" if collapsed else "visible",
+        width="content",
     )
     return "GiB" if st.session_state["unit"] == "GiB" else "GB"
 
 
 
-def page_start(title: str, *, sync_url: bool = True) -> tuple[dict[str, Any], Unit]:
+def page_start(title: str, *, sync_url: bool = True, lesson: bool = False,
+               ) -> tuple[dict[str, Any], Unit]:
     """What every calculator page does first: state, style, sidebar, the title with the unit
-    switch beside it, URL problems, and (unless the page writes it later) the URL."""
+    switch beside it, URL problems, and (unless the page writes it later) the URL.
+
+    With `lesson` (the calculator), presentation mode puts the teaching sizes, the method and
+    checkpointing in a bar above the headline, since the sidebar is hidden there."""
     init_state()
     render.page_style()
     present.style()
-    state = sidebar()
-    head, units = st.columns([3, 1])
-    head.title(title)
-    with units:
-        unit = unit_switch()
-        present.toggle()
+    bar = lesson and present.is_on()
+    state = sidebar(bar=bar)
+    if bar:  # one row, each control as wide as its content (wraps on a narrow screen)
+        with st.container(horizontal=True, vertical_alignment="center", gap="medium"):
+            lesson_bar.size_presets(collapsed=True)
+            lesson_bar.method_switch()
+            lesson_bar.checkpointing(None, short=True)  # its cost: in the run's summary
+            present.toggle()
+        # The units are set before the lesson (and kept in the link): no room in the row.
+        unit: Unit = "GiB" if st.session_state.get("unit") == "GiB" else "GB"
+        state = current()
+    else:
+        head, units = st.columns([3, 1])
+        head.title(title)
+        with units:
+            unit = unit_switch()
+            present.toggle()
     show_url_errors()
     if sync_url:
         write_url()

@@ -6,6 +6,7 @@ The text is ours; every number shown next to it comes from `vram.estimate`.
 from __future__ import annotations
 
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ from ui import params
 from ui.charts import BUCKET_LABELS, format_bytes
 from vram.result import BucketName, Estimate
 from vram.step.through_step import through_step
+from vram.step.what_if import PRESETS, WhatIf, ratios_text, what_if
 from vram.units import GB
 
 
@@ -30,6 +32,10 @@ class Exercise:
     hint: str = ""
     #: For "the price of a lever": the answer is target(state) - target(baseline state).
     baseline: dict[str, Any] | None = None
+    #: Other readings of the question that are right too: (state overrides, what the figure
+    #: then is, why it differs from this run's), e.g. the weights in bf16 beside the fp32
+    #: master weights that bf16 mixed precision keeps.
+    also: tuple[tuple[dict[str, Any], str, str], ...] = ()
 
 
 EXERCISES: tuple[Exercise, ...] = (
@@ -49,6 +55,15 @@ EXERCISES: tuple[Exercise, ...] = (
         state={"method": "full", "opt": "adamw", "prec": "bf16-mixed"},
         target=BucketName.WEIGHTS.value,
         hint="Which copies of the weights does this precision recipe keep?",
+        # The seed's "16-bit weights (2 B)" read for 8B: 16 GB. Right for the weights in
+        # bf16; this run (PyTorch AMP, as the Hugging Face Trainer runs bf16 mixed) keeps
+        # them in fp32 and casts each layer to bf16 as it runs.
+        also=(({"prec": "bf16-true"}, "the weights in bf16 (2 bytes each)",
+               "Under bf16 mixed precision, as PyTorch's autocast runs it (the Hugging Face "
+               "Trainer's bf16=True), the weights you train stay in fp32 (4 bytes each): "
+               "they are the master copy, and the bf16 copies are made one layer at a time "
+               "as the layer runs, so they are not kept as weights. That is why this run "
+               "holds {answer}; in pure bf16 (no fp32 master) it would be {also}."),),
     ),
     Exercise(
         key="ex3",
@@ -192,8 +207,67 @@ class Grade:
     message: str
 
 
-def grade(answer_gb: float, actual_bytes: int, *, tolerance: float = 0.15) -> Grade:
-    """Within `tolerance` (relative) counts as right; otherwise say how far off and which way."""
+def grade_also(answer_gb: float, actual_bytes: int, also_bytes: int, what: str, why: str,
+               *, tolerance: float = 0.15) -> Grade | None:
+    """A Grade when `answer_gb` is right for another reading of the question (`also_bytes`,
+    `what`), with `why` this run's answer differs; None when it is not that either."""
+    if also_bytes <= 0 or abs(answer_gb / (also_bytes / GB) - 1) > tolerance:
+        return None
+    return Grade(True, f"Right for {what}: {format_bytes(also_bytes, 'GB')}. "
+                 + why.format(answer=format_bytes(actual_bytes, "GB"),
+                              also=format_bytes(also_bytes, "GB")))
+
+
+def check(ex: Exercise, answer_gb: float,
+          run: Callable[[dict[str, Any]], Estimate | None]) -> tuple[Grade, Estimate] | None:
+    """Grade an answer to `ex`: `run` estimates a state's overrides (None: cannot). Names the
+    bucket a wrong peak's gap looks like, and accepts the exercise's other readings (`also`)
+    with why this run's figure differs. None when the exercise's own run cannot be built."""
+    est = run(ex.state)
+    baseline = run(ex.baseline) if ex.baseline is not None else None
+    if est is None or (ex.baseline is not None and baseline is None):
+        return None
+    actual = answer_bytes(ex, est, baseline)
+    gap = gap_hint(answer_gb, est) if ex.target == "peak" and baseline is None else ""
+    result = grade(answer_gb, actual, gap=gap)
+    for state, what, why in ex.also if not result.ok else ():
+        other = run({**ex.state, **state})
+        if other is not None:
+            result = grade_also(answer_gb, actual, target_bytes(other, ex.target), what,
+                                why) or result
+    return result, est
+
+
+def gap_hint(answer_gb: float, est: Estimate, *, tolerance: float = 0.15) -> str:
+    """For a wrong peak: the bucket the gap looks like ("" when none). Too low by about a
+    bucket's size: that bucket was left out; too high by about what a bucket holds at another
+    moment than the peak: it was counted at its most (gradients at the optimizer step,
+    activations at the end of the forward pass), but the peak's moment holds less of it."""
+    gap = est.device_peak_bytes - round(answer_gb * GB)
+    if gap == 0:
+        return ""
+    candidates: list[tuple[int, str]] = []
+    if gap > 0:
+        candidates = [(b.bytes, f"the {BUCKET_LABELS[b.name].lower()} "
+                                f"({format_bytes(b.bytes, 'GB')}): did you leave them out?")
+                      for b in est.buckets if b.bytes > 0]
+    else:
+        candidates = [(r.most_bytes - r.at_peak_bytes,
+                       f"what the {BUCKET_LABELS[r.name].lower()} add after the peak's moment "
+                       f"({format_bytes(r.most_bytes - r.at_peak_bytes, 'GB')}): at the peak "
+                       f"they hold {format_bytes(r.at_peak_bytes, 'GB')}, "
+                       f"{format_bytes(r.most_bytes, 'GB')} only at {r.most_at}")
+                      for r in through_step(est) if r.most_bytes > r.at_peak_bytes]
+    near = [(abs(size - abs(gap)), text) for size, text in candidates
+            if abs(size - abs(gap)) <= tolerance * abs(gap)]
+    return f" The gap, {format_bytes(abs(gap), 'GB')}, is about {min(near)[1]}" if near else ""
+
+
+def grade(answer_gb: float, actual_bytes: int, *, tolerance: float = 0.15,
+          gap: str = "") -> Grade:
+    """Within `tolerance` (relative) counts as right; otherwise say how far off and which way,
+    and where the gap is (`gap`, from `gap_hint`), else a factor of 2 or 4 that suggests a
+    data type."""
     actual_gb = actual_bytes / GB
     if actual_gb == 0:
         ok = abs(answer_gb) < 0.05
@@ -203,11 +277,12 @@ def grade(answer_gb: float, actual_bytes: int, *, tolerance: float = 0.15) -> Gr
     if off <= tolerance:
         return Grade(True, f"Right: the calculator says {actual_gb:.2f} GB ({off:.0%} off).")
     direction = "too high" if ratio > 1 else "too low"
-    hint = ""
-    for factor, why in (
+    hint = gap  # a bucket the gap looks like says more than a factor would
+    factors = [] if gap else [
         (2.0, "a factor of 2: 16-bit vs 32-bit, or one state vs two?"),
         (4.0, "a factor of 4: 4-bit vs 16-bit, or fp32 vs 8-bit?"),
-    ):
+    ]
+    for factor, why in factors:
         for candidate in (factor, 1 / factor):
             if abs(ratio / candidate - 1) <= tolerance:
                 hint = f" You are off by {why}"
@@ -288,7 +363,14 @@ SEEDS: tuple[Seed, ...] = (
          "Mixed-precision AdamW before any activation: the rule of thumb behind '7B needs "
          "more than an 80 GB card to fully fine-tune'.",
          {"model": "llama-2-7b", "method": "full", "opt": "adamw", "prec": "bf16-mixed",
-          **TEACHING_STATE}),
+          **TEACHING_STATE},
+         calculator_note=(
+             "The calculator's bf16 mixed is PyTorch's autocast (the Hugging Face Trainer's "
+             "bf16=True): the weights stay in fp32, the master copy itself (4 B), and each "
+             "layer is cast to bf16 as it runs, so no 16-bit copy is kept; the gradients "
+             "take the weights' fp32 (4 B). 4 + 4 + 8 for AdamW: the same 16 B per "
+             "parameter, split as the run holds it. Its weights bucket is the fp32 copy: "
+             "for 8B, 32 GB, not the 16 GB of the weights in bf16.")),
     Seed("70b-full-16", "70B, full, 16 B/param", 70, 16,
          "The same 16 bytes per parameter: 16-bit weights and gradients, an fp32 master copy, "
          "fp32 Adam moments.",
@@ -327,12 +409,16 @@ SEEDS: tuple[Seed, ...] = (
 def seed_link(reg: params.Registry, seed: Seed, *, present: bool = False) -> str:
     """The calculator's link for a seed's run: every setting of the seed spelled out in the
     app's own URL form (checkpointing on, even where a default agrees), and presentation mode
-    kept when it is on."""
+    kept when it is on.
+
+    Relative to the Learn page (``./?...``), so it keeps the path the app is served under:
+    from ``/vram/Learn`` it opens ``/vram/?...`` (an absolute ``/?...`` opened the proxy's
+    root, "Not Found", under ``--server.baseUrlPath=/vram``, docs/app.md)."""
     by_key = {param.key: param for param in reg.params}
     query = {key: by_key[key].dump(value) for key, value in seed.state.items()}
     if present:
         query["present"] = "1"
-    return "/?" + urllib.parse.urlencode(query)
+    return "./?" + urllib.parse.urlencode(query)
 
 
 def seed_range_bytes(seed: Seed) -> tuple[int, int]:
@@ -347,3 +433,34 @@ def model_state_bytes(est: Estimate) -> int:
     (the most each holds through the step, so gradients are all there)."""
     wanted = {BucketName.WEIGHTS, BucketName.GRADIENTS, BucketName.OPTIMIZER}
     return sum(r.most_bytes for r in through_step(est) if r.name in wanted)
+
+
+WHAT_IF_MARKDOWN = """
+Every bucket above is bytes per value times values. The levers shrink the values (LoRA trains
+fewer, sharding spreads them) or the bytes (8-bit states, 4-bit weights). A representation
+that finds the pattern in the training state and stores the pattern instead, a low-rank
+optimizer state, fewer bits per activation, stores the same values in fewer bytes, and the
+same GPU holds a bigger run. The calculator's **What if a bucket were compressed?** asks what
+that buys before anyone builds it: pick a bucket and how many times smaller it is stored (or a
+published method), and it shows the new peak (it can move to another moment of the step), the
+cheapest GPUs, and the largest batch, sequence and model that then fit one GPU.
+"""
+
+#: The Learn page's what-if example: 8B full with checkpointing, 8-bit optimizer states and
+#: FP8 activations (two of the presets).
+WHAT_IF_STATE: dict[str, Any] = {"method": "full", "opt": "adamw", "prec": "bf16-mixed",
+                                 **TEACHING_STATE}
+WHAT_IF_PRESETS = ("optimizer-8bit", "activations-fp8")
+
+
+def what_if_example(est: Estimate) -> tuple[str, WhatIf]:
+    """The example's `compress` text and what it gives (vram.step.what_if)."""
+    chosen = {p.bucket: p.ratio_for(est) for p in PRESETS if p.key in WHAT_IF_PRESETS}
+    return ratios_text(chosen), what_if(est, chosen)
+
+
+def what_if_link(reg: params.Registry, compress: str) -> str:
+    """The calculator with the example and its panel open (relative, like `seed_link`)."""
+    by_key = {param.key: param for param in reg.params}
+    query = {key: by_key[key].dump(value) for key, value in WHAT_IF_STATE.items()}
+    return "./?" + urllib.parse.urlencode({**query, "whatif": "1", "compress": compress})

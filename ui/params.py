@@ -24,6 +24,7 @@ from vram.io.knobs import (
 )
 from vram.io.knobs import build_setup as build_knob_setup
 from vram.setup import ALL_LINEAR, LORA_TARGETS, Sharding, TrainingSetup
+from vram.step.what_if import CompressError, parse_ratios, ratios_text
 
 State = dict[str, Any]
 
@@ -145,16 +146,39 @@ def _knob_parser(knob: SetupKnob) -> Callable[[str], Any]:
     """The knob's own text parser, then the app's narrower choice of values."""
     offered = options(knob.key)
 
+    numbers = [v for v in offered if isinstance(v, int) and not isinstance(v, bool)]
+    contiguous = len(numbers) > 12 and numbers == list(range(numbers[0], numbers[-1] + 1))
+
+    def outside(shown: str) -> ValueError:
+        # One range per key, the control's: the library's wider one ("1 to 4,096") is the
+        # CLI's, and naming both for one key read as a contradiction.
+        if contiguous:
+            return ValueError(f"{shown} is outside {numbers[0]:,} to {numbers[-1]:,}")
+        return ValueError(f"{shown} is not one of: {', '.join(map(_option_text, offered))}")
+
     def parse(text: str) -> Any:
-        value = app_value(knob, knob.parse(text))
+        try:
+            value = app_value(knob, knob.parse(text))
+        except ValueError:
+            if numbers and _is_number(text):
+                raise outside(text.strip()[:40]) from None
+            raise
         if knob.kind == "targets" or value in offered:
             return value
-        numbers = [v for v in offered if isinstance(v, int) and not isinstance(v, bool)]
-        if len(numbers) > 12 and numbers == list(range(numbers[0], numbers[-1] + 1)):
-            raise ValueError(f"{value} is outside {numbers[0]}..{numbers[-1]}")
-        raise ValueError(f"{value} is not one of: {', '.join(map(str, offered))}")
+        raise outside(_option_text(value))
 
     return parse
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return len(text) <= MAX_NUMBER_CHARS and math.isfinite(float(text.strip()))
+    except ValueError:
+        return False
+
+
+def _option_text(value: object) -> str:
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
 
 
 def _knob_dumper(knob: SetupKnob) -> Callable[[Any], str]:
@@ -231,12 +255,28 @@ def _dump_names(value: list[str]) -> str:
     return ",".join(value)
 
 
+def _compress(text: str) -> str:
+    """The what-if's buckets, as the CLI's --compress takes them: "optimizer=4,activations=2"
+    (the bucket's values stored that many times smaller)."""
+    try:
+        return ratios_text(parse_ratios([t for t in text.split(",") if t.strip()]))
+    except CompressError as exc:
+        raise ValueError(str(exc)) from None
+
+
+#: The what-if panel's keys: open or not, the buckets compressed, the GPU it is measured on.
+WHAT_IF_KEYS = ("whatif", "compress", "wgpu")
+
+
 def registry(model_slugs: tuple[str, ...], default_model: str, *,
-             gpu_vendors: tuple[str, ...] = (), gpu_segments: tuple[str, ...] = ()) -> Registry:
+             gpu_vendors: tuple[str, ...] = (), gpu_segments: tuple[str, ...] = (),
+             gpu_ids: tuple[str, ...] = (), lesson_gpu: str = "") -> Registry:
     """The parameters: the model, every setup knob (from its declaration on `TrainingSetup`),
     then the view's own; `model_slugs` are the catalog's, in the order the list shows them;
-    `gpu_vendors` and `gpu_segments` are the GPU list's (the GPU page filters by them)."""
+    `gpu_vendors` and `gpu_segments` are the GPU list's (the GPU page filters by them), and
+    `gpu_ids` its GPUs (the what-if measures on one, the lesson's by default)."""
     model_options = (*model_slugs, UPLOAD, BY_SIZE)
+    default_gpu = lesson_gpu if lesson_gpu in gpu_ids else (gpu_ids[0] if gpu_ids else "")
     return Registry(
         params=(
             Param("model", default_model, _choice(model_options), title="Model"),
@@ -249,6 +289,10 @@ def registry(model_slugs: tuple[str, ...], default_model: str, *,
             Param("math", False, _bool, _dump_bool, title="Show the math"),
             Param("unit", "GB", _choice(("gb", "gib")), title="Units"),
             Param("present", False, _bool, _dump_bool, title="Presentation mode"),
+            Param("whatif", False, _bool, _dump_bool, title="What if a bucket were compressed"),
+            Param("compress", "", _compress, title="Buckets compressed (BUCKET=RATIO)"),
+            Param("wgpu", default_gpu, _choice(gpu_ids) if gpu_ids else str,
+                  title="The what-if's GPU"),
         ),
         model_options=model_options,
     )
@@ -262,14 +306,14 @@ def parse_query(reg: Registry, query: Mapping[str, str]) -> tuple[State, list[st
         if key == "pin":
             continue  # pinned setups are read by `parse_pins`
         if key not in reg.keys:
-            errors.append(f"URL parameter `{key[:40]}` is unknown and was ignored.")
+            errors.append(f"URL parameter {key[:40]} is unknown and was ignored.")
             continue
         param = reg[key]
         try:
             value = param.parse(text)
         except ValueError as exc:
             errors.append(
-                f"URL parameter `{key}` ({param.title}): {exc}. "
+                f"URL parameter {key} ({param.title}): {exc}. "
                 f"Using the default, {param.dump(param.default) or 'none'}."
             )
             continue
@@ -297,7 +341,8 @@ def to_query(reg: Registry, state: Mapping[str, Any]) -> dict[str, str]:
 def dump_pin(reg: Registry, state: Mapping[str, Any]) -> str:
     """A pinned setup as compact JSON of the non-default values (unit excluded)."""
     query = to_query(reg, state)
-    query.pop("unit", None)
+    for key in ("unit", "present", *WHAT_IF_KEYS):  # how it is shown, not the setup
+        query.pop(key, None)
     return json.dumps(query, separators=(",", ":"), sort_keys=True)
 
 
@@ -311,15 +356,15 @@ def parse_pins(reg: Registry, texts: list[str], limit: int) -> tuple[list[State]
         except (ValueError, RecursionError):  # bad JSON, or an integer over 4,300 digits
             raw = None
         if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-            errors.append(f"URL parameter `pin` #{n}: not a pinned setup; it was ignored.")
+            errors.append(f"URL parameter pin #{n}: not a pinned setup; it was ignored.")
             continue
         values, bad = parse_query(reg, raw)
         if bad:
-            errors.append(f"URL parameter `pin` #{n}: " + " ".join(bad))
+            errors.append(f"URL parameter pin #{n}: " + " ".join(bad))
             continue
         pins.append({**reg.defaults(), **values})
     if len(texts) > limit:
-        errors.append(f"URL parameter `pin`: at most {limit} setups; the rest were ignored.")
+        errors.append(f"URL parameter pin: at most {limit} setups; the rest were ignored.")
     return pins, errors
 
 
@@ -336,8 +381,9 @@ def setup_kwargs(state: Mapping[str, Any]) -> dict[str, object]:
 
 
 def control_name(knob: SetupKnob) -> str:
-    """How an error names a control: its title and key (``Sharding (`shard`)``)."""
-    return f"{knob.label} (`{knob.key}`)"
+    """How an error names a control: its title and key, "Sharding (shard)" (messages are
+    shown as plain text, where backticks would stand as they are)."""
+    return f"{knob.label} ({knob.key})"
 
 
 def build_setup(state: Mapping[str, Any]) -> tuple[TrainingSetup | None, list[str]]:

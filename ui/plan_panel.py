@@ -78,7 +78,7 @@ def read_url() -> None:
                 state[key] = _parse(key, text, gpu_ids)
             except ValueError as exc:
                 shown = int(default) if isinstance(default, bool) else default
-                errors.append(f"URL parameter `{key}`: {exc}; using {shown}.")
+                errors.append(f"URL parameter {key}: {exc}; using {shown}.")
     if OPEN not in given and given:  # a link with the panel's settings, from before the toggle
         state[OPEN] = True
     state[_ERRORS] = errors
@@ -156,21 +156,26 @@ def _plan_view(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> 
     where = f"{result.hardware.total}× {plan_chart.gpu_name(result)}"
     verdict, batch, seq, cost = st.columns(4)
     verdict.metric(
-        f"On {where}" + ("" if result.hardware_given else " (cheapest)"),
+        f"On {where}" + ("" if result.hardware_given else " (cheapest run)"),
         "fits" if result.fits else "does not fit",
         delta=(f"{format_bytes(result.headroom_bytes, unit)} headroom" if result.fits
                else f"short by {format_bytes(result.shortfall_bytes, unit)}"),
         delta_color="normal" if result.fits else "inverse", delta_arrow="off",
         help="The device peak (what nvidia-smi shows) against the memory the driver reports.",
     )
-    batch.metric("Largest micro-batch", f"{result.max_micro_batch.value:,}",
+    # The limits are the run as set up; the cost is the run after the path (when one is
+    # needed): "largest micro-batch 0" beside a price said nothing of which run that was.
+    batch.metric("Largest micro-batch, as set up", f"{result.max_micro_batch.value:,}",
+                 delta="none fits before the path" if result.max_micro_batch.value == 0
+                 else None, delta_color="off", delta_arrow="off",
                  help="The estimate at this batch fits; at one more it does not.")
-    seq.metric("Longest sequence (tokens)", f"{result.max_seq_len.value:,}",
-               help="The estimate at this length fits; one token more does not.")
-    cost.metric("This run", _money(result.usd_per_run), delta=_hours(result.hours),
+    seq.metric("Longest sequence, as set up", f"{result.max_seq_len.value:,}",
+               help="Tokens: the estimate at this length fits; one token more does not.")
+    cost.metric("This run" + (", after the path" if result.path else ""),
+                _money(result.usd_per_run), delta=_hours(result.hours),
                 delta_color="off", delta_arrow="off",
-                help="After the path below when it is needed; time from FLOPs, the GPU's "
-                     "dense bf16 rate and an MFU calibrated on published throughputs.")
+                help="With the path below applied when it is needed; time from FLOPs, the "
+                     "GPU's dense bf16 rate and an MFU calibrated on published throughputs.")
     st.write(f"**Path:** {result.path_summary}")
     chart, side = st.columns([3, 2])
     with chart:
@@ -185,19 +190,19 @@ def _plan_view(model: vram.ModelSpec, setup: vram.TrainingSetup, unit: Unit) -> 
             [f"{o.count}× {data.short_gpu_name(o.name)}", _hours(o.hours),
              _money(o.usd_per_run)]
             for o in result.options if o.fits][:8]))
-    with st.expander(f"Every lever ({len(result.levers)}), by memory saved"):
+    with st.expander(f"Every lever that saves memory here ({len(result.levers)})"):
         st.markdown(_table(["lever", "saves", "time", "fits", "quality (source)"], [
-            [lever.name, _saved(lever.saved_bytes, unit), _pct(lever.time_factor),
+            [lever.name, format_bytes(lever.saved_bytes, unit), _pct(lever.time_factor),
              "yes" if lever.fits else "no", lever.quality_note]
             for lever in result.levers]))
+        if result.costly_levers:
+            st.caption("Would cost memory here, not save it: " + "; ".join(
+                f"{lever.name} (+{format_bytes(-lever.saved_bytes, unit)})"
+                for lever in result.costly_levers) + ".")
 
 
 def _pct(factor: float) -> str:
     return f"{(factor - 1) * 100:+.0f} %"
-
-
-def _saved(n_bytes: int, unit: Unit) -> str:
-    return format_bytes(n_bytes, unit) if n_bytes >= 0 else "+" + format_bytes(-n_bytes, unit)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

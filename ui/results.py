@@ -22,15 +22,18 @@ import plotly.graph_objects as go
 import pyarrow as pa
 
 import vram
-from ui import charts, data, params, render, server
+from ui import breakdown_chart, data, params, server, step_charts, tables
 from ui import present as present_mode
 from ui.charts import Unit
 from ui.plan_chart import path_figure
 from vram import gpus
-from vram.gpus import FitReport
+from vram.gpus import ClassFit, FitOption, FitReport
 from vram.io import report
+from vram.plan.compressed import CompressedLimits, compressed_limits
+from vram.plan.flops import checkpointing_compute
 from vram.plan.hardware import Hardware
 from vram.plan.planner import Plan
+from vram.step.what_if import WhatIf, parse_ratios, what_if, what_if_fit
 
 # The first page run imports this module, after Streamlit, pandas and plotly are loaded.
 server.tune_gc()
@@ -41,7 +44,8 @@ MAX_STATES = 256
 
 #: State that changes how a page looks, not the estimate or the fit: left out of the key, so
 #: switching units or opening the math reuses the result.
-DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins", "present"})
+DISPLAY_KEYS = frozenset({"unit", "math", "vendor", "segment", "fits", "pins", "present",
+                          *params.WHAT_IF_KEYS})
 
 StateKey = tuple[tuple[str, Any], ...]
 
@@ -66,6 +70,10 @@ class Result:
     estimate: vram.Estimate | None
     report: FitReport | None
     errors: tuple[str, ...]
+    #: The lesson's count: the fewest 80 GB GPUs beside the capacity count (vram.gpus).
+    class_fit: ClassFit | None = None
+    #: What gradient checkpointing adds to the step's compute (0.33: a third more).
+    ckpt_compute: float | None = None
 
 
 def _gpu_list_path() -> str | None:
@@ -82,8 +90,10 @@ def _result(key: StateKey, gpu_list: str | None) -> Result:
     if model is None or setup is None:
         return Result(model, setup, None, None, errors)
     est = vram.estimate(model, setup)
-    report = vram.fit(model, setup, data.gpus_from(gpu_list))
-    return Result(model, setup, est, report, errors)
+    catalog = data.gpus_from(gpu_list)
+    report = vram.fit(model, setup, catalog)
+    return Result(model, setup, est, report, errors, gpus.class_fit(model, setup, report, catalog),
+                  checkpointing_compute(model, setup, est.params.trainable))
 
 
 def result(state: Mapping[str, Any]) -> Result:
@@ -122,7 +132,7 @@ def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -
     size = ({"font_px": present_mode.FONT_PX, "height": present_mode.CHART_HEIGHT,
              "min_plot_px": present_mode.MIN_PLOT_PX} if present else {})
     return frozen_figure(
-        charts.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
+        breakdown_chart.breakdown_figure(res.estimate, unit=unit, capacities=caps, too_small=small,
                                 keep_labelled=data.lesson_capacities(), **size)
     )
 
@@ -131,7 +141,7 @@ def _breakdown(key: StateKey, gpu_list: str | None, unit: Unit, present: bool) -
 def _inference(key: StateKey, gpu_list: str | None, unit: Unit) -> go.Figure:
     est = _result(key, gpu_list).estimate
     assert est is not None
-    return frozen_figure(charts.inference_figure(est, unit=unit))
+    return frozen_figure(step_charts.inference_figure(est, unit=unit))
 
 
 def breakdown_figure(state: Mapping[str, Any], unit: Unit, *, present: bool = False,
@@ -143,17 +153,64 @@ def inference_figure(state: Mapping[str, Any], unit: Unit) -> go.Figure:
     return _inference(state_key(state), _gpu_list_path(), unit)
 
 
+@dataclass(frozen=True)
+class WhatIfResult:
+    """The step with some buckets compressed: its peak, its fit and the fewest 80 GB GPUs."""
+
+    what: WhatIf
+    report: FitReport
+    lesson: FitOption | None
+
+
 @functools.lru_cache(maxsize=MAX_STATES)
-def _download_json(key: StateKey, gpu_list: str | None) -> str:
+def _what_if(key: StateKey, gpu_list: str | None, compress: str) -> WhatIfResult:
+    res = _result(key, gpu_list)
+    assert res.model is not None and res.setup is not None and res.estimate is not None
+    ratios = parse_ratios(compress.split(","))
+    fitted = what_if_fit(res.model, res.setup, ratios, data.gpus_from(gpu_list))
+    return WhatIfResult(what_if(res.estimate, ratios), fitted, gpus.fewest_in_class(fitted))
+
+
+def what_if_result(state: Mapping[str, Any]) -> WhatIfResult | None:
+    """The what-if of the state's `compress` (None when nothing is compressed)."""
+    compress = str(state.get("compress") or "")
+    if not compress:
+        return None
+    return _what_if(state_key(state), _gpu_list_path(), compress)
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _limits(key: StateKey, gpu_list: str | None, compress: str,
+            gpu_id: str) -> CompressedLimits | None:
+    res = _result(key, gpu_list)
+    gpu = next((g for g in data.gpus_from(gpu_list) if g.id == gpu_id), None)
+    if res.model is None or res.setup is None or gpu is None:
+        return None
+    ratios = parse_ratios([t for t in compress.split(",") if t])
+    return compressed_limits(res.model, res.setup, ratios, gpu)
+
+
+def limits(state: Mapping[str, Any]) -> CompressedLimits | None:
+    """The largest batch, sequence and model that fit the what-if's GPU, compressed and not
+    (three searches of dozens of estimates: cached by their inputs)."""
+    return _limits(state_key(state), _gpu_list_path(), str(state.get("compress") or ""),
+                   str(state.get("wgpu") or ""))
+
+
+@functools.lru_cache(maxsize=MAX_STATES)
+def _download_json(key: StateKey, gpu_list: str | None, compress: str) -> str:
     res = _result(key, gpu_list)
     assert res.estimate is not None and res.report is not None
-    return report.estimate_json_text(res.estimate, res.report)
+    found = _what_if(key, gpu_list, compress) if compress else None
+    return report.estimate_json_text(res.estimate, res.report,
+                                     (found.what, found.report) if found else None)
 
 
 def download_json(state: Mapping[str, Any]) -> str:
     """The JSON file the page offers: byte for byte what ``python -m vram estimate --json``
-    prints for the same state (one serializer, vram.io.report)."""
-    return _download_json(state_key(state), _gpu_list_path())
+    prints for the same state (one serializer, vram.io.report), with its `what_if` when
+    buckets are compressed (``--compress``)."""
+    return _download_json(state_key(state), _gpu_list_path(), str(state.get("compress") or ""))
 
 
 @functools.lru_cache(maxsize=MAX_STATES)
@@ -162,7 +219,7 @@ def _fit_tables(key: StateKey, gpu_list: str | None, unit: Unit) -> tuple[pa.Tab
     assert res.report is not None and res.estimate is not None
     supported = [g for g in data.gpus_from(gpu_list) if g not in res.report.unsupported]
     small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes, supported)
-    return render.fit_frames(res.report, res.estimate, small, unit)
+    return tables.fit_frames(res.report, res.estimate, small, unit)
 
 
 def fit_tables(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, pa.Table]:
@@ -175,7 +232,7 @@ def _through_step(key: StateKey, gpu_list: str | None, unit: Unit,
                   ) -> tuple[pa.Table, tuple[str, ...]]:
     est = _result(key, gpu_list).estimate
     assert est is not None
-    return render.through_step_data(est, unit)
+    return tables.through_step_data(est, unit)
 
 
 def through_step(state: Mapping[str, Any], unit: Unit) -> tuple[pa.Table, tuple[str, ...]]:

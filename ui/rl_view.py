@@ -111,7 +111,7 @@ def parse_rl_query(query: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]
         try:
             values[param.key] = param.parse(query[param.key])
         except ValueError as exc:
-            errors.append(f"URL parameter `{param.key}` ({param.title}): {exc}. "
+            errors.append(f"URL parameter {param.key} ({param.title}): {exc}. "
                           f"Using the default, {param.default}.")
     return values, errors
 

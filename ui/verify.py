@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from ui import charts, render, text
+from ui import charts, render, step_charts, text
 from ui.charts import Unit
 from vram.result import Estimate
 from vram.setup import TrainingSetup
@@ -84,6 +84,6 @@ def panel(est: Estimate, config: dict[str, Any] | None, unit: Unit) -> None:
                    f"{traced['n_layers']} (past the first, layers are identical); the "
                    f"timeline shows the {traced['timeline_n_layers']}-layer trace.")
         points = [(int(e), int(b), str(ph)) for e, b, ph in traced["timeline"]]
-        render.plot(charts.timeline_figure(points, peak_bytes=int(
+        render.plot(step_charts.timeline_figure(points, peak_bytes=int(
             traced["allocated_peak_bytes"]), peak_phase=str(traced["phase"]), unit=unit),
             key="timeline")

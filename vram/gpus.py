@@ -8,7 +8,7 @@ own list and prices with the environment variable `VRAM_GPUS_CSV`.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -21,9 +21,10 @@ from vram.memo import memoized
 from vram.memory.overhead import cuda_context_bytes
 from vram.model.architecture import ModelSpec
 from vram.paths import data_dir
+from vram.result import BucketName
 from vram.setup import MAX_CONTEXT_MIB, Offload, Precision, Sharding, TrainingSetup
-from vram.step.estimate import estimate_peaks
-from vram.units import MIB
+from vram.step.estimate import estimate, estimate_peaks
+from vram.units import MIB, ceil_div
 
 GPUS_ENV = "VRAM_GPUS_CSV"
 MAX_GPU_ROWS = 10_000
@@ -150,8 +151,15 @@ class FitReport(BaseModel):
     unsupported: tuple[Gpu, ...] = ()
 
     @property
-    def cheapest(self) -> FitOption | None:
+    def cheapest_per_hour(self) -> FitOption | None:
+        """The option with the lowest price per hour for all its GPUs: fit's ranking. The
+        planner ranks by the price of the whole run (`Plan.cheapest_run`)."""
         return self.fits[0] if self.fits else None
+
+    @property
+    def cheapest(self) -> FitOption | None:
+        """`cheapest_per_hour` (the name the README's examples use)."""
+        return self.cheapest_per_hour
 
 
 def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
@@ -211,12 +219,16 @@ def _device_peak(model: ModelSpec, setup: TrainingSetup) -> int:
                     lambda: estimate_peaks(model, setup).device_peak_bytes)
 
 
-def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None) -> FitReport:
-    """For each GPU, the fewest that hold the run; fits cheapest first, misses by shortfall.
+def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = None, *,
+        device_peak: Callable[[ModelSpec, TrainingSetup], int] | None = None) -> FitReport:
+    """For each GPU, the fewest that hold the run; fits cheapest per hour first (the price of
+    all the GPUs an hour; the planner ranks by the whole run's price), misses by shortfall.
 
     A GPU that cannot compute in the setup's precision (bf16 on a T4) is neither a fit nor a
-    miss: it is listed in `unsupported`, where fp16 would run.
+    miss: it is listed in `unsupported`, where fp16 would run. `device_peak` replaces the
+    estimate's device peak of a (model, setup) (a what-if: vram.step.what_if).
     """
+    peak_of = device_peak or _device_peak
     catalog = tuple(gpus) if gpus is not None else load_gpus()
     unsupported = tuple(sorted((g for g in catalog if not runs_precision(g, setup.precision)),
                                key=lambda g: g.memory_bytes))
@@ -231,7 +243,7 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
         for count in _counts(gpu, setup):
             if count not in runs:
                 run = _setup_for(setup, count)
-                runs[count] = (run, _device_peak(model, run))
+                runs[count] = (run, peak_of(model, run))
             run, peak = runs[count]
             if first is not None and peak + context > gpu.memory_bytes:
                 continue  # neither the first option nor a fit: no need to build it
@@ -251,3 +263,112 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
     fits.sort(key=lambda o: (o.usd_per_hour is None, o.usd_per_hour or 0.0, o.count))
     misses.sort(key=lambda o: o.headroom_bytes, reverse=True)
     return FitReport(fits=tuple(fits), misses=tuple(misses), unsupported=unsupported)
+
+
+# --------------------------------------------------------------------------------------------
+# The lesson's question: how many GPUs of one class (80 GB), by capacity and by sharding
+# --------------------------------------------------------------------------------------------
+
+#: The class of GPU the lessons count in ("fits one 80 GB GPU"): nominal GiB. A GPU is of the
+#: class when the memory its driver reports is within CLASS_TOLERANCE of it (A100 80GB reports
+#: 81,920 MiB, H100 81,559 MiB: data/gpus.csv).
+LESSON_CLASS_GIB = 80
+CLASS_TOLERANCE = 0.03
+
+
+def in_class(gpu: Gpu, class_gib: int = LESSON_CLASS_GIB) -> bool:
+    """Whether `gpu` is one of the `class_gib` GB cards (80 GB: A100 80GB, H100 SXM/PCIe)."""
+    nominal = class_gib * 2**30
+    return abs(gpu.memory_bytes - nominal) <= CLASS_TOLERANCE * nominal
+
+
+Reason = Literal["fits-one", "agree", "steps", "unsplit", "none"]
+
+
+class ClassFit(BaseModel):
+    """How many GPUs of one class a run needs, by capacity and as the fit shards it.
+
+    Capacity divides the whole run (its peak on one GPU, nothing sharded) by one card's
+    memory, as a lesson does ("840 GB / 80 GB: ~11 GPUs"). Sharding (ZeRO-3/FSDP) needs more:
+    it splits the weights, gradients and optimizer state, but every GPU keeps its own
+    activations and overhead, and the fit tries 1, 2, 4, 8, ... GPUs (`GPU_COUNTS`).
+    `reason` says which of these makes the two counts differ:
+
+    - ``fits-one``: one GPU of the class holds the run;
+    - ``agree``: capacity and sharding give the same count;
+    - ``steps``: the count tried before `needed` (`below_count`) is under the capacity count;
+    - ``unsplit``: `below_count` GPUs were enough by capacity but each also holds what
+      sharding does not split (`below_unsplit_bytes`), so the next count was needed;
+    - ``none``: no count in the list holds it (`below_*`: the largest count tried).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    class_gib: int
+    #: The fewest GPUs of the class that hold the run (the cheapest of those), or None.
+    needed: FitOption | None
+    whole_run_bytes: int
+    class_memory_bytes: int
+    capacity_count: int
+    reason: Reason
+    below_count: int | None = None
+    #: Per GPU at `below_count`: the device peak, and what sharding does not split of it
+    #: (activations and overhead).
+    below_peak_bytes: int | None = None
+    below_unsplit_bytes: int | None = None
+    #: The GPU counts the fit tried, up to `needed` (all of them where none holds the run).
+    counts_tried: tuple[int, ...] = ()
+
+    @property
+    def capacity_ratio(self) -> float:
+        """The whole run over one card's memory (13.6 for 70B full on an 85.9 GB A100)."""
+        return self.whole_run_bytes / self.class_memory_bytes
+
+
+def fewest_in_class(report: FitReport, class_gib: int = LESSON_CLASS_GIB) -> FitOption | None:
+    """The fewest GPUs of the class that hold the run in `report`, the cheapest of those."""
+    fits = [o for o in report.fits if in_class(o.gpu, class_gib)]
+    return min(fits, key=lambda o: o.count) if fits else None  # fits are cheapest first
+
+
+def _whole_run(setup: TrainingSetup) -> TrainingSetup:
+    """The run on one GPU with nothing sharded or offloaded: all of its memory in one place."""
+    return setup.model_copy(update={"n_gpus": 1, "sharding": Sharding.NONE,
+                                    "offload": Offload.NONE})
+
+
+def class_fit(model: ModelSpec, setup: TrainingSetup, report: FitReport,
+              gpus: Sequence[Gpu] | None = None, class_gib: int = LESSON_CLASS_GIB,
+              ) -> ClassFit | None:
+    """The lesson's count for `report` (from `fit`): fewest GPUs of the class beside the
+    capacity count; None when the list has no GPU of the class that runs the precision."""
+    catalog = tuple(gpus) if gpus is not None else load_gpus()
+    members = [g for g in catalog if in_class(g, class_gib) and g not in report.unsupported]
+    if not members:
+        return None
+    needed = fewest_in_class(report, class_gib)
+    card = needed.gpu if needed else max(members, key=lambda g: g.memory_bytes)
+    whole = _device_peak(model, _whole_run(setup)) + context_difference(card, setup)
+    capacity = max(1, ceil_div(whole, card.memory_bytes))
+    counts = _counts(card, setup)
+    base = {"class_gib": class_gib, "needed": needed, "whole_run_bytes": whole,
+            "class_memory_bytes": card.memory_bytes, "capacity_count": capacity,
+            "counts_tried": tuple(c for c in counts if needed is None or c <= needed.count)}
+    if needed is not None and needed.count == 1:
+        return ClassFit(**base, reason="fits-one")
+    if needed is not None and needed.count <= capacity:
+        return ClassFit(**base, reason="agree")
+    if needed is None:
+        below: int | None = counts[-1]
+    else:
+        below = max((c for c in counts if c < needed.count), default=None)
+        if below is None or below < capacity:
+            return ClassFit(**base, reason="steps", below_count=below)
+    assert below is not None
+    run = estimate(model, _setup_for(setup, below))
+    context = context_difference(card, setup)
+    unsplit = (run.bucket(BucketName.ACTIVATIONS).bytes + run.bucket(BucketName.OVERHEAD).bytes
+               + context)
+    return ClassFit(**base, reason="unsplit" if needed else "none", below_count=below,
+                    below_peak_bytes=run.device_peak_bytes + context,
+                    below_unsplit_bytes=unsplit)

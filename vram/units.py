@@ -52,6 +52,11 @@ def format_gb(n_bytes: int, width: int = 0, digits: int = 2) -> str:
     return f"{n_bytes / GB:{width}.{digits}f} GB"
 
 
+def both(n_bytes: int, digits: int = 1) -> str:
+    """In prose: GB first (as the app shows by default), GiB beside it, "12.3 GB (11.5 GiB)"."""
+    return f"{n_bytes / GB:,.{digits}f} GB ({n_bytes / GIB:,.{digits}f} GiB)"
+
+
 def size_text(n_bytes: int) -> str:
     """GiB and GB side by side, in fixed-width columns (tables)."""
     return f"{format_gib(n_bytes, 9)} {format_gb(n_bytes, 9)}"

@@ -40,3 +40,27 @@ def test_h200_points_filters_and_the_scatter() -> None:
 def test_trace_grid_agreement_is_read() -> None:
     grid = accuracy.trace_agreement()
     assert grid is not None and grid.rows >= 100 and grid.agreeing <= grid.rows
+
+
+def test_the_page_keeps_published_runs_and_our_steps_apart() -> None:
+    """It opens on the published runs with the README's figures (73 runs, 20.4 % in
+    benchmarks/validation.txt's last line), and shows our H200 steps only when chosen: the
+    two are never one number (they once read "256 runs, largest error 86.5 %")."""
+    from streamlit.testing.v1 import AppTest
+
+    from tests.app.conftest import ROOT
+
+    last = (ROOT / "benchmarks" / "validation.txt").read_text().strip().splitlines()[-1]
+    fields = dict(part.split("=") for part in last.split())
+    app = AppTest.from_file(str(ROOT / "app.py"), default_timeout=60)
+    app.run()
+    app.switch_page("pages/5_How_right_is_it.py").run()
+    assert not app.exception
+    values = [m.value for m in app.metric]
+    assert values[0] == fields["cases"]
+    assert values[2] == f"{float(fields['max_abs_pct']):.1f} %"
+    app.segmented_control(key="acc_source").set_value(accuracy.OURS).run()
+    assert not app.exception
+    ours = accuracy.h200_points()
+    assert app.metric[0].value == f"{len(ours):,}"
+    assert "Not in the README's table" in " ".join(c.value for c in app.caption)

@@ -32,9 +32,12 @@ def test_import_fills_the_controls_and_the_url(app: AppTest) -> None:
         "qlora", 4096, 2, 32)
     assert (state["opt"], state["accum"], state["attn"]) == ("paged-adamw", 4, "flash")
     assert app.query_params["seq"] == "4096"
-    tables = [t.value for t in app.dataframe if "sets" in t.value.columns]
-    keys = list(tables[0]["key"])
-    assert "sequence_len" in keys and "micro_batch_size" in keys
+    # The report is a list in the sidebar, each value whole (a grid there showed one letter
+    # a value): "- **sequence_len** = 4096: seq_len=4096".
+    report = "\n".join(shown(m.value) for m in app.sidebar.markdown)
+    assert "- **sequence_len** = 4096: " in report
+    assert "- **micro_batch_size** = 2: " in report
+    assert not [t for t in app.sidebar.dataframe]
     assert app.metric  # the page estimated the imported run
 
 

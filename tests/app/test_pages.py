@@ -42,7 +42,7 @@ def test_calculator_loads_with_sensible_defaults(app: AppTest) -> None:
     assert app.selectbox(key="model").value == DEFAULT_MODEL
     assert _peak(app) == _expected_peak()
     # the default run's cheapest card, its name shortened for the big type, in full below it
-    cheapest = next(m for m in app.metric if m.label == "Cheapest GPUs that hold it")
+    cheapest = next(m for m in app.metric if m.label == "Cheapest per hour")
     assert cheapest.value == "1× RTX 6000"
     assert str(cheapest.delta).startswith("RTX 6000 Ada Generation · $")
     # why the peak holds no gradients yet is said once, in the through-step caption
@@ -105,16 +105,31 @@ def test_gpu_count_picks_a_sharding(app: AppTest) -> None:
 def test_advanced_controls_are_drawn_only_while_open(app: AppTest) -> None:
     # Closed, its twenty controls are not drawn (issue 13: server CPU a rerun), and the values
     # they hold still count, in the numbers and in the link.
-    app.query_params["ckpt"] = "1"
+    app.query_params["attn"] = "eager"
     app.run()
     _clean(app)
-    assert "ckpt" not in [t.key for t in app.toggle]
-    assert _peak(app) == _expected_peak(grad_ckpt=True)
+    assert "attn" not in [s.key for s in app.selectbox]
+    assert _peak(app) == _expected_peak(attention="eager")
     app.slider(key="batch").set_value(2).run()
-    assert _peak(app) == _expected_peak(grad_ckpt=True, micro_batch=2)
-    assert app.query_params["ckpt"] in ("true", ["true"])
+    assert _peak(app) == _expected_peak(attention="eager", micro_batch=2)
+    assert app.query_params["attn"] in ("eager", ["eager"])
     open_advanced(app).run()
-    assert app.toggle(key="ckpt").value is True
+    assert app.selectbox(key="attn").value == "eager"
+
+
+def test_checkpointing_sits_by_batch_and_sequence_with_its_cost(app: AppTest) -> None:
+    """The lesson's first lever is drawn with Advanced closed, its compute cost beside it, and
+    it is not drawn a second time under Advanced."""
+    app.run()
+    _clean(app)
+    assert app.toggle(key="ckpt").value is False
+    assert any("+48% compute" in c.value for c in app.sidebar.caption)
+    app.toggle(key="ckpt").set_value(True).run()
+    assert _peak(app) == _expected_peak(grad_ckpt=True)
+    app.radio(key="method").set_value("full").run()
+    assert any("+33% compute" in c.value for c in app.sidebar.caption)
+    open_advanced(app).run()
+    assert [t.key for t in app.toggle].count("ckpt") == 1
 
 
 def test_unit_switch(app: AppTest) -> None:
@@ -160,8 +175,9 @@ def test_invalid_url_parameters_show_a_message(app: AppTest) -> None:
     app.run()
     _clean(app)
     message = shown(app.error[0].value)  # user text is escaped Markdown; check what shows
-    for key in ("`batch`", "`seq`", "`model`", "`method`"):
+    for key in ("parameter batch ", "parameter seq ", "parameter model ", "parameter method "):
         assert key in message
+    assert "`" not in message  # plain text: a backtick would show as it is
     assert _peak(app) == _expected_peak()  # fell back to the defaults
 
 
@@ -169,7 +185,7 @@ def test_impossible_setup_shows_what_to_change(app: AppTest) -> None:
     app.query_params.update({"method": "full", "offload": "optimizer"})
     app.run()
     _clean(app)
-    assert "Offload (`offload`)" in shown(app.error[0].value)
+    assert "Offload (offload)" in shown(app.error[0].value)
     assert not app.metric
 
 
@@ -210,7 +226,7 @@ def test_compare_pins_and_round_trips(app: AppTest) -> None:
     app.switch_page("pages/2_Compare.py").run()
     app.button(key="pin_methods").click().run()
     _clean(app)
-    table = app.dataframe[0].value
+    table = app.table[0].value
     assert len(table) == 3
     expected = [_expected_peak(method=m) for m in ("full", "lora", "qlora")]
     assert list(table["peak per GPU"]) == expected
@@ -221,7 +237,7 @@ def test_compare_pins_and_round_trips(app: AppTest) -> None:
     again.query_params["pin"] = pins
     again.run()
     again.switch_page("pages/2_Compare.py").run()
-    assert list(again.dataframe[0].value["peak per GPU"]) == expected
+    assert list(again.table[0].value["peak per GPU"]) == expected
 
 
 def test_gpus_page_shows_what_the_run_needs(app: AppTest) -> None:
@@ -232,6 +248,13 @@ def test_gpus_page_shows_what_the_run_needs(app: AppTest) -> None:
     assert len(table) == len(vram.load_gpus())
     assert set(table["holds it"]) <= {"yes", "no", "?"}
     assert "yes" in set(table["holds it"])
+    # The answer first (visible without a sideways scroll at 1280 px), and no cell the grid
+    # would draw as a grey "None": a gap is empty or a word.
+    assert list(table.columns[:5]) == ["GPU", "holds it", "GPUs needed", "$/h, all",
+                                       "headroom (GB)"]
+    assert not table.isna().any().any()
+    t4 = table[table["GPU"] == "Tesla T4"].iloc[0]
+    assert t4["bf16 TFLOPS"] == "no bf16"
 
 
 def test_learn_exercise_checks_an_answer(app: AppTest) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -43,8 +44,23 @@ def test_bad_parameters_are_named_and_ignored() -> None:
     )
     assert values == {"ckpt": True}
     text = " ".join(errors)
-    for key in ("`batch`", "`seq`", "`method`", "`zzz`"):
+    for key in ("parameter batch ", "parameter seq ", "parameter method ", "parameter zzz "):
         assert key in text
+    assert "`" not in text  # messages are plain text: a backtick would show as it is
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("9999", "9999 is outside 1 to 128"), ("256", "256 is outside 1 to 128"),
+    ("0", "0 is outside 1 to 128"), ("lots", "'lots' is not a whole number")])
+def test_one_range_per_url_key(text: str, message: str) -> None:
+    """A batch past the library's bound and one past the control's get the same range, the
+    control's: `batch=9999` and `batch=256` both say "1 to 128"."""
+    _, errors = params.parse_query(REG, {"batch": text})
+    assert len(errors) == 1 and message in errors[0], errors
+    if text.isdigit():
+        assert "4,096" not in errors[0]
+    _, errors = params.parse_query(REG, {"seq": "99999999"})
+    assert "is not one of: 128, 256," in errors[0]
 
 
 def test_every_memory_knob_reaches_the_setup() -> None:
@@ -58,7 +74,7 @@ def test_every_memory_knob_reaches_the_setup() -> None:
             setup.compile) == (8, 0.0, False, False)
     _, errors = params.parse_query(REG, {"accum": "3", "dropout": "0.5", "compile": "maybe"})
     text = " ".join(errors)
-    assert "`accum`" in text and "`dropout`" in text and "`compile`" in text
+    assert "parameter accum " in text and "parameter dropout " in text and "compile (" in text
 
 
 def test_gpu_page_filters_are_in_the_url() -> None:
@@ -67,14 +83,14 @@ def test_gpu_page_filters_are_in_the_url() -> None:
     query = params.to_query(REG, state)
     assert (query["vendor"], query["segment"], query["fits"]) == ("NVIDIA", "datacenter", "1")
     values, errors = params.parse_query(REG, {"vendor": "NVIDIA,Acme"})
-    assert values == {} and "`vendor`" in " ".join(errors) and "Acme" in " ".join(errors)
+    assert values == {} and "parameter vendor " in " ".join(errors) and "Acme" in " ".join(errors)
 
 
 def test_setup_errors_name_the_control() -> None:
     state = {**REG.defaults(), "gpus": 8, "shard": "none"}
     setup, errors = params.build_setup(state)
     assert setup is None
-    assert any("Sharding (`shard`)" in e for e in errors)
+    assert any("Sharding (shard)" in e for e in errors)
 
 
 def test_sharding_follows_the_gpu_count() -> None:

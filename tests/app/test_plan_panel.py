@@ -32,7 +32,12 @@ def test_my_gpu_from_the_link_gives_the_plan(app: AppTest) -> None:
     value, delta = _metric(app, "On 1× RTX 4090")  # the GPU's name, not its catalog id
     assert value == "does not fit"
     assert delta == f"short by {format_bytes(expected.shortfall_bytes, 'GB')}"
-    assert _metric(app, "Longest sequence (tokens)")[0] == f"{expected.max_seq_len.value:,}"
+    assert _metric(app, "Longest sequence, as set up")[0] == f"{expected.max_seq_len.value:,}"
+    # the limits are the run as set up, the cost the run after the path, and each says so
+    if expected.path:
+        assert _metric(app, "This run, after the path")[0]
+    if expected.max_micro_batch.value == 0:
+        assert _metric(app, "Largest micro-batch, as set up")[1] == "none fits before the path"
     assert any(expected.path_summary in m.value for m in app.markdown)
     assert app.session_state["mygpu"] == "rtx-4090" and app.session_state["tokens"] == 1000.0
     # the link keeps the panel's keys beside the registry's
@@ -45,8 +50,8 @@ def test_bad_panel_link_is_reported_not_raised(app: AppTest) -> None:
     app.run()
     assert not app.exception
     messages = " ".join(shown(e.value) for e in app.error)  # user text is escaped Markdown
-    assert "URL parameter `mygpu`: unknown GPU 'rtx-9999'" in messages
-    assert "URL parameter `mycount`" in messages
+    assert "URL parameter mygpu: unknown GPU 'rtx-9999'" in messages
+    assert "URL parameter mycount" in messages
     assert app.session_state["mygpu"] == "any"
 
 
@@ -115,6 +120,6 @@ def test_bad_plan_key_is_reported(app: AppTest) -> None:
     app.query_params["plan"] = "maybe"
     app.run()
     assert not app.exception
-    assert "URL parameter `plan`: use 1 or 0; using 0." in " ".join(shown(e.value)
+    assert "URL parameter plan: use 1 or 0; using 0." in " ".join(shown(e.value)
                                                                      for e in app.error)
     assert app.toggle(key="plan").value is False

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import vram
-from ui import charts, data, params, render, results
+from ui import breakdown_chart, charts, data, params, results, step_charts, tables
 from vram import gpus
 from vram.result import BUCKET_ORDER
 
@@ -49,11 +49,11 @@ def test_figures_are_the_charts_and_their_dict_is_computed_once(
     est = results.result(state).estimate
     assert est is not None
     fig = results.breakdown_figure(state, "GiB")
-    fresh = charts.breakdown_figure(est, unit="GiB", capacities=data.capacities())
+    fresh = breakdown_chart.breakdown_figure(est, unit="GiB", capacities=data.capacities())
     assert fig.to_dict() == fresh.to_dict()
     assert fig.to_dict() is fig.to_dict()
     assert results.inference_figure(state, "GB").to_dict() == (
-        charts.inference_figure(est, unit="GB").to_dict()
+        step_charts.inference_figure(est, unit="GB").to_dict()
     )
 
 
@@ -63,11 +63,14 @@ def test_tables_and_download_carry_the_report(state: dict[str, object]) -> None:
     fits, misses = results.fit_tables(state, "GB")
     small = gpus.too_small(res.estimate.setup, res.estimate.device_peak_bytes,
                            [g for g in data.gpus() if g not in res.report.unsupported])
-    fresh_fits, fresh_misses = render.fit_frames(res.report, res.estimate, small, "GB")
+    fresh_fits, fresh_misses = tables.fit_frames(res.report, res.estimate, small, "GB")
     assert fits.equals(fresh_fits) and misses.equals(fresh_misses)
     assert fits.column("GPU").to_pylist() == [data.short_gpu_name(o.gpu.name)
                                               for o in res.report.fits]
-    assert fits.column("$ per hour").to_pylist() == [o.usd_per_hour for o in res.report.fits]
+    prices = fits.column("$ per hour").to_pylist()
+    assert [float(p) if p != tables.NO_PRICE else None for p in prices] == [
+        o.usd_per_hour for o in res.report.fits]
+    assert len({len(p) for p in prices if p != tables.NO_PRICE}) == 1  # one width: sorts
     assert misses.column("GPU").to_pylist() == [data.short_gpu_name(g.name) for g in small]
     assert len(fits) == len(res.report.fits) and len(misses) == len(small)
     payload = json.loads(results.download_json(state))
@@ -80,7 +83,7 @@ def test_through_step_table_is_cached_and_matches_the_estimate(state: dict[str, 
     assert est is not None
     table, captions = results.through_step(state, "GB")
     assert results.through_step(dict(state), "GB")[0] is table  # shared, built once
-    fresh, fresh_captions = render.through_step_data(est, "GB")
+    fresh, fresh_captions = tables.through_step_data(est, "GB")
     assert table.equals(fresh) and captions == fresh_captions
     assert table.column("at the peak").to_pylist() == [
         round(charts.to_unit(est.bucket(name).bytes, "GB"), 2) for name in BUCKET_ORDER]

@@ -6,20 +6,20 @@ import plotly.graph_objects as go
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ui import charts
+from ui import step_charts
 
 
 def test_timeline_marks_the_peak_and_shades_phases() -> None:
     points = [(0, 10, "forward"), (1, 30, "forward"), (2, 50, "backward"), (3, 20, "backward"),
               (4, 40, "optimizer step")]
-    fig = charts.timeline_figure(points, peak_bytes=50, peak_phase="backward", unit="GB")
+    fig = step_charts.timeline_figure(points, peak_bytes=50, peak_phase="backward", unit="GB")
     go.Figure(fig.to_dict())  # valid plotly
     line, peak = fig.data
     assert list(line.y) == [p[1] / 1e9 for p in points]
     assert list(peak.x) == [2]
     assert [s.fillcolor for s in fig.layout.shapes if s.type == "rect"] == [
-        charts.PHASE_COLORS["forward"], charts.PHASE_COLORS["backward"],
-        charts.PHASE_COLORS["optimizer step"]]
+        step_charts.PHASE_COLORS["forward"], step_charts.PHASE_COLORS["backward"],
+        step_charts.PHASE_COLORS["optimizer step"]]
     assert "backward" in fig.layout.annotations[0].text
 
 
@@ -27,7 +27,7 @@ def test_the_timeline_axis_covers_the_full_models_peak() -> None:
     """The timeline is a few-layer trace; the peak is the whole model's (1,129 GB against
     80 GB): the axis must reach it, and a line marks it."""
     points = [(0, 10 * 10**9, "forward"), (1, 80 * 10**9, "backward")]
-    fig = charts.timeline_figure(points, peak_bytes=1_129 * 10**9, peak_phase="backward")
+    fig = step_charts.timeline_figure(points, peak_bytes=1_129 * 10**9, peak_phase="backward")
     assert fig.layout.yaxis.range[1] >= 1_129
     assert any(s.type == "line" and s.y0 == 1_129 for s in fig.layout.shapes)
     assert "1,129 GB" in fig.layout.annotations[0].text

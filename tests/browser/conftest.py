@@ -6,6 +6,7 @@ Needs Debian's `chromium` (apt-get install -y chromium) and the `playwright` Pyt
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -36,10 +37,12 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def server() -> Iterator[str]:
+@contextlib.contextmanager
+def _serve(*extra: str, base_path: str = "") -> Iterator[str]:
+    """`streamlit run app.py` on a free port (with `extra` flags) until the block ends; yields
+    the app's URL (with `base_path`, for `--server.baseUrlPath`)."""
     port = _free_port()
-    log = ARTIFACTS / "streamlit.log"
+    log = ARTIFACTS / f"streamlit{base_path.replace('/', '-')}.log"
     ARTIFACTS.mkdir(exist_ok=True)
     with log.open("w") as out:
         proc = subprocess.Popen(
@@ -57,12 +60,13 @@ def server() -> Iterator[str]:
                 "127.0.0.1",
                 "--browser.gatherUsageStats",
                 "false",
+                *extra,
             ],
             cwd=ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}{base_path}"
         try:
             deadline = time.monotonic() + 60
             while True:
@@ -82,6 +86,19 @@ def server() -> Iterator[str]:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[str]:
+    with _serve() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def server_under_path() -> Iterator[str]:
+    """The app behind a reverse proxy's sub-path, as docs/app.md serves it: /vram."""
+    with _serve("--server.baseUrlPath", "/vram", base_path="/vram") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -77,8 +77,16 @@ def test_batch_slider_changes_total_and_chart(server: str, browser: object) -> N
     assert not page.locator('[data-testid="stException"]').count()
 
 
+#: Horizontal overflow of every table (HTML tables and the grid's scroller), in px.
+_OVERFLOW = """() => Array.from(document.querySelectorAll(
+  '[data-testid="stTable"], [data-testid="stDataFrame"] .dvn-scroller')).map(
+  (e) => e.scrollWidth - e.clientWidth)"""
+
+
 def test_pages_render_in_the_browser(server: str, browser: object) -> None:
-    page = browser.new_page(viewport={"width": 1600, "height": 1100})  # type: ignore[attr-defined]
+    """Learn, Compare and GPUs at 1280 px (a laptop beside the sidebar): each renders, and
+    no table hides columns behind a sideways scroll."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1100})  # type: ignore[attr-defined]
     compare = "/Compare?pin=%7B%7D&pin=%7B%22method%22%3A%22full%22%7D"
     for path, name, ready in (
         ("/Learn", "learn", ".js-plotly-plot g.annotation"),
@@ -91,3 +99,5 @@ def test_pages_render_in_the_browser(server: str, browser: object) -> None:
         page.wait_for_timeout(800)
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
         assert not page.locator('[data-testid="stException"]').count(), name
+        overflow = page.evaluate(_OVERFLOW)  # type: ignore[attr-defined]
+        assert overflow and max(overflow) <= 1, (name, overflow)

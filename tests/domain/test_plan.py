@@ -18,6 +18,7 @@ from vram.plan.flops import (
 from vram.plan.hardware import find_gpu, setup_on
 from vram.plan.levers import LEVERS, applied
 from vram.plan.planner import _apply_all
+from vram.plan.report import plan_json, plan_text
 from vram.plan.solve import largest_fitting, smallest_fitting
 
 GPUS = load_gpus()
@@ -148,10 +149,31 @@ def test_each_lever_saves_the_difference_of_two_estimates(
 
 
 def test_quality_notes_cite_their_sources(worked: vram.Plan) -> None:
-    notes = {lever.name: lever.quality_note for lever in worked.levers}
+    every = (*worked.levers, *worked.costly_levers)
+    notes = {lever.name: lever.quality_note for lever in every}
     assert "Dettmers et al. 2022" in notes["8-bit AdamW"]
     assert "Zamirai et al. 2020" in notes["bf16-true instead of mixed"]
-    assert all(lever.quality_note for lever in worked.levers)
+    assert all(lever.quality_note for lever in every)
+
+
+def test_a_lever_that_costs_memory_is_no_saving(llama8b: vram.ModelSpec) -> None:
+    """70B QLoRA: pure bf16 loses the fused attention kernel and keeps the s x s scores, so
+    it holds 142 GB more; it is listed apart, as a cost, never as a saving of -142 GB (and a
+    lever that saves exactly nothing is not a saving either)."""
+    model = vram.load_model("llama-3.1-70b")
+    plan = vram.plan(model, vram.TrainingSetup(method="qlora"),
+                     hardware=vram.Hardware(gpu="h100-sxm"))
+    assert all(lever.saved_bytes > 0 for lever in plan.levers)
+    costly = {lever.name: lever for lever in plan.costly_levers}
+    assert round(-costly["bf16-true instead of mixed"].saved_bytes / 1e9, 1) == 141.9
+    payload = plan_json(plan)
+    assert all(lever["saved_bytes"] > 0 for lever in payload["levers"])
+    assert {lever["name"]: lever["costs_bytes"] for lever in payload["costly_levers"]}[
+        "bf16-true instead of mixed"] == -costly["bf16-true instead of mixed"].saved_bytes
+    text = plan_text(plan)
+    assert "bf16-true instead of mixed" in text and "costs 141.9 GB" in text
+    assert "-141.9" not in text
+    assert plan.cheapest_run is None or plan.cheapest_run.fits
 
 
 def test_flops_per_token_counts(llama8b: vram.ModelSpec) -> None:

@@ -63,7 +63,7 @@ def test_every_stack_states_a_default_for_each_knob_that_defers_to_it() -> None:
     assert knobs == {"loss", "compile", "ckpt_reentrant", "ckpt_offload", "fsdp_version",
                      "fsdp_embedding_units", "bitsandbytes_version", "lora_base_16bit",
                      "zero_reduce_bucket_values", "zero_param_persistence_threshold",
-                     "zero3_linear_wrapper"}
+                     "zero3_linear_wrapper", "alloc_conf"}
     for row in stacks().values():
         assert set(row.defaults) == knobs
         assert all(TrainingSetup.model_fields[name].default is None for name in knobs)

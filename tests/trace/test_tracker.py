@@ -24,6 +24,11 @@ SCALAR = 512  # the loss's gradient (ones_like of a 0-dim tensor): one 512-byte 
 
 def backward_peak(watch: bool, share_first: bool = False) -> int:
     """Peak live bytes during the backward of `(2a + 3a).sum()`, the leaf `a` not counted."""
+    return backward_tracker(watch, share_first).peaks[("backward",)].live
+
+
+def backward_tracker(watch: bool, share_first: bool = False) -> StorageTracker:
+    """The tracker that watched the backward of `(2a + 3a).sum()`."""
     a = torch.ones(N, requires_grad=True)
     loss = (a * 2 + a * 3).sum()
     tracker = StorageTracker()
@@ -39,7 +44,7 @@ def backward_peak(watch: bool, share_first: bool = False) -> int:
             loss.backward()
         tracker.sample()
     assert a.grad is not None and float(a.grad[0]) == 5.0
-    return tracker.peaks[("backward",)].live
+    return tracker
 
 
 def test_gradient_sum_is_in_place_as_on_a_gpu() -> None:

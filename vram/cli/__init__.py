@@ -3,6 +3,7 @@
     python -m vram estimate --model llama-3.1-8b --method qlora --optimizer adamw \\
         --precision bf16-mixed --batch 1 --seq 2048 --json
     python -m vram estimate --from axolotl.yml --gpus 2 --json
+    python -m vram estimate --model llama-3.1-8b --method full --compress optimizer=4 --json
     python -m vram export --to trl --from axolotl.yml
     python -m vram gpus
     python -m vram validate ../shared/validation/cases.csv
@@ -29,16 +30,27 @@ def build_parser() -> argparse.ArgumentParser:
     subcommands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     estimate_parser = subcommands.add_parser("estimate", help="memory of one training step")
     add_setup_flags(estimate_parser, model_required=False)
+    estimate_parser.add_argument(
+        "--compress", action="append", metavar="BUCKET=RATIO",
+        help="what if BUCKET (weights, gradients, optimizer, activations) were stored RATIO "
+             "times smaller (1 to 1024); repeat for several; the JSON gains what_if with the "
+             "new buckets, device_peak_bytes and the cheapest fit")
     cli_hook.add_from_flags(estimate_parser)
     trace = subcommands.add_parser("trace", help="exact trace on fake tensors (needs vram[trace])")
     add_setup_flags(trace)
     trace.add_argument("--layers", type=int, help="trace this many layers exactly (no "
                        "extrapolation)")
+    trace.add_argument("--reserved", action="store_true",
+                       help="also replay the step from the model's build through the caching "
+                            "allocator model (full depth: minutes for a large model) and "
+                            "report max_memory_reserved under --alloc-conf")
     cli_hook.add_export_command(subcommands, add_setup_flags)
     gpus = subcommands.add_parser("gpus", help="list the GPU catalog")
-    gpus.add_argument("--json", action="store_true")
+    gpus.add_argument("--json", action="store_true",
+                      help="print the catalog as one JSON list (memory in bytes)")
     models = subcommands.add_parser("models", help="list the model catalog")
-    models.add_argument("--json", action="store_true")
+    models.add_argument("--json", action="store_true",
+                        help="print the catalog as one JSON list (parameters, Hub ids)")
     validate = subcommands.add_parser("validate", help="compare estimates with measured runs")
     validate.add_argument("cases", help="a case file (validation/README.md schema)")
     plan_cli.register(subcommands)  # plan, validate-speed

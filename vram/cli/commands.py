@@ -10,7 +10,7 @@ import sys
 
 from vram.cli.flags import setup_from_args
 from vram.errors import VramError
-from vram.gpus import fit, load_gpus
+from vram.gpus import FitReport, fit, load_gpus
 from vram.io.readers import cli_hook
 from vram.io.report import (
     estimate_json,
@@ -18,11 +18,16 @@ from vram.io.report import (
     estimate_table,
     gpus_table,
     setup_warnings,
+    what_if_lines,
 )
 from vram.io.validate import report_lines, run_cases
+from vram.model.architecture import ModelSpec
 from vram.model.catalog import load_config, load_model, model_catalog
+from vram.result import Estimate
+from vram.setup import TrainingSetup
 from vram.step.estimate import estimate
-from vram.units import format_gib
+from vram.step.what_if import CompressError, WhatIf, parse_ratios, what_if, what_if_fit
+from vram.units import size_text
 
 
 def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -34,27 +39,45 @@ def run_estimate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
     model = load_model(args.model)
     result = estimate(model, setup)
     report = fit(model, setup)
+    compress = _what_if(args, model, setup, result)
     for warning in setup_warnings(setup):
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
-        sys.stdout.write(estimate_json_text(result, report))
+        sys.stdout.write(estimate_json_text(result, report, compress))
     else:
         print(estimate_table(result, report))
+        if compress is not None:
+            print("\n".join(what_if_lines(*compress)))
     return 0
+
+
+def _what_if(args: argparse.Namespace, model: ModelSpec, setup: TrainingSetup,
+             result: Estimate) -> tuple[WhatIf, FitReport] | None:
+    """`--compress BUCKET=RATIO ...`: the step and the fit with those buckets smaller."""
+    if not getattr(args, "compress", None):
+        return None
+    try:
+        ratios = parse_ratios(args.compress)
+    except CompressError as exc:
+        raise VramError(f"--compress: {exc}") from None
+    return what_if(result, ratios), what_if_fit(model, setup, ratios)
 
 
 def run_estimate_from_file(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     model, setup, loaded = cli_hook.from_file(args, parser, args.argv)
     result = estimate(model, setup)
     report = fit(model, setup)
+    compress = _what_if(args, model, setup, result)
     for warning in setup_warnings(setup):
         print(f"warning: {warning}", file=sys.stderr)
     if args.json:
-        payload = cli_hook.add_to_json(estimate_json(result, report), setup, loaded)
+        payload = cli_hook.add_to_json(estimate_json(result, report, compress), setup, loaded)
         print(json.dumps(payload, indent=2))
     else:
         print("\n".join(loaded.report.lines()) + "\n")
         print(estimate_table(result, report))
+        if compress is not None:
+            print("\n".join(what_if_lines(*compress)))
     return 0
 
 
@@ -69,6 +92,10 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     config = load_config(args.model)
     try:
         traced = trace_step(config, setup, n_layers=args.layers)
+        if args.reserved:
+            from vram.trace.allocator import with_reserved
+
+            traced = with_reserved(traced, config, setup)
     except TraceUnavailable as exc:
         print(f"python -m vram trace: {exc}", file=sys.stderr)
         return 1
@@ -77,9 +104,12 @@ def run_trace(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(json.dumps(payload, indent=2))
     else:
         for name, value in payload.get("buckets", {}).items():
-            print(f"{name:<12} {format_gib(value, 10)}")
-        print(f"{'peak':<12} {format_gib(payload['allocated_peak_bytes'], 10)} "
+            print(f"{name:<12} {size_text(value)}")
+        print(f"{'peak':<12} {size_text(payload['allocated_peak_bytes'])} "
               f"(allocated, {payload.get('phase', '')})")
+        if traced.reserved_peak_bytes is not None:
+            print(f"{'reserved':<12} {size_text(traced.reserved_peak_bytes)} "
+                  f"(caching allocator, {traced.alloc_conf or 'default settings'})")
     return 0
 
 

@@ -32,9 +32,10 @@ def register(commands: Any) -> None:
     add_setup_flags(plan, model_required=False)
     cli_hook.add_from_flags(plan)  # --from FILE: the run as a training config describes it
     plan.add_argument("--gpu", help="GPU id from `python -m vram gpus` (default: the "
-                      "cheapest catalog option that holds the run)")
-    plan.add_argument("--gpu-count", type=int, default=1, help="GPUs per node")
-    plan.add_argument("--nodes", type=int, default=1)
+                      "catalog option whose whole run costs least)")
+    plan.add_argument("--gpu-count", type=int, default=1, help="GPUs per node (default 1)")
+    plan.add_argument("--nodes", type=int, default=1,
+                      help="nodes of --gpu-count GPUs each (default 1)")
     plan.add_argument("--tokens", type=float, help="tokens to train (e.g. 1e9)")
     plan.add_argument("--steps", type=int, help="optimizer steps (tokens = steps x micro-batch "
                       "x accumulation x GPUs x sequence)")

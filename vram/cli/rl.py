@@ -19,41 +19,62 @@ from vram.rl import estimate
 from vram.rl.result import RLEstimate
 from vram.rl.setup import Algo, Engine, Reference, RLSetup, Rollout
 from vram.setup import Method, Optimizer, Precision, Sharding, TrainingSetup
+from vram.units import both, size_text
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     """Register `rl` on the main parser's subcommands."""
     p = commands.add_parser("rl", help="memory of one RL post-training step (GRPO, DPO, PPO)")
-    p.add_argument("--algo", choices=[a.value for a in Algo], default="grpo")
+    p.add_argument("--algo", choices=[a.value for a in Algo], default="grpo",
+                   help="the RL algorithm (default: grpo)")
     p.add_argument("--model", help="catalog name, Hub id or config.json")
     # dest from_file, as `estimate --from` (the readers scan typed flags across subcommands)
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="a TRL GRPO/DPO config (YAML/JSON): its settings, then typed flags")
-    p.add_argument("--method", choices=[m.value for m in Method], default="lora")
+    p.add_argument("--method", choices=[m.value for m in Method], default="lora",
+                   help="how the policy is trained (default: lora)")
     p.add_argument("--precision", choices=[x.value for x in Precision], default="bf16-true",
                    help="the policy's precision (default: bf16-true, as RL stacks load it)")
-    p.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw")
-    p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--sharding", choices=[s.value for s in Sharding], default=None)
-    p.add_argument("--num-generations", type=int, default=8)
-    p.add_argument("--prompt-len", type=int, default=512)
-    p.add_argument("--completion-len", type=int, default=256)
+    p.add_argument("--optimizer", choices=[o.value for o in Optimizer], default="adamw",
+                   help="the policy's optimizer (default: adamw)")
+    p.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True,
+                   help="gradient checkpointing of the policy (default: on)")
+    p.add_argument("--sharding", choices=[s.value for s in Sharding], default=None,
+                   help="the training GPUs' sharding (default: none on 1 GPU, else zero2)")
+    p.add_argument("--num-generations", type=int, default=8,
+                   help="completions per prompt, G (default 8)")
+    p.add_argument("--prompt-len", type=int, default=512, help="prompt tokens (default 512)")
+    p.add_argument("--completion-len", type=int, default=256,
+                   help="completion tokens (default 256)")
     # dest micro_batch, as `estimate --batch`: flag scans over every subcommand (readers'
     # cli_hook.explicit_dests) then read one meaning for --batch and its abbreviations.
     p.add_argument("--batch", dest="micro_batch", type=int, default=1,
                    help="prompts (pairs) per GPU per step")
-    p.add_argument("--beta", type=float, default=0.0)
-    p.add_argument("--reference", choices=[r.value for r in Reference], default="auto")
-    p.add_argument("--reward-model", action="store_true")
-    p.add_argument("--rollout", choices=[r.value for r in Rollout], default="colocate")
-    p.add_argument("--engine", choices=[e.value for e in Engine], default="vllm")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    p.add_argument("--sleep", type=int, choices=[0, 1, 2], default=0)
-    p.add_argument("--rollout-gpus", type=int, default=1)
-    p.add_argument("--chunked-loss", action="store_true")
+    p.add_argument("--beta", type=float, default=0.0,
+                   help="KL weight; above 0 a reference model is kept (default 0)")
+    p.add_argument("--reference", choices=[r.value for r in Reference], default="auto",
+                   help="how the reference log-probs are had: a model, the base with the "
+                        "adapter off, precomputed, or none (default: the algorithm's)")
+    p.add_argument("--reward-model", action="store_true",
+                   help="a reward model on the training GPUs")
+    p.add_argument("--rollout", choices=[r.value for r in Rollout], default="colocate",
+                   help="where generation runs: colocate, server, shared, hf-generate, or "
+                        "none for offline pairs (default: colocate)")
+    p.add_argument("--engine", choices=[e.value for e in Engine], default="vllm",
+                   help="the generation engine (default: vllm)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3,
+                   help="vLLM's share of GPU memory it reserves up front (default 0.3)")
+    p.add_argument("--sleep", type=int, choices=[0, 1, 2], default=0,
+                   help="vLLM's sleep level while the policy trains: 1 offloads the "
+                        "weights to host memory and drops the KV cache, 2 drops both "
+                        "(default 0: no sleep)")
+    p.add_argument("--rollout-gpus", type=int, default=1,
+                   help="GPUs of the generation server (default 1)")
+    p.add_argument("--chunked-loss", action="store_true",
+                   help="compute the loss a chunk of tokens at a time")
     p.add_argument("--gpu", default="h100-sxm", help="GPU id from `python -m vram gpus`")
     p.add_argument("--gpu-count", type=int, default=1, help="training GPUs")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _first_error(exc: Exception) -> str:
@@ -96,19 +117,19 @@ def gpu_memory(gpu_id: str) -> int:
 
 
 def table(result: RLEstimate) -> str:
+    """The phases' buckets, GiB and GB side by side (as `estimate` prints them)."""
     lines = [f"{result.model_name}, {result.setup.algo.value}: peak "
-             f"{result.device_peak_bytes / 2**30:.2f} GiB per GPU in the "
-             f"{result.peak_phase.value} phase (GPU holds "
-             f"{result.gpu_memory_bytes / 2**30:.2f} GiB)"]
+             f"{both(result.device_peak_bytes, 2)} per GPU in the "
+             f"{result.peak_phase.value} phase (GPU holds {both(result.gpu_memory_bytes, 2)})"]
     for phase in (result.generation, result.training):
         lines.append(f"\n{phase.name.value} ({phase.gpu_group} GPUs)")
         for name, value in phase.buckets.items():
-            lines.append(f"  {name:<16} {value / 2**30:10.2f} GiB")
-        lines.append(f"  {'total':<16} {phase.device_peak_bytes / 2**30:10.2f} GiB")
-    lines.append(f"\nhost RAM {result.host_bytes / 2**30:.2f} GiB")
+            lines.append(f"  {name:<16} {size_text(value)}")
+        lines.append(f"  {'total':<16} {size_text(phase.device_peak_bytes)}")
+    lines.append(f"\nhost RAM {both(result.host_bytes, 2)}")
     if result.peak_by_sleep:
         lines.append("peak by sleep level: " + ", ".join(
-            f"{level}: {peak / 2**30:.2f} GiB" for level, peak in result.peak_by_sleep.items()))
+            f"{level}: {both(peak, 2)}" for level, peak in result.peak_by_sleep.items()))
     lines += [f"warning: {w}" for w in result.warnings]
     lines += [f"advice: {a}" for a in result.advice]
     return "\n".join(lines)

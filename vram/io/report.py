@@ -15,11 +15,33 @@ from vram.io.knobs import setup_record
 from vram.result import Estimate
 from vram.setup import Sharding, TrainingSetup
 from vram.step.through_step import peak_moment
-from vram.units import format_gib, size_text
+from vram.step.what_if import WhatIf
+from vram.units import format_gb, format_gib, size_text
 
 
-def estimate_json(result: Estimate, report: FitReport | None = None) -> dict[str, Any]:
-    """The estimate as the JSON object the CLI contract names (design.md), plus line items."""
+def _cheapest(report: FitReport) -> list[dict[str, Any]]:
+    return [
+        {"gpu": option.gpu.id, "name": option.gpu.name, "count": option.count,
+         "sharding": option.sharding.value, "usd_per_hour": option.usd_per_hour,
+         "device_peak_bytes": option.device_peak_bytes,
+         "headroom_bytes": option.headroom_bytes}
+        for option in report.fits
+    ]
+
+
+def what_if_json(what: WhatIf, report: FitReport) -> dict[str, Any]:
+    """`estimate --compress ... --json`'s "what_if": the compressed buckets at the new peak,
+    the new peak and its moment, and the cheapest fit (design.md)."""
+    return {"ratios": what.ratios, "buckets": what.buckets,
+            "allocated_peak_bytes": what.allocated_peak_bytes,
+            "device_peak_bytes": what.device_peak_bytes, "moment": what.moment,
+            "saved_bytes": what.saved_bytes, "cheapest": _cheapest(report)}
+
+
+def estimate_json(result: Estimate, report: FitReport | None = None,
+                  what_if: tuple[WhatIf, FitReport] | None = None) -> dict[str, Any]:
+    """The estimate as the JSON object the CLI contract names (design.md), plus line items;
+    with `what_if` (`--compress`), its "what_if" object."""
     payload: dict[str, Any] = {
         "model": result.model_name,
         "setup": setup_record(result.setup),
@@ -44,20 +66,30 @@ def estimate_json(result: Estimate, report: FitReport | None = None) -> dict[str
         "notes": list(result.notes),
     }
     if report is not None:
-        payload["cheapest"] = [
-            {"gpu": option.gpu.id, "name": option.gpu.name, "count": option.count,
-             "sharding": option.sharding.value, "usd_per_hour": option.usd_per_hour,
-             "device_peak_bytes": option.device_peak_bytes,
-             "headroom_bytes": option.headroom_bytes}
-            for option in report.fits
-        ]
+        payload["cheapest"] = _cheapest(report)
+    if what_if is not None:
+        payload["what_if"] = what_if_json(*what_if)
     return payload
 
 
-def estimate_json_text(result: Estimate, report: FitReport | None = None) -> str:
+def estimate_json_text(result: Estimate, report: FitReport | None = None,
+                       what_if: tuple[WhatIf, FitReport] | None = None) -> str:
     """The one serialized form of an estimate: what ``estimate --json`` prints and the app's
     download holds, byte for byte (two-space indent, a final newline)."""
-    return json.dumps(estimate_json(result, report), indent=2) + "\n"
+    return json.dumps(estimate_json(result, report, what_if), indent=2) + "\n"
+
+
+def what_if_lines(what: WhatIf, report: FitReport) -> list[str]:
+    """The what-if under the estimate's table."""
+    ratios = ", ".join(f"{name} {ratio:g}x smaller" for name, ratio in what.ratios.items())
+    lines = ["", f"what if ({ratios}):"]
+    lines += [f"  {name:<13}{size_text(n_bytes)}" for name, n_bytes in what.buckets.items()]
+    lines.append(f"  {'device peak':<13}{size_text(what.device_peak_bytes)}   at {what.moment}"
+                 f" (saves {size_text(what.saved_bytes)})")
+    best = report.fits[0] if report.fits else None
+    lines.append(f"  cheapest: {best.count} x {best.gpu.name}" if best else
+                 "  cheapest: none in the catalog")
+    return lines
 
 
 def setup_warnings(setup: TrainingSetup) -> list[str]:
@@ -104,7 +136,7 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
             if item.bytes:
                 *first, last = _label_lines(item.label)
                 lines.extend(f"  {line}" for line in first)
-                lines.append(f"  {last:<53}{format_gib(item.bytes, 9)}")
+                lines.append(f"  {last:<53}{size_text(item.bytes)}")
     lines += [
         "",
         f"{'allocated peak':<22}{size_text(result.allocated_peak_bytes)}   "
@@ -121,11 +153,11 @@ def estimate_table(result: Estimate, report: FitReport | None = None) -> str:
     for note in result.notes:
         lines.append(f"note: {note}")
     if report is not None:
-        lines += ["", "cheapest setups that hold it:"]
+        lines += ["", "cheapest per hour that hold it (all the GPUs):"]
         for option in report.fits[:8]:
             price = f"${option.usd_per_hour:.2f}/h" if option.usd_per_hour else "price n/a"
             lines.append(f"  {option.count} x {option.gpu.name:<32} {price:>12}   "
-                         f"headroom {format_gib(option.headroom_bytes, 6, 1)}")
+                         f"headroom {size_text(option.headroom_bytes)}")
         if not report.fits:
             lines.append("  none in the catalog")
         if report.unsupported:
@@ -142,10 +174,11 @@ def _peak_text(result: Estimate) -> str:
 
 
 def gpus_table(gpus: Sequence[Gpu]) -> str:
-    lines = [f"{'id':<18} {'name':<34} {'memory':>10} {'bf16 TFLOP/s':>13} {'$/h':>7}"]
+    lines = [f"{'id':<18} {'name':<34} {'memory (GiB, GB)':>23} {'bf16 TFLOP/s':>13} "
+             f"{'$/h':>7}"]
     for gpu in gpus:
         tflops = f"{gpu.bf16_dense_tflops:.0f}" if gpu.bf16_dense_tflops else "-"
         price = f"{gpu.usd_per_hour:.2f}" if gpu.usd_per_hour else "-"
-        lines.append(f"{gpu.id:<18} {gpu.name[:34]:<34} {format_gib(gpu.memory_bytes, 6, 1)} "
-                     f"{tflops:>13} {price:>7}")
+        memory = f"{format_gib(gpu.memory_bytes, 7, 1)} {format_gb(gpu.memory_bytes, 7, 1)}"
+        lines.append(f"{gpu.id:<18} {gpu.name[:34]:<34} {memory:>23} {tflops:>13} {price:>7}")
     return "\n".join(lines)

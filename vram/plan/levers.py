@@ -8,6 +8,11 @@ throughput model. Each carries a quality note with its source.
     quality tier 1: small numeric changes with published parity (8-bit optimizer, NF4 base)
     quality tier 2: trains something else (LoRA instead of full, fewer targets, pure bf16)
     quality tier 3: changes the data or the hardware (shorter sequences, more GPUs)
+
+A lever is a saving only where it saves: on some setups a lever holds more memory than it
+frees (pure bf16 on a QLoRA run loses the fused attention kernel and keeps the s x s scores:
++142 GB for 70B). Such a lever is reported apart, as what it would cost (`costs_memory`),
+never as a negative saving.
 """
 
 from __future__ import annotations
@@ -44,6 +49,12 @@ class LeverSpec:
     quality_tier: int
     quality_note: str
     change: Callable[[TrainingSetup], Change | None]
+
+
+def costs_memory(saved_bytes: int) -> bool:
+    """Whether a lever that frees `saved_bytes` (its peak before minus after) frees nothing:
+    it holds as much or more; it is not listed among the savings."""
+    return saved_bytes <= 0
 
 
 def applied(setup: TrainingSetup, change: Change) -> TrainingSetup | None:

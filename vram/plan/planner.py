@@ -19,7 +19,15 @@ from vram.gpus import Gpu, load_gpus
 from vram.model.architecture import ModelSpec
 from vram.plan.calibration import MfuTable, default_mfu_table
 from vram.plan.hardware import Estimator, Hardware, find_gpu, largest_count, setup_on
-from vram.plan.levers import LEVERS, MORE_GPUS, TIER_PENALTY, LeverSpec, applied, describe_change
+from vram.plan.levers import (
+    LEVERS,
+    MORE_GPUS,
+    TIER_PENALTY,
+    LeverSpec,
+    applied,
+    costs_memory,
+    describe_change,
+)
 from vram.plan.solve import Proof, fewest_gpus, max_micro_batch, max_seq_len
 from vram.plan.throughput import Workload, gpu_class, offloaded_activations, seconds_per_token
 from vram.setup import TrainingSetup
@@ -94,7 +102,11 @@ class Plan(BaseModel):
     headroom_bytes: int
     max_micro_batch: Proof
     max_seq_len: Proof
+    #: The levers that save memory on this run, most saved first.
     levers: tuple[Lever, ...]
+    #: Levers that hold as much memory or more here (their `saved_bytes` <= 0): what they
+    #: would cost, never listed as savings (vram.plan.levers.costs_memory).
+    costly_levers: tuple[Lever, ...]
     path: tuple[PathStep, ...]
     path_fits: bool
     path_setup: TrainingSetup
@@ -110,6 +122,12 @@ class Plan(BaseModel):
     @property
     def shortfall_bytes(self) -> int:
         return max(0, -self.headroom_bytes)
+
+    @property
+    def cheapest_run(self) -> RunOption | None:
+        """The option whose whole run (`tokens`) costs least: the plan's ranking, by the
+        run's price; `vram.fit` ranks by the price per hour (`FitReport.cheapest_per_hour`)."""
+        return next((o for o in self.options if o.fits), None)
 
 
 class _Clock:
@@ -295,7 +313,8 @@ def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = 
     usable = gpu.memory_bytes
     peak = est.peak(run_setup)
     clock = _Clock(model, est, gpu, table)
-    levers = _levers(est, clock, run_setup, usable)
+    every = _levers(est, clock, run_setup, usable)
+    levers = [lever for lever in every if not costs_memory(lever.saved_bytes)]
     steps, path_setup = _path(est, clock, run_setup, usable, levers)
     fits = peak <= usable
     final = path_setup if (fits or steps) else run_setup
@@ -310,7 +329,9 @@ def plan(model: ModelSpec, setup: TrainingSetup, *, hardware: Hardware | None = 
         headroom_bytes=usable - peak,
         max_micro_batch=max_micro_batch(est, run_setup, usable),
         max_seq_len=max_seq_len(est, run_setup, usable),
-        levers=tuple(levers), path=tuple(steps),
+        levers=tuple(levers),
+        costly_levers=tuple(lever for lever in every if costs_memory(lever.saved_bytes)),
+        path=tuple(steps),
         path_fits=est.peak(path_setup) <= usable, path_setup=path_setup,
         path_summary=path_summary(steps, fits, usable, peak),
         tokens=tokens, tokens_per_second=rate, hours=hours,

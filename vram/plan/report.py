@@ -40,6 +40,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
         "max_seq_len": plan.max_seq_len.value,
         "max_seq_len_proof": _proof(plan.max_seq_len),
         "levers": [lever.model_dump() for lever in plan.levers],
+        "costly_levers": [{**lever.model_dump(), "costs_bytes": -lever.saved_bytes}
+                          for lever in plan.costly_levers],
         "path": [step.model_dump() for step in plan.path],
         "path_fits": plan.path_fits,
         "path_summary": plan.path_summary,
@@ -75,15 +77,16 @@ def plan_text(plan: Plan) -> str:
     verdict = (f"fits, {_gb(plan.headroom_bytes)} headroom" if plan.fits
                else f"short by {_gb(plan.shortfall_bytes)}")
     lines = [
-        f"{plan.model_name} on {where}{'' if plan.hardware_given else ' (cheapest fit)'}: "
+        f"{plan.model_name} on {where}{'' if plan.hardware_given else ' (cheapest run)'}: "
         f"peak {_gb(plan.device_peak_bytes)} of {_gb(plan.usable_bytes)} per GPU: {verdict}",
-        f"largest micro-batch that fits: {plan.max_micro_batch.value} "
+        f"largest micro-batch that fits as set up: {plan.max_micro_batch.value} "
         f"(next: {_gb(plan.max_micro_batch.past_peak_bytes)}); longest sequence: "
         f"{plan.max_seq_len.value:,} tokens",
         f"path: {plan.path_summary}",
     ]
     if plan.tokens:
-        lines.append(f"run: {plan.tokens:,.0f} tokens in {_hours(plan.hours)}, "
+        after = " after the path" if plan.path else ""
+        lines.append(f"run{after}: {plan.tokens:,.0f} tokens in {_hours(plan.hours)}, "
                      f"{_money(plan.usd_per_run)} ({_money(plan.usd_per_million_tokens)} per "
                      "million tokens)")
     lines.append("")
@@ -92,8 +95,11 @@ def plan_text(plan: Plan) -> str:
         lines.append(f"{lever.name:<42} {_gb(lever.saved_bytes):>10} "
                      f"{(lever.time_factor - 1) * 100:+7.0f}% {'yes' if lever.fits else 'no':>5}"
                      f"  tier {lever.quality_tier}")
+    for lever in plan.costly_levers:
+        lines.append(f"{lever.name:<42} {'costs ' + _gb(-lever.saved_bytes):>16} here")
     lines.append("")
-    lines.append(f"{'option':<26} {'hours':>10} {'$ per run':>12} {'$/M tokens':>11}")
+    lines.append(f"{'option (cheapest run first)':<28} {'hours':>8} {'$ per run':>12} "
+                 f"{'$/M tokens':>11}")
     for option in plan.options:
         if option.fits:
             lines.append(f"{option.count}x {option.gpu:<23} {_hours(option.hours):>10} "

@@ -11,7 +11,7 @@ from vram.rl import engine as eng
 from vram.rl.estimate import estimate as rl_estimate
 from vram.rl.result import RLEstimate
 from vram.rl.setup import OFFLINE, Reference, RLSetup, Rollout
-from vram.units import GIB
+from vram.units import both
 
 
 def _largest(fits: Callable[[int], bool], low: int, high: int) -> int:
@@ -68,7 +68,7 @@ def advise(model: ModelSpec, result: RLEstimate) -> RLEstimate:
         elif current > needed + 0.05:
             waste = (current - needed) * memory
             advice.append(f"gpu_memory_utilization: {current} reserves "
-                          f"{waste / GIB:.1f} GiB of KV cache the rollout never uses; "
+                          f"{both(round(waste))} of KV cache the rollout never uses; "
                           f"{suggested:.2f} is enough")
     if not result.fits:
         if setup.effective_reference is Reference.MODEL and setup.policy.trains_adapters:
@@ -80,12 +80,12 @@ def advise(model: ModelSpec, result: RLEstimate) -> RLEstimate:
                 and setup.uses_engine:
             freed = result.training.buckets["rollout_weights"] + \
                 result.training.buckets["kv_cache"]
-            advice.append(f"sleep: sleep mode frees {freed / GIB:.1f} GiB in training")
+            advice.append(f"sleep: sleep mode frees {both(freed)} in training")
         if setup.rollout is Rollout.COLOCATE:
             advice.append("rollout: a vLLM server on its own GPUs takes the engine off the "
                           "training GPUs")
     if setup.sleep == 1 and setup.uses_engine:
         advice.append(f"host RAM: sleep level 1 parks "
-                      f"{eng.engine_weight_bytes(model) / GIB:.1f} GiB of weights in host RAM "
+                      f"{both(eng.engine_weight_bytes(model))} of weights in host RAM "
                       "(level 2 needs none)")
     return result.model_copy(update={"advice": tuple(advice)})

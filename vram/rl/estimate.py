@@ -20,7 +20,7 @@ from vram.rl.result import KvReport, ModelRole, PhaseEstimate, PhaseName, RLBuck
 from vram.rl.setup import OFFLINE, Algo, Engine, Reference, RLSetup, Rollout
 from vram.setup import TrainingSetup
 from vram.step.estimate import estimate as sft_estimate
-from vram.units import BF16_BYTES, FP32_BYTES, ceil_div
+from vram.units import BF16_BYTES, FP32_BYTES, both, ceil_div
 
 Items = list[tuple[RLBucket, LineItem]]
 
@@ -156,14 +156,14 @@ class _Rollout:
 def _kv_warnings(setup: RLSetup, report: KvReport) -> list[str]:
     """The engine refuses to start, or queues sequences, when its KV pool is short."""
     if report.sequences_at_once == 0:
-        return [f"gpu_memory_utilization: the KV pool ({report.pool_bytes / 2**30:.2f} GiB) "
+        return [f"gpu_memory_utilization: the KV pool ({both(report.pool_bytes, 2)}) "
                 f"cannot hold one sequence of prompt_len + completion_len = {setup.seq_len} "
                 "tokens; the engine refuses to start"]
     if report.sequences_at_once < report.sequences:
         return [f"num_generations: batch × num_generations = {report.sequences} sequences "
-                f"need {report.blocks_needed} KV blocks ({report.needed_bytes / 2**30:.2f} GiB) "
-                f"but the pool holds {report.pool_blocks} ({report.pool_bytes / 2**30:.2f} "
-                f"GiB): only {report.sequences_at_once} run at once, the rest wait (slower, no "
+                f"need {report.blocks_needed} KV blocks ({both(report.needed_bytes, 2)}) "
+                f"but the pool holds {report.pool_blocks} ({both(report.pool_bytes, 2)}): "
+                f"only {report.sequences_at_once} run at once, the rest wait (slower, no "
                 "OOM)"]
     return []
 
@@ -188,7 +188,7 @@ def _rollout(model: ModelSpec, setup: RLSetup, gpu_memory_bytes: int, resident_a
     if setup.engine is Engine.VLLM and requested > free_at_start:
         r.warnings.append(
             f"gpu_memory_utilization: {setup.gpu_memory_utilization} asks vLLM for "
-            f"{requested / 2**30:.1f} GiB but only {free_at_start / 2**30:.1f} GiB is free "
+            f"{both(requested)} but only {both(free_at_start)} is free "
             "when it starts (vLLM >= 0.7 counts a share of TOTAL memory): it refuses to "
             "start")
     pool = eng.kv_pool_bytes(requested, counted_weights, engine_working)

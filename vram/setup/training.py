@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from vram.memory.allocator.conf import parse_alloc_conf
 from vram.setup.enums import (
     Attention,
     ExpertBanks,
@@ -386,6 +387,20 @@ class TrainingSetup(BaseModel):
         help="CUDA context, kernels and cuBLAS handle as nvidia-smi counts them (default: the "
              "GPU's, or 1024)",
     )] = None
+    #: PyTorch's caching allocator settings (`PYTORCH_CUDA_ALLOC_CONF`, e.g.
+    #: "expandable_segments:True"), in canonical form; "" is PyTorch's defaults; None: the
+    #: stack's (data/stacks.toml). The trace replays a step under them
+    #: (`vram.trace.allocator`); parsed as PyTorch parses them (`vram.memory.allocator.conf`).
+    alloc_conf: Annotated[str | None, Knob(
+        # The case-file column `alloc_conf` (issue 21) waits for ../shared/validation/cases.csv
+        # to carry it; until then validate takes the stack's default.
+        "Allocator settings (PYTORCH_CUDA_ALLOC_CONF)", key="alloc", flag="--alloc-conf",
+        labels=(("auto", "stack default"), ("default", "PyTorch's defaults")),
+        app_options=("expandable_segments:True", "default", "max_split_size_mb:128",
+                     "expandable_segments:True,roundup_power2_divisions:16"),
+        help="PYTORCH_CUDA_ALLOC_CONF such as expandable_segments:True or max_split_size_mb:128 "
+             "(default: the stack's; 'default' for PyTorch's own)",
+    )] = None
     #: Whether a step as long as the longest can follow another (packed or fixed-length data,
     #: any long run: yes). A stack that keeps the previous step's graph into the next forward
     #: (LitGPT) then holds two long steps at once; with a single longest batch (LitGPT's 2023
@@ -465,6 +480,17 @@ class TrainingSetup(BaseModel):
     def _torch_major_minor(cls, value: object) -> object:
         # "2.1.0", "2.6.0a0 nightly (...)", "2.4.0.dev20240427" -> "2.1", "2.6", "2.4"
         return _lenient_version(value, TORCH_VERSION, "a PyTorch version such as 2.1")
+
+    @field_validator("alloc_conf", mode="before")
+    @classmethod
+    def _alloc_conf(cls, value: object) -> object:
+        # "expandable_segments: True ," -> "expandable_segments:True"; "default" -> ""
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if text.lower() in ("default", "none", "pytorch"):
+            return ""
+        return parse_alloc_conf(text).text()
 
     @field_validator("bitsandbytes_version", mode="before")
     @classmethod

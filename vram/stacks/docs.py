@@ -17,6 +17,8 @@ def _cell(value: object) -> str:
         return "yes" if value else "no"
     if value is None:
         return "n/a"
+    if value == "":
+        return "none"  # an empty setting: the library's own defaults (alloc_conf)
     return str(getattr(value, "value", value))
 
 

@@ -41,9 +41,10 @@ With `setup.attention == "flash"` (flash-attn 2 in HF), every call is the flash 
 passed in is dropped (flash-attn takes causal and sliding windows as kernel arguments, and there
 is no padding), and fewer kv heads than q heads are read as GQA/MQA, unexpanded.
 
-Not modelled: workspaces inside one kernel (the flash backward's fp32 `dq_accum` and, for GQA,
-its expanded dk/dv before the head sum; the efficient backward's `delta`), as for every other
-op the tracker counts.
+Workspaces inside one kernel (the flash backward's fp32 `dq_accum` and, for GQA, its expanded
+dk/dv before the head sum) are not in the live count, as for every other op the tracker counts;
+the tracker's allocation log (for the caching allocator model) has the flash backward's
+(`flash_backward_scratch`). The efficient backward's `delta` is in neither.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from vram.trace.tracker import KERNEL_SCRATCH, math_sdpa
 
 FLASH, EFFICIENT, MATH = "flash", "efficient", "math"
 
@@ -143,6 +146,31 @@ def _backward(ctx: Any, grad_out: torch.Tensor, _grad_lse: Any) -> tuple[Any, ..
 fused_sdpa.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def flash_backward_scratch(args: Any) -> list[int]:
+    """Scratch of the flash-attention 2 backward kernel, in allocation order (PyTorch's copy of
+    FA2, `pytorch_flash::mha_bwd` in aten/src/ATen/native/transformers/cuda/flash_attn/
+    flash_api.cpp, read in an annotated copy): `softmax_d` fp32 `[B, H, round128(S)]`; the fp32
+    dq accumulator `[B, round128(S), H, round32(D)]` (`loop = true` there, always); with fewer
+    kv heads (GQA), dk and dv expanded to every query head before their head sum. The
+    memory-efficient kernel's backward scratch is not modelled."""
+    q, k = args[1], args[2]
+    if args[-1] != FLASH:
+        return []
+    b, h, s, d = q.shape
+    s_round = _round_up(s, 128)
+    sizes = [b * h * s_round * 4, b * s_round * h * _round_up(d, 32) * 4]
+    if k.shape[1] != h:
+        sizes += [b * k.shape[2] * h * d * q.element_size()] * 2
+    return sizes
+
+
+KERNEL_SCRATCH[torch.ops.vram_trace.fused_sdpa_backward.default] = flash_backward_scratch
+
+
 def cuda_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any,
                 enable_gqa: bool) -> str:
     """The SDPA backend PyTorch's CUDA dispatcher picks for these inputs (sm80/sm90)."""
@@ -196,7 +224,7 @@ def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask:
     if kernel == MATH:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel(SDPBackend.MATH):
+        with sdpa_kernel(SDPBackend.MATH), math_sdpa():
             result: torch.Tensor = _original_sdpa(
                 query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)

@@ -60,6 +60,11 @@ class TraceResult(BaseModel):
     params_trainable: int
     top_tensors: list[LiveTensor] = []
     notes: tuple[str, ...] = ()
+    #: `torch.cuda.max_memory_reserved()` of the traced run: its allocations replayed through
+    #: the caching allocator model (`vram.trace.allocator`); None when not replayed.
+    reserved_peak_bytes: int | None = None
+    #: The `PYTORCH_CUDA_ALLOC_CONF` settings of that replay ("" for PyTorch's defaults).
+    alloc_conf: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict with the same keys as `python -m vram estimate --json` where shared."""
@@ -67,6 +72,8 @@ class TraceResult(BaseModel):
             "buckets": dict(self.buckets),
             "bucket_max": dict(self.bucket_max),
             "allocated_peak_bytes": self.allocated_peak_bytes,
+            **({"reserved_peak_bytes": self.reserved_peak_bytes, "alloc_conf": self.alloc_conf}
+               if self.reserved_peak_bytes is not None else {}),
             "phase": self.phase,
             "peak_at": self.peak_at,
             "paged_bytes": self.paged_bytes,

@@ -22,6 +22,7 @@ are a segment ("mid") of both traces (`SHARDED_START_PERIODS`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,16 +46,21 @@ from vram.trace.tracker import SegmentPeak
 MAX_POINTS = 2000
 
 
-def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> RawTrace:
-    """Trace two steps of the model with `n_layers` blocks."""
+def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int, *,
+                tracker: HostScalarTracker | None = None,
+                from_build: bool = False) -> RawTrace:
+    """Trace two steps of the model with `n_layers` blocks. With `from_build`, `tracker`
+    watches the model's build too (its allocation log starts at the first parameter:
+    `vram.trace.allocator`); `tracker.steps_end` is where its log's steps end."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     start = time.perf_counter()
     cfg = with_depth(config, n_layers)
-    tracker = HostScalarTracker()
+    tracker = tracker if tracker is not None else HostScalarTracker()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, swappable(mode):
-        built = build(cfg, setup)
+        with tracker if from_build else contextlib.nullcontext():
+            built = build(cfg, setup)
         model = built.model
         params = list(model.parameters())
         train = [p for p in params if p.requires_grad]
@@ -85,6 +91,7 @@ def trace_depth(config: dict[str, Any], setup: TrainingSetup, n_layers: int) -> 
         tracker.classifier = classify
         install_labels(built, tracker)
         run_steps(built, setup, tracker, optimizer)
+        tracker.steps_end = len(tracker.alloc_log)
         params_total = sum(numel(p) for p in params)
         params_trainable = sum(p.numel() for p in train)
     return RawTrace(

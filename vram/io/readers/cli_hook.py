@@ -106,7 +106,9 @@ def add_export_command(commands: Any, add_setup_flags: Callable[..., None]) -> N
     export = commands.add_parser("export", help="write a setup as an axolotl or TRL config")
     add_setup_flags(export, model_required=False)
     add_from_flags(export)
-    export.add_argument("--to", choices=("axolotl", "trl"), required=True)
+    export.add_argument("--to", choices=("axolotl", "trl"), required=True,
+                        help="the training config to write: an axolotl YAML or a TRL SFT "
+                             "config")
     export.add_argument("--out", help="write here instead of printing")
 
 

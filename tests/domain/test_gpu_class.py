@@ -1,0 +1,80 @@
+"""The lesson's count: GPUs of the 80 GB class by capacity and as sharding needs them
+(vram.gpus.class_fit), and the compute gradient checkpointing costs (vram.plan.flops)."""
+
+from __future__ import annotations
+
+import pytest
+
+import vram
+from vram.gpus import class_fit, in_class, load_gpus
+from vram.plan.flops import checkpointing_compute
+from vram.units import GB
+
+
+def _class(slug: str, **setup: object) -> vram.gpus.ClassFit:
+    model = vram.load_model(slug)
+    run = vram.TrainingSetup(**setup)  # type: ignore[arg-type]
+    found = class_fit(model, run, vram.fit(model, run))
+    assert found is not None
+    return found
+
+
+def test_the_class_is_the_80gb_cards() -> None:
+    members = {g.id for g in load_gpus() if in_class(g)}
+    assert members == {"a100-80gb-sxm", "a100-80gb-pcie", "h100-pcie", "h100-sxm"}
+
+
+def test_70b_qlora_with_checkpointing_fits_one_80gb_gpu() -> None:
+    """The lesson's promise: 65.7 GB, one 80 GB card, capacity and fit agree."""
+    found = _class("llama-3.1-70b", method="qlora", grad_ckpt=True)
+    assert found.reason == "fits-one" and found.needed is not None
+    assert found.needed.count == 1 and found.capacity_count == 1
+    assert round(found.whole_run_bytes / GB, 1) == 65.7
+
+
+def test_70b_full_capacity_says_14_sharding_needs_16() -> None:
+    """1,165 GB over an 85.9 GB card is 13.6, ~14 by capacity; the fit tries 8 then 16 GPUs,
+    and 8 are fewer than 14: the difference is the count's steps."""
+    found = _class("llama-3.1-70b", method="full", grad_ckpt=True)
+    assert round(found.whole_run_bytes / GB) == 1165
+    assert found.capacity_count == 14
+    assert found.needed is not None and found.needed.count == 16
+    assert (found.reason, found.below_count) == ("steps", 8)
+
+
+def test_70b_lora_two_cards_by_capacity_four_sharded() -> None:
+    """156 GB is two cards by capacity, but on two each keeps its own activations and
+    overhead (11 GB) beside half the weights: 87 GB, over the card; four hold it."""
+    found = _class("llama-3.1-70b", method="lora", grad_ckpt=True)
+    assert found.needed is not None and found.needed.count == 4
+    assert (found.capacity_count, found.reason, found.below_count) == (2, "unsplit", 2)
+    assert found.below_peak_bytes is not None and found.below_unsplit_bytes is not None
+    assert found.below_peak_bytes > found.class_memory_bytes
+    assert round(found.below_unsplit_bytes / GB) == 11
+
+
+def test_without_checkpointing_no_count_of_80gb_cards_holds_70b_full() -> None:
+    """221 GB of activations per GPU at the end of the forward: sharding never splits them."""
+    found = _class("llama-3.1-70b", method="full")
+    assert found.needed is None and found.reason == "none"
+    assert found.capacity_count == 14 and found.below_count == 64
+    assert found.below_unsplit_bytes is not None
+    assert found.below_unsplit_bytes > found.class_memory_bytes
+
+
+def test_no_class_card_in_the_list_gives_none() -> None:
+    model = vram.load_model("llama-3.1-8b")
+    run = vram.TrainingSetup()
+    small = [g for g in load_gpus() if g.memory_bytes < 50 * 2**30]
+    assert class_fit(model, run, vram.fit(model, run, small), small) is None
+
+
+@pytest.mark.parametrize(("method", "extra"), [("full", 1 / 3), ("lora", 0.48), ("qlora", 0.48)])
+def test_checkpointing_costs_one_more_forward(method: str, extra: float) -> None:
+    """2N more per token: a third more for a full fine-tune (over 6N), about half for LoRA
+    (over 4N plus the adapters' own), whatever the setup's grad_ckpt."""
+    model = vram.load_model("llama-3.1-8b")
+    for ckpt in (False, True):
+        run = vram.TrainingSetup(method=method, grad_ckpt=ckpt)  # type: ignore[arg-type]
+        trainable = vram.estimate(model, run).params.trainable
+        assert checkpointing_compute(model, run, trainable) == pytest.approx(extra, abs=0.01)
