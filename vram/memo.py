@@ -40,6 +40,8 @@ def _table(model: object) -> dict[Hashable, object]:
 
 
 def _drop(key: int, ref: weakref.ref[object]) -> None:
+    if _TABLES is None:
+        return  # interpreter shutdown: the module's globals are gone already
     entry = _TABLES.get(key)
     if entry is not None and entry[0] is ref:
         del _TABLES[key]

@@ -63,7 +63,8 @@ def test_every_stack_states_a_default_for_each_knob_that_defers_to_it() -> None:
     assert knobs == {"loss", "compile", "ckpt_reentrant", "ckpt_offload", "fsdp_version",
                      "fsdp_embedding_units", "bitsandbytes_version", "lora_base_16bit",
                      "zero_reduce_bucket_values", "zero_param_persistence_threshold",
-                     "zero3_linear_wrapper", "alloc_conf"}
+                     "zero3_linear_wrapper", "alloc_conf", "sequence_parallel", "pp_schedule",
+                     "cp_kind"}
     for row in stacks().values():
         assert set(row.defaults) == knobs
         assert all(TrainingSetup.model_fields[name].default is None for name in knobs)

@@ -41,6 +41,10 @@ def register(commands: Any) -> None:
                       "x accumulation x GPUs x sequence)")
     plan.add_argument("--dataset-tokens", type=float, help="tokens in the data set")
     plan.add_argument("--epochs", type=float, default=1.0, help="with --dataset-tokens")
+    plan.add_argument("--max-seq", action="store_true",
+                      help="how long can my context be on these GPUs: the longest sequence "
+                           "as set and with context parallel, tensor parallel, activation "
+                           "offload and FP8, with what each sends per step")
     speed = commands.add_parser("validate-speed",
                                 help="the time model's error on published throughputs")
     speed.add_argument("table", nargs="?", help="a throughput table (default: "
@@ -95,12 +99,24 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         hardware = Hardware(gpu=find_gpu(args.gpu, gpus, "--gpu").id, count=args.gpu_count,
                             nodes=args.nodes)
     total = hardware.total if hardware else setup.n_gpus
+    if args.max_seq:
+        return _max_seq(model, setup, hardware, args.json)
     result = plan(model, setup, hardware=hardware,
                   tokens=tokens_from(args, setup, total), gpus=gpus)
     if args.json:
         print(json.dumps(plan_json(result), indent=2))
     else:
         print(plan_text(result))
+    return 0
+
+
+def _max_seq(model: Any, setup: TrainingSetup, hardware: Any, as_json: bool) -> int:
+    from vram.plan.context import context_json, context_text, max_context
+
+    if hardware is None:
+        raise VramError("--gpu: --max-seq needs the GPU (and --gpu-count)")
+    answer = max_context(model, setup, gpu=hardware.gpu, count=hardware.total)
+    print(json.dumps(context_json(answer), indent=2) if as_json else context_text(answer))
     return 0
 
 

@@ -12,6 +12,7 @@ from vram.model.params import STORAGE_BYTES, ParamGroup, Storage
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem
 from vram.setup import Offload, Sharding, TrainingSetup
+from vram.setup.layout import shard_group
 from vram.sharding import fsdp2
 from vram.sharding.deepspeed_zero import ZeroBuffers, ipg_buckets, reduce_bucket_values
 from vram.sharding.shards import Shards
@@ -24,6 +25,16 @@ def grad_bytes(group: ParamGroup) -> int:
     if group.storage in (Storage.FP32, Storage.BF16):
         return int(group.n_params * STORAGE_BYTES[group.storage])
     return group.n_params * FP32
+
+
+def whole_embedding_factor(setup: TrainingSetup) -> int:
+    """Under tensor parallel the vocabulary-parallel embedding's gradient is whole on every
+    rank: DTensor has no backward strategy that leaves it split by rows (`Shard(0)`); with the
+    sequence split (or replicated) its `embedding_dense_backward` makes a `Partial` full-vocab
+    gradient that is reduced to `Replicate` (torch/distributed/tensor/_ops/_embedding_ops.py
+    @v2.13.0 #L66-L97 `embedding_dense_backward_strategy`; the trace: a 2-rank Llama's
+    embedding `.grad` is Replicate, V x h). It stays so until the optimizer step."""
+    return setup.tp
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +89,19 @@ def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackP
         if own_head else 0
     embedding = next((g for g in groups if g.key == "embedding" and g.trainable), None)
     built = embedding.n_params * fsdp2.gather_bytes(embedding, profile) if embedding else 0
-    return GradientPart(total, head // setup.n_gpus, 0, built, per_layer, 0, 0, 0, unit,
+    group = shard_group(setup)
+    return GradientPart(total, head // group, 0, built, per_layer, 0, 0, 0, unit,
                         tied=fsdp2.tied_pending_bytes(model, groups, profile),
-                        pending=root // setup.n_gpus, fsdp2=units)
+                        pending=root // group, fsdp2=units)
 
 
 def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
                    shards: Shards, profile: StackProfile) -> GradientPart:
     trainable = [g for g in groups if g.trainable]
-    full = sum(grad_bytes(g) for g in trainable)
     by_key = {g.key: grad_bytes(g) for g in trainable}
+    if setup.tp > 1 and "embedding" in by_key and not profile.fsdp2:
+        by_key["embedding"] *= whole_embedding_factor(setup)
+    full = sum(by_key.values())
     # Only an LM head multiplies by a tied embedding; a classifier's embedding is used once.
     tied_lm = model.lm_head_tied
     head = by_key.get("head", by_key.get("embedding", 0) if tied_lm else 0)

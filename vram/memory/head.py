@@ -106,6 +106,14 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     # logits, their fp32 copy and the log-softmax (the trace: 10 bytes per token and entry).
     loss_forward = norm + (logits if up != logits else 0) + 2 * up
     loss_peak = norm + 3 * up + (logits if profile.keeps_logits else 0)
+    if profile.loss_parallel:
+        # torch's loss_parallel log-softmax on vocabulary shards subtracts the max and then
+        # the log-sum-exp (two fp32 shards, both alive), and its backward scatters the target
+        # into a zeros_like shard beside exp's output: one more fp32 shard in each
+        # (torch/distributed/tensor/parallel/loss.py@v2.13.0 `_log_softmax`,
+        # `_nll_loss_and_log_softmax_backward`; traced: forward 3.5, backward 4 x 4·V/tp)
+        loss_forward += up
+        loss_peak += up
     return HeadActivations(loss_forward, max(loss_peak, loss_forward),
                            "logits (e·V) → fp32 (4·V) → log-softmax (4·V); backward 3 × 4·V",
                            "logits and cross-entropy (fp32)")

@@ -12,6 +12,7 @@ from vram.model.params import STORAGE_BYTES, ParamGroup, Storage
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem, MomentId
 from vram.setup import Offload, Sharding, TrainingSetup
+from vram.setup.layout import shard_group
 from vram.sharding.deepspeed_zero import (
     gathers_copies,
     linear_wrapper,
@@ -66,7 +67,7 @@ def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             inputs={"layers": 2}, bytes=gathered, source="PyTorch FSDP forward/backward prefetch",
         ))
     if (profile.fsdp_keeps_frozen_unsharded and setup.sharding is Sharding.ZERO3
-            and setup.n_gpus > 1 and setup.trains_adapters and not offload_params):
+            and shard_group(setup) > 1 and setup.trains_adapters and not offload_params):
         frozen = sum(g.bytes for g in groups if not g.trainable)
         # The unsharded flat parameter is its own buffer (FSDP's _full_param_padded), beside
         # the shard that stays allocated: a GPU holds the frozen weights 1 + 1/N times.
@@ -165,7 +166,7 @@ def _gathered_bytes(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGr
     """ZeRO-3 / FSDP gather one layer's full parameters while computing it and prefetch the
     next (FSDP forward/backward prefetch); the head, when it is its own unit, is gathered for
     the loss."""
-    if setup.sharding is not Sharding.ZERO3 or setup.n_gpus == 1 or not model.n_layers:
+    if setup.sharding is not Sharding.ZERO3 or shard_group(setup) == 1 or not model.n_layers:
         return 0
     per_layer = sum(g.bytes for g in groups
                     if g.key in ("linears", "expert_banks", "norms")) // model.n_layers

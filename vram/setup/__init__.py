@@ -8,17 +8,21 @@
 
 from vram.setup.enums import (
     Attention,
+    ContextParallel,
     ExpertBanks,
     Experts,
+    Fp8Recipe,
     Framework,
     Loss,
     Method,
     Offload,
     Optimizer,
+    PipelineSchedule,
     Precision,
     Quant,
     Sharding,
 )
+from vram.setup.knob import Knob
 from vram.setup.training import (
     ADAPTERS,
     ALL_LINEAR,
@@ -34,7 +38,6 @@ from vram.setup.training import (
     MAX_SEQ_LEN,
     SHARDING_ALIASES,
     TORCH_VERSION,
-    Knob,
     TrainingSetup,
     parse_lora_targets,
 )
@@ -55,14 +58,17 @@ __all__ = [
     "SHARDING_ALIASES",
     "TORCH_VERSION",
     "Attention",
+    "ContextParallel",
     "ExpertBanks",
     "Experts",
+    "Fp8Recipe",
     "Framework",
     "Knob",
     "Loss",
     "Method",
     "Offload",
     "Optimizer",
+    "PipelineSchedule",
     "Precision",
     "Quant",
     "Sharding",

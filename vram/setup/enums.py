@@ -121,6 +121,33 @@ class Offload(StrEnum):
         return True
 
 
+class PipelineSchedule(StrEnum):
+    """Which micro-batches a pipeline stage holds (`vram.sharding.parallel`): GPipe all of
+    them, 1F1B `pp - rank`, interleaved 1F1B `pp_virtual` chunks per rank."""
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+
+
+class ContextParallel(StrEnum):
+    """How context parallel lets a rank's tokens attend to all tokens: ring passes (or
+    all-gathers) key/value blocks; Ulysses exchanges heads for the sequence by all-to-all."""
+
+    RING = "ring"
+    ULYSSES = "ulysses"
+
+
+class Fp8Recipe(StrEnum):
+    """What runs the linear layers' matmuls in float8 (`vram.memory.fp8`)."""
+
+    NONE = "none"
+    TENSORWISE = "tensorwise"  # torchao, one scale per tensor
+    ROWWISE = "rowwise"  # torchao, one scale per row
+    BLOCKWISE = "blockwise"  # torchao prototype, 1x128 / 128x128 blocks
+    TE = "te"  # Transformer Engine
+
+
 class Framework(StrEnum):
     HF_TRAINER = "hf-trainer"
     LITGPT = "litgpt"

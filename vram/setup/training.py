@@ -9,7 +9,6 @@ that names the field and says what is allowed. Defaults describe a sensible sing
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,51 +16,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from vram.memory.allocator.conf import parse_alloc_conf
 from vram.setup.enums import (
     Attention,
+    ContextParallel,
     ExpertBanks,
     Experts,
+    Fp8Recipe,
     Framework,
     Loss,
     Method,
     Offload,
     Optimizer,
+    PipelineSchedule,
     Precision,
     Quant,
     Sharding,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Knob:
-    """How people meet one setup field, declared once on the field (`Annotated` metadata).
-
-    `vram.io.knobs` reads it, with the field's type, default and range, to build the CLI flag,
-    the app control and its URL key, the case-file reader, and error messages that name what
-    the person typed. The library's default is the only default.
-    """
-
-    #: The app control's title.
-    label: str
-    #: The app's widget key and URL parameter (short: it is in every shared link).
-    key: str
-    #: The command-line flag.
-    flag: str
-    help: str = ""
-    #: The case-file column (validation/README.md) that `validate` reads; None: not in cases.
-    column: str | None = None
-    #: Labels of the choices in the app, by their text ("auto" is the None choice).
-    labels: tuple[tuple[str, str], ...] = ()
-    #: The values the app offers (sliders and lists); empty: every allowed value.
-    app_options: tuple[object, ...] = ()
-    flag_aliases: tuple[str, ...] = ()
-    #: Other names accepted for a choice (sharding's fsdp-full, ...).
-    aliases: tuple[str, ...] = ()
-    #: Flag, URL and column state the opposite of the field (longest_batch_once).
-    inverse: bool = False
-    #: Drawn above the app's Advanced section.
-    basic: bool = False
-    #: The methods it means something for (the app disables it for the others); empty: all.
-    only_for: tuple[str, ...] = ()
-
+from vram.setup.knob import Knob
+from vram.setup.layout import check_layout, shard_group
 
 #: A PyTorch version's major and minor numbers at the start of its text.
 TORCH_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})")
@@ -443,7 +413,7 @@ class TrainingSetup(BaseModel):
     n_gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
         "GPUs", key="gpus", flag="--gpus", column="n_gpus",
         app_options=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024),
-        help="data-parallel GPUs",
+        help="GPUs in the run: data x tensor x pipeline x context parallel",
     )] = 1
     sharding: Annotated[Sharding, Knob(
         "Sharding", key="shard", flag="--sharding", column="sharding",
@@ -451,6 +421,47 @@ class TrainingSetup(BaseModel):
         labels=(("none", "none"), ("ddp", "DDP"), ("zero1", "ZeRO-1"), ("zero2", "ZeRO-2"),
                 ("zero3", "ZeRO-3 / FSDP")),
     )] = Sharding.NONE
+    tp: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Tensor parallel", key="tp", flag="--tp", column="tp", app_options=(1, 2, 4, 8, 16),
+        help="GPUs each layer's matmuls are split over (Megatron's column/row split)",
+    )] = 1
+    sequence_parallel: Annotated[bool | None, Field(strict=True), Knob(
+        "Sequence parallel (with TP)", key="sp", flag="--sequence-parallel",
+        help="split the norms, dropouts and residual stream along the sequence over the TP "
+             "ranks (default: the stack's)",
+    )] = None
+    pp: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Pipeline parallel", key="pp", flag="--pp", column="pp", app_options=(1, 2, 4, 8, 16),
+        help="pipeline stages; the micro-batches are the gradient accumulation steps",
+    )] = 1
+    pp_schedule: Annotated[PipelineSchedule | None, Knob(
+        "Pipeline schedule", key="ppsched", flag="--pp-schedule",
+        labels=(("auto", "stack default"), ("gpipe", "GPipe"), ("1f1b", "1F1B"),
+                ("interleaved", "interleaved 1F1B")),
+    )] = None
+    pp_virtual: Annotated[int, Field(strict=True, ge=1, le=64), Knob(
+        "Virtual stages per rank", key="ppv", flag="--pp-virtual", app_options=(1, 2, 3, 4),
+        help="model chunks per pipeline rank (interleaved 1F1B)",
+    )] = 1
+    cp: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Context parallel", key="cp", flag="--cp", column="cp", app_options=(1, 2, 4, 8, 16),
+        help="GPUs each sequence is split over (ring attention or Ulysses)",
+    )] = 1
+    cp_kind: Annotated[ContextParallel | None, Knob(
+        "Context parallel kind", key="cpkind", flag="--cp-kind",
+        labels=(("auto", "stack default"), ("ring", "ring attention"),
+                ("ulysses", "Ulysses (all-to-all)")),
+    )] = None
+    ep: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS), Knob(
+        "Expert parallel", key="ep", flag="--ep", column="ep", app_options=(1, 2, 4, 8, 16),
+        help="GPUs an MoE layer's experts are split over (within the data-parallel ranks)",
+    )] = 1
+    fp8: Annotated[Fp8Recipe, Knob(
+        "FP8 training", key="fp8", flag="--fp8", column="fp8",
+        labels=(("none", "none"), ("tensorwise", "torchao tensorwise"),
+                ("rowwise", "torchao rowwise"), ("blockwise", "torchao blockwise"),
+                ("te", "Transformer Engine")),
+    )] = Fp8Recipe.NONE
     offload: Annotated[Offload, Knob(
         "Offload", key="offload", flag="--offload", column="offload",
         labels=(("none", "none"), ("optimizer", "optimizer → CPU"),
@@ -468,7 +479,7 @@ class TrainingSetup(BaseModel):
 
     @field_validator(
         "method", "quant", "optimizer", "precision", "attention", "loss", "offload", "framework",
-        "lora_experts", "experts_implementation", mode="before",
+        "lora_experts", "experts_implementation", "pp_schedule", "cp_kind", "fp8", mode="before",
     )
     @classmethod
     def _enum_from_text(cls, value: object) -> object:
@@ -533,13 +544,16 @@ class TrainingSetup(BaseModel):
             raise ValueError(
                 f"quant: {quant.value} is for QLoRA; with method {self.method.value} use none"
             )
-        if self.n_gpus == 1 and self.sharding not in (Sharding.NONE, Sharding.ZERO3):
+        check_layout(self)
+        group = shard_group(self)  # every GPU unless tp or pp split the model
+        if group == 1 and self.sharding not in (Sharding.NONE, Sharding.ZERO3):
             raise ValueError(
-                f"sharding: {self.sharding.value} needs more than one GPU (gpus is 1)"
+                f"sharding: {self.sharding.value} needs more than one GPU "
+                + ("(gpus is 1)" if self.n_gpus == 1 else "(gpus ÷ tp ÷ pp is 1)")
             )
-        if self.n_gpus > 1 and self.sharding is Sharding.NONE:
+        if group > 1 and self.sharding is Sharding.NONE:
             raise ValueError(
-                f"sharding: {self.n_gpus} GPUs need a strategy (ddp, zero1, zero2 or zero3)"
+                f"sharding: {group} GPUs need a strategy (ddp, zero1, zero2 or zero3)"
             )
         if self.offload is Offload.OPTIMIZER and not self.offload.runs_with(self.sharding):
             raise ValueError("offload: optimizer offload needs ZeRO/FSDP sharding (zero1-3)")

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from vram.model.params import ParamGroup, trainable_params
 from vram.setup import Offload, Sharding, TrainingSetup
+from vram.setup.layout import shard_group
 from vram.sharding.shards import Shards
 from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
@@ -138,7 +139,7 @@ def live_parameters(setup: TrainingSetup, gathered_values: int, largest_module: 
 def gathers_copies(setup: TrainingSetup) -> bool:
     """A gathered parameter is its own tensor on several GPUs, or when the shard lives in host
     memory; on one GPU it is the shard itself."""
-    return setup.n_gpus > 1 or setup.offload is Offload.PARAMS_OPTIMIZER
+    return shard_group(setup) > 1 or setup.offload is Offload.PARAMS_OPTIMIZER
 
 
 def reduce_bucket_values(setup: TrainingSetup) -> int:

@@ -62,6 +62,13 @@ class StackProfile:
     precision: PrecisionPolicy
     #: FSDP2 (`fully_shard`) shards the run (see `vram.sharding.fsdp2`).
     fsdp2: bool
+    #: Sequence parallel splits the hidden-wide activations (norms, dropouts, the residual
+    #: stream) over this many tensor-parallel ranks (1: none, or no tensor parallel).
+    seq_split: int = 1
+    #: Tensor parallel with the logits split by vocabulary into the loss (`loss_parallel`).
+    loss_parallel: bool = False
+    #: Tensor parallel with the logits gathered whole before the loss.
+    gathers_logits: bool = False
 
 
 def runs_transformers_code(profile: StackProfile) -> bool:
@@ -122,4 +129,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         casts_output_to_fp32=row.casts_output_to_fp32,
         precision=precision,
         fsdp2=resolved.fsdp2,
+        seq_split=setup.tp if setup.tp > 1 and run.sequence_parallel else 1,
+        loss_parallel=setup.tp > 1 and row.loss_parallel,
+        gathers_logits=setup.tp > 1 and not row.loss_parallel,
     )

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, cast
 
-from vram.errors import VramError
-from vram.setup import ExpertBanks, Method, Offload, Precision, Sharding, TrainingSetup
+from vram.setup import Method, Offload, Precision, Sharding, TrainingSetup
+from vram.setup.layout import shard_group
+from vram.stacks.support import unsupported
 from vram.stacks.table import StackRow, stack_row
 
 #: FSDP chosen on a stack whose own sharding is DeepSpeed: PyTorch's current API,
@@ -69,6 +70,8 @@ class Resolved:
     fsdp1_keeps_frozen_unsharded: bool
     #: bitsandbytes' 4-bit matmul keeps its input for backward (its version).
     bnb_keeps_matmul_input: bool
+    #: The knob the stack cannot run, as a message (`vram.stacks.support`); None: it runs.
+    unsupported: str | None = None
 
     @property
     def sharded_qlora(self) -> bool:
@@ -155,18 +158,8 @@ def _bnb_keeps_matmul_input(run: TrainingSetup) -> bool:
     return torch_at_most(run, LAST_TORCH_OF_BNB_KEEPING)
 
 
-def _check_expert_lora(setup: TrainingSetup, row: StackRow) -> None:
-    """LoRA on the expert banks needs a stack that passes PEFT `target_parameters`."""
-    if (setup.lora_experts is not ExpertBanks.NONE and setup.trains_adapters
-            and not row.lora_target_parameters):
-        where = row.sources["lora_target_parameters"].split(" (")[0]
-        raise VramError(f"lora_experts: {setup.framework.value} has no PEFT target_parameters "
-                        f"option, so no LoRA on expert banks ({where[:100]}); use none")
-
-
 def _resolve(setup: TrainingSetup) -> Resolved:
     row = stack_row(setup.framework)
-    _check_expert_lora(setup, row)
     stack = stack_defaults(setup, row)
     filled = {name: value for name, value in stack.items() if getattr(setup, name) is None}
     version = _fsdp_version(setup, cast("Literal[1, 2] | None", stack["fsdp_version"]))
@@ -182,10 +175,11 @@ def _resolve(setup: TrainingSetup) -> Resolved:
     return Resolved(
         run=run,
         deepspeed=deepspeed,
-        fsdp2=setup.sharding is Sharding.ZERO3 and setup.n_gpus > 1 and version == 2,
+        fsdp2=setup.sharding is Sharding.ZERO3 and shard_group(setup) > 1 and version == 2,
         fsdp1_keeps_frozen_unsharded=version == 1 and torch_at_most(
             setup, LAST_TORCH_WITH_FSDP1_FROZEN_BUG),
         bnb_keeps_matmul_input=_bnb_keeps_matmul_input(run),
+        unsupported=unsupported(run, row),
     )
 
 

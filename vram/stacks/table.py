@@ -21,12 +21,12 @@ from functools import cache
 from types import MappingProxyType
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from vram.errors import CatalogError
 from vram.paths import data_dir
 from vram.setup import TrainingSetup
-from vram.setup.enums import Framework
+from vram.setup.enums import ContextParallel, Fp8Recipe, Framework
 
 #: The overlays of `defaults`, in the order they apply (`vram.stacks.resolve`).
 OVERLAYS: tuple[str, ...] = ("when_adapters", "when_sharded_qlora")
@@ -85,6 +85,19 @@ class StackRow(BaseModel):
     #: 'all-linear' reaches PEFT as the names of the model's nn.Linear modules (the stack lists
     #: them), not as PEFT's own 'all-linear', which on transformers 5 also names the experts.
     all_linear_by_module_name: bool
+    #: Runs tensor parallel (`tp`).
+    runs_tensor_parallel: bool
+    #: Runs pipeline parallel (`pp`).
+    runs_pipeline_parallel: bool
+    #: The context-parallel kinds it runs (`cp_kind`); empty: no context parallel.
+    context_parallel_kinds: tuple[ContextParallel, ...]
+    #: Under tensor parallel the logits stay split by vocabulary into the loss (torch's
+    #: `loss_parallel`); False: they are gathered whole on every rank first.
+    loss_parallel: bool
+    #: Runs expert parallel (`ep`).
+    runs_expert_parallel: bool
+    #: The float8 recipes it trains with (`fp8`).
+    fp8_recipes: tuple[Fp8Recipe, ...]
     #: The stack's default of each knob that defers to it, keyed by the `TrainingSetup` field
     #: (None: the stack leaves it to the library's default).
     defaults: Mapping[str, Any]
@@ -94,6 +107,18 @@ class StackRow(BaseModel):
     when_sharded_qlora: Mapping[str, Any] = Field(default_factory=dict)
     #: `file@version` of every entry, keyed `name` or `defaults.name` / `when_*.name`.
     sources: Mapping[str, str]
+
+
+    @field_validator("context_parallel_kinds", mode="before")
+    @classmethod
+    def _cp_kinds(cls, value: object) -> object:
+        # a TOML list of the knob's text values
+        return tuple(ContextParallel(v) for v in value) if isinstance(value, list) else value
+
+    @field_validator("fp8_recipes", mode="before")
+    @classmethod
+    def _fp8_recipes(cls, value: object) -> object:
+        return tuple(Fp8Recipe(v) for v in value) if isinstance(value, list) else value
 
 
 #: The behaviours of a row (every one needs a source).

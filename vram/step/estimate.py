@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vram.errors import VramError
 from vram.memo import TOKEN_FIELDS, memoized, setup_key
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_part
@@ -47,11 +48,15 @@ from vram.result import (
 )
 from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
+from vram.sharding.pipeline import StagePlan, peak_stages, stage_model, stage_plans
 from vram.sharding.shards import Shards, shards_of
+from vram.sharding.tensor_parallel import tp_local
 from vram.stacks.profile import StackProfile, profile_for
+from vram.stacks.resolve import resolve
 from vram.step.context import Moment
 from vram.step.draft import line_items
 from vram.step.moments import step_moments
+from vram.step.pipeline_moments import with_pipeline
 
 
 def _fixed_notes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -145,17 +150,46 @@ class StepPeak:
     peak: Moment
     allocated: int
     reserved: int
+    #: Under pipeline parallel, the rank whose step this is (the one with the peak).
+    stage: StagePlan | None = None
 
 
 def _step_peak(model: ModelSpec, setup: TrainingSetup,
                figures: list[MomentBytes] | None) -> StepPeak:
     """The step's moments and their peaks; each moment's figures go to `figures` (`estimate`
-    writes them out; `estimate_peaks` passes None)."""
+    writes them out; `estimate_peaks` passes None). A layout or float8 recipe the stack does
+    not run is an error naming the knob (`vram.stacks.support`). Under pipeline parallel the
+    step of each rank that can hold the peak (`vram.sharding.pipeline.peak_stages`), the
+    largest kept."""
+    problem = resolve(setup).unsupported
+    if problem is not None:
+        raise VramError(problem)
+    model = tp_local(model, setup.tp)  # one tensor-parallel rank's slice
+    if setup.pp == 1:
+        return _rank_peak(model, setup, figures, None)
+    best: StepPeak | None = None
+    best_figures: list[MomentBytes] = []
+    for stage in peak_stages(stage_plans(setup, model.n_layers)):
+        stage_figures: list[MomentBytes] = []
+        step = _rank_peak(stage_model(model, stage), setup, stage_figures, stage)
+        if best is None or step.allocated > best.allocated:
+            best, best_figures = step, stage_figures
+    assert best is not None
+    if figures is not None:
+        figures.extend(best_figures)
+    return best
+
+
+def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes] | None,
+               stage: StagePlan | None) -> StepPeak:
+    """`_step_peak` on one rank: `model` is what the rank holds."""
     part = state_part(model, setup)
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
     moments = step_moments(model, setup, plan, grads, part.working,
                        part.optimizer.step_temp_bytes + zero.step_copies_bytes)
+    if stage is not None:
+        with_pipeline(moments, stage, model, setup, plan, part.profile, part.groups)
     if zero.preallocated_gradients:
         for moment in moments:  # the flat partition exists, zero-filled, from the start
             moment.gradient_bytes = grads.total
@@ -179,7 +213,7 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
-    return StepPeak(part, plan, peak, allocated, reserved)
+    return StepPeak(part, plan, peak, allocated, reserved, stage)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -200,14 +234,14 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
         Bucket.assemble(BucketName.OVERHEAD, overhead),
     )
     return Estimate.assemble(
-        model_name=model.name, setup=setup, params=part.params,
+        model_name=model.name, setup=setup, params=_whole_model_params(model, setup, part),
         buckets=buckets, phase=peak.phase, allocated_peak_bytes=allocated,
         reserved_peak_bytes=reserved,
         device_peak_bytes=allocated + sum(i.bytes for i in overhead),
         host_bytes=part.host_bytes + step.plan.offloaded_bytes,
         paged_bytes=part.optimizer.paged_bytes, inference=inference_estimate(model, setup),
         state_bytes=part.state_bytes, approximate=model.approximate,
-        notes=_notes(part, peak),
+        notes=_notes(part, peak) + _stage_note(setup, step.stage),
         moments=tuple(figures),
     )
 
@@ -243,6 +277,25 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
     in_flight = (i for i in peak.in_flight_items if i.key.startswith("gradients."))
     return (params, *part.bucket_gradient_items, *line_items(peak.extra_gradient_items),
             *in_flight)
+
+
+def _whole_model_params(model: ModelSpec, setup: TrainingSetup, part: StatePart) -> ParamCounts:
+    """The whole model's parameter counts (under tensor or pipeline parallel the state part is
+    one rank's slice)."""
+    if setup.tp == 1 and setup.pp == 1:
+        return part.params
+    groups = memoized(model, ("param groups", setup_key(setup, TOKEN_FIELDS)),
+                      lambda: param_groups(model, setup, part.profile))
+    return ParamCounts(total=model.n_params, trainable=trainable_params(groups),
+                       quantized=sum(g.n_params for g in groups if g.storage in QUANTIZED))
+
+
+def _stage_note(setup: TrainingSetup, stage: StagePlan | None) -> tuple[str, ...]:
+    if stage is None:
+        return ()
+    where = "first" if stage.first else "last" if stage.last else "middle"
+    return (f"Pipeline rank {stage.rank} of {setup.pp} (the {where} stage: {stage.blocks} "
+            f"blocks, {float(stage.in_flight):g} micro-batches in flight) holds the peak.",)
 
 
 def _notes(part: StatePart, peak: Moment) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -261,6 +261,46 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
+def storages(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors holding `t`'s memory: a DTensor's local tensor, and the inner tensors
+    of a wrapper subclass (torchao's `WeightWithDynamicFloat8CastTensor` keeps the weight in
+    `_tensor`; the wrapper's own storage holds nothing)."""
+    t = _local(t)
+    flatten = getattr(t, "__tensor_flatten__", None)
+    if flatten is None or type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter):
+        return [t]
+    names, _ = flatten()
+    return [inner for name in names for inner in storages(getattr(t, name))]
+
+
+def classifier(tracker: ShardedTracker, weight_keys: dict[int, str], fsdp_params: list[Any],
+               train: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer,
+               ) -> Callable[[], dict[int, str]]:
+    """The buckets of the storages that are not activations: the weights (`weight_keys`),
+    FSDP2's gathered parameters and unsharded gradients, the optimizer's state, and the
+    gradients (the sharded ones under FSDP2, else those of `train`)."""
+    def classify() -> dict[int, str]:
+        classes = dict(tracker.region_keys)
+        classes.update(weight_keys)
+        for fp in fsdp_params:
+            unsharded = getattr(fp, "_unsharded_param", None)
+            if unsharded is not None:
+                classes[tracker.storage_key(_local(unsharded))] = GATHERED
+                if unsharded.grad is not None:
+                    classes[tracker.storage_key(_local(unsharded.grad))] = REDUCING
+        for t in state_tensors([optimizer]):
+            for inner in storages(t):
+                classes[tracker.storage_key(inner)] = "optimizer"
+        grads = [fp.sharded_param.grad for fp in fsdp_params] or [p.grad for p in train]
+        for grad in grads:
+            if grad is not None:
+                for inner in storages(grad):
+                    classes[tracker.storage_key(inner)] = "gradients"
+        return classes
+
+    return classify
+
+
 def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
                         n_layers: int) -> RawTrace:
     """Trace two FSDP2 steps of rank 0 of `setup.n_gpus`, the model with `n_layers` blocks."""
@@ -294,24 +334,7 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
                 tracker.register(b, "buffer")
                 weight_keys[tracker.storage_key(b)] = "weights"
 
-            def classify() -> dict[int, str]:
-                classes = dict(tracker.region_keys)
-                classes.update(weight_keys)
-                for fp in fsdp_params:
-                    unsharded = getattr(fp, "_unsharded_param", None)
-                    if unsharded is not None:
-                        classes[tracker.storage_key(unsharded)] = GATHERED
-                        if unsharded.grad is not None:
-                            classes[tracker.storage_key(unsharded.grad)] = REDUCING
-                for t in state_tensors([optimizer]):
-                    classes[tracker.storage_key(_local(t))] = "optimizer"
-                for fp in fsdp_params:
-                    grad = fp.sharded_param.grad
-                    if grad is not None:
-                        classes[tracker.storage_key(_local(grad))] = "gradients"
-                return classes
-
-            tracker.classifier = classify
+            tracker.classifier = classifier(tracker, weight_keys, fsdp_params, [], optimizer)
             install_labels(built, tracker, label_before_hooks=True)
             with _tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker):
                 run_steps(built, setup, tracker, optimizer)

@@ -16,6 +16,7 @@ from vram.memory.activations.layer import LayerActivations, layer_activations
 from vram.memory.head import HeadActivations, head_activations
 from vram.model.spec import LayerStack, ModelSpec
 from vram.setup import Offload, TrainingSetup
+from vram.setup.layout import rank_seq_len
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile
 from vram.units import FP32_BYTES as FP32
@@ -105,7 +106,9 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
     layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
     checkpointed = stored = 0
     if setup.grad_ckpt:
-        checkpointed = sum(layer.count for layer in layers) * n.residual * model.hidden_size
+        # each layer's input: the residual stream, split by sequence parallel
+        checkpointed = (sum(layer.count for layer in layers) * n.residual * model.hidden_size
+                        // profile.seq_split)
         if setup.ckpt_selective:
             checkpointed += sum(
                 stack.count * selective_kept_per_token(model, stack, setup, profile, n)
@@ -136,14 +139,18 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
 
 def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ActivationPlan:
     """Activation memory of one micro-batch: the per-token figures (remembered per model for
-    setups equal but for the batch size) times its tokens."""
-    tokens = setup.micro_batch * setup.seq_len
+    setups equal but for the batch size) times its tokens: on this GPU, `s / cp` of each
+    sequence under context parallel (every layer's saved tensors and the loss are per token;
+    what the attention kernel holds of the other ranks' keys and values is a transient:
+    `vram.sharding.context_parallel`)."""
+    tokens = setup.micro_batch * rank_seq_len(setup)
     key = per_token_key(setup)
     per = memoized(model, ("plan per token", *key),
                    lambda: _plan_per_token(model, setup, profile))
     # Liger's fused head sizes its chunks to the micro-batch; every other head is per token.
     head = memoized(model, ("head", *key, tokens if profile.fused_linear_loss else 0),
-                    lambda: head_activations(model, setup, profile))
+                    lambda: head_activations(logits_model(model, setup, profile), setup,
+                                             profile))
     assert head.kept_per_token is not None  # head_activations always decides it
     per_layer_max = per.layer_max * tokens if not per.any_fixed else max(
         layer.bytes_for(tokens) for layer in per.layers)
@@ -174,6 +181,16 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         head_kept_bytes=head.kept_per_token * tokens, head_cast_bytes=head.cast_per_token * tokens,
         head_peak_bytes=head.loss_peak_per_token * tokens, offloaded_bytes=offloaded,
     )
+
+
+def logits_model(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> ModelSpec:
+    """The model whose vocabulary the loss sees: a tensor-parallel rank's own shard of it
+    (`vram.sharding.tensor_parallel.tp_local`), or all of it when the stack gathers the logits
+    before the loss (Transformers' `colwise_gather_output`, torchtune's replicated output)."""
+    if not profile.gathers_logits:
+        return model
+    return memoized(model, ("gathered logits", setup.tp), lambda: model.model_copy(
+        update={"vocab_size": model.vocab_size * setup.tp}))
 
 
 def _previous_step_bytes_per_token(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,

@@ -49,9 +49,10 @@ def _norm_bytes_per_token(stack: LayerStack, n: PrecisionPolicy, profile: StackP
 
 def norms_term(c: LayerContext) -> Term:
     """Every norm of the layer (see `_norm_bytes_per_token`; weights train in a full
-    fine-tune)."""
+    fine-tune). Sequence parallel runs the norms on `1 / tp` of the tokens (torchtitan's
+    `SequenceParallel` on both norms: Korthikanti et al. 2022, SS4.2.2)."""
     one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
-    norms = one * c.stack.n_norms
+    norms = one * c.stack.n_norms // c.profile.seq_split
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
 
 
@@ -395,4 +396,4 @@ def dropout_term(c: LayerContext) -> Term | None:
     if c.stack.hidden_dropout <= 0:
         return None
     return Term("dropout", "dropout masks on the residual branches", "1 byte × h per dropout",
-                2 * c.hidden)
+                2 * c.hidden // c.profile.seq_split)
