@@ -86,6 +86,12 @@ class LayerContext:
     hf: bool
 
     @property
+    def score_columns(self) -> int:
+        """Keys each query's explicit scores span: the sequence, and one sink logit per head
+        where the layer has sinks (gpt-oss concatenates them before its softmax)."""
+        return self.setup.seq_len + (1 if self.stack.attention_sinks else 0)
+
+    @property
     def roles(self) -> Roles:
         """The nn.Linear roles LoRA adapts (`EVERY_LINEAR`, or roles; none without adapters)."""
         return self.reach.roles

@@ -167,7 +167,7 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     probabilities (eager, math) or a logsumexp per head (flash, efficient). HF's eager
     attention keeps no output of its own (its contiguous copy is o_proj's input): the trace.
     """
-    stack, n, s, q_out = c.stack, c.n, c.setup.seq_len, c.q_out
+    stack, n, s, q_out = c.stack, c.n, c.score_columns, c.q_out
     a_b = a.qkv_bytes
     attn = a_b * (q_out + a.kv_width + a.v_width) + (0 if a.hf_eager else a_b * c.o_width)
     if a.kernel.explicit_scores:
@@ -187,6 +187,9 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
             # autocast, even on an fp32 model)
             per_score += 2 if n.autocast else a_b
         attn += stack.n_heads * s * per_score
+        if stack.attention_sinks and a.kernel is Kernel.EAGER:
+            # gpt-oss subtracts each row's max before its softmax: max keeps its int64 index
+            attn += 8 * stack.n_heads
         label = f"{a.kernel.value} attention: q, k, v, output, s×s probabilities"
         formula = "e·(q + 2·kv + o) + a·s·(4 [+ e] [+ dropout mask])"
     else:

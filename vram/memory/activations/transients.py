@@ -25,7 +25,7 @@ def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
     checkpointing, also the probabilities it then drops, and Falcon's previous layer's)."""
     if not a.kernel.explicit_scores:
         return 0
-    stack, s = c.stack, c.setup.seq_len
+    stack, s = c.stack, c.score_columns
     # q·kᵀ and the masked scores; nn.MultiheadAttention adds no mask: q·kᵀ only
     score_copies = 1 if stack.torch_multihead_attention else 2
     score_bytes = 2 if c.n.autocast else a.qkv_bytes
@@ -94,7 +94,7 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
         # (the trace: softmax, its gradient and the softmax backward's output, all fp32);
         # of the per-token gradients only the output's and v's exist yet.
-        attention_transient = e * (c.o_width + a.v_width) + stack.n_heads * c.setup.seq_len * (
+        attention_transient = e * (c.o_width + a.v_width) + stack.n_heads * c.score_columns * (
             2 * a.softmax_bytes - a.probs_copy_bytes)
     # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
     # too; a parallel block's shared norm waits for both branches; post-norm blocks have run

@@ -61,6 +61,10 @@ class Shape:
     parallel_ssm: bool = False
     attention_window: int | None = None
     attention_sinks: bool = False
+    #: I-wide tensors the MLP's activation keeps (`LayerStack.act_saved`).
+    act_saved: int = 1
+    #: Eager attention takes its softmax in fp32 (`LayerStack.softmax_upcast`).
+    softmax_upcast: bool = True
     #: The RMSNorms scale in fp32 and cast after (`LayerStack.norm_scales_in_fp32`).
     norm_scales_in_fp32: bool = False
     #: The MLP's activation is transformers' Python xIELU (`LayerStack.act_xielu`).
@@ -221,7 +225,8 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         attention_window=shape.attention_window, mixer_saved=part.saved,
         attention_sinks=shape.attention_sinks, act_xielu=shape.act_xielu,
         attn_dropout=shape.attn_dropout, hidden_dropout=shape.hidden_dropout,
-        norm_scales_in_fp32=shape.norm_scales_in_fp32,
+        norm_scales_in_fp32=shape.norm_scales_in_fp32, softmax_upcast=shape.softmax_upcast,
+        act_saved=shape.act_saved,
     )
 
 
