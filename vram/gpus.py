@@ -180,7 +180,10 @@ def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
     counts = [c for c in GPU_COUNTS if c <= largest]
     if setup.n_gpus > 1:
         counts = [c for c in counts if c >= 2] or [2]
-    return counts
+    # the layout's own rule (`check_layout`): tp × pp × cp divides the count, ep the GPUs left
+    # after tp and pp (a count it does not divide would be estimated for a run that cannot be)
+    ranks = setup.tp * setup.pp
+    return [c for c in counts if c % (ranks * setup.cp) == 0 and (c // ranks) % setup.ep == 0]
 
 
 def context_difference(gpu: Gpu, setup: TrainingSetup) -> int:

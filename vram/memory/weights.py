@@ -27,8 +27,12 @@ QUANTIZED = (Storage.NF4, Storage.NF4_DQ, Storage.INT8)
 
 
 def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-                  groups: list[ParamGroup], shards: Shards) -> tuple[list[LineItem], int]:
-    """The parameters on each GPU (and what offload moves to the host)."""
+                 groups: list[ParamGroup], shards: Shards, *,
+                 unit_groups: list[ParamGroup] | None = None) -> tuple[list[LineItem], int]:
+    """The parameters on each GPU (and what offload moves to the host). `unit_groups`: the
+    parameters the rank computes with, which ZeRO-3 gathers a layer of (under expert parallel
+    its own experts; `groups` then size the shards)."""
+    units = groups if unit_groups is None else unit_groups
     offload_params = setup.offload is Offload.PARAMS_OPTIMIZER
     items: list[LineItem] = []
     host = 0
@@ -58,9 +62,9 @@ def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
         # DeepSpeed's coordinator, not FSDP's units: see `deepspeed_live_items`
         items.extend(_deepspeed_persistent_items(setup, groups, shards))
         return items, host
-    gathered = 0 if profile.fsdp2 else _gathered_bytes(model, setup, groups)
+    gathered = 0 if profile.fsdp2 else _gathered_bytes(model, setup, units)
     if gathered or (offload_params and not profile.fsdp2):
-        gathered = max(gathered, 2 * sum(g.bytes for g in groups) // max(1, model.n_layers))
+        gathered = max(gathered, 2 * sum(g.bytes for g in units) // max(1, model.n_layers))
         items.append(LineItem(
             key="weights.gathered", label="gathered layers (ZeRO-3/FSDP, with prefetch)",
             formula="2 × one layer's full parameters (or a layer and the head)",
@@ -283,7 +287,7 @@ def _attention_params(model: ModelSpec) -> int:
 def _down_params(model: ModelSpec) -> int:
     """Weights of every layer's dense down projection (MoE banks are counted apart)."""
     return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
-               if ln.role is Role.DOWN and ln.copies == 1)
+               if ln.role is Role.DOWN and not ln.is_bank)
 
 
 def largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool = True) -> int:

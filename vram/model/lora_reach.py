@@ -69,7 +69,7 @@ def is_bank_parameter(linear: Linear, profile: StackProfile) -> bool:
     """An MoE expert bank held as one 3-D parameter (Transformers 5), not nn.Linear modules:
     bitsandbytes' replacement of Linears passes it by (it stays in the frozen dense dtype), and
     PEFT's `target_modules` never wraps it (`vram.model.lora_reach`)."""
-    return linear.copies > 1 and not profile.quantizes_expert_banks
+    return linear.is_bank and not profile.quantizes_expert_banks
 
 
 

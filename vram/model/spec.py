@@ -83,6 +83,14 @@ class Linear(BaseModel):
     parts: tuple[int, ...] = ()
     #: Tokens that pass through each copy, as a fraction of all tokens (top-k / experts).
     token_fraction: float = 1.0
+    #: Expert-parallel ranks the bank's experts are split over (`copies` are one rank's:
+    #: `vram.sharding.expert_parallel`); 1 for every Linear of a whole model.
+    ep_split: int = 1
+
+    @property
+    def is_bank(self) -> bool:
+        """A routed expert bank: one copy per expert (or this rank's share of them)."""
+        return self.copies > 1 or self.ep_split > 1
 
     @property
     def weight_params(self) -> int:

@@ -80,6 +80,8 @@ MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 4096
 MAX_LORA_RANK = 4096
 MAX_CONTEXT_MIB = 64 * 1024
+#: The largest expert capacity factor accepted (every token of 64 ranks to one rank's experts).
+MAX_CAPACITY_FACTOR = 64.0
 #: The methods that train adapters (knobs of LoRA only mean something with them).
 ADAPTERS: tuple[str, ...] = ("lora", "qlora")
 
@@ -456,6 +458,13 @@ class TrainingSetup(BaseModel):
         "Expert parallel", key="ep", flag="--ep", column="ep", app_options=(1, 2, 4, 8, 16),
         help="GPUs an MoE layer's experts are split over (within the data-parallel ranks)",
     )] = 1
+    capacity_factor: Annotated[float, Field(strict=False, gt=0.0, le=MAX_CAPACITY_FACTOR), Knob(
+        "Expert capacity factor", key="cf", flag="--capacity-factor", column="capacity_factor",
+        app_options=(1.0, 1.25, 1.5, 2.0, 4.0),
+        help="under expert parallel, the rows each GPU's experts compute as a multiple of its "
+             "tokens × top-k (1: balanced routing; the worst case is ep × min(E/ep, top-k) / "
+             "top-k, where the capacity is not capped)",
+    )] = 1.0
     fp8: Annotated[Fp8Recipe, Knob(
         "FP8 training", key="fp8", flag="--fp8", column="fp8",
         labels=(("none", "none"), ("tensorwise", "torchao tensorwise"),

@@ -48,6 +48,7 @@ from vram.result import (
 )
 from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
+from vram.sharding.expert_parallel import ep_local, state_model
 from vram.sharding.pipeline import StagePlan, peak_stages, stage_model, stage_plans
 from vram.sharding.shards import Shards, shards_of
 from vram.sharding.tensor_parallel import tp_local
@@ -102,22 +103,33 @@ class StatePart:
     live_weight_items: dict[MomentId, list[LineItem]]
 
 
+def _state_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                  ways: int, groups: list[ParamGroup]) -> list[ParamGroup]:
+    """The parameter groups that size a state split `ways` ways: under expert parallel the
+    whole banks where it is sharded (`vram.sharding.expert_parallel.state_model`)."""
+    whole = state_model(model, ways > 1)
+    return groups if whole is model else param_groups(whole, setup, profile)
+
+
 def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     profile = profile_for(setup)
-    groups = param_groups(model, setup, profile)
+    groups = param_groups(model, setup, profile)  # what the rank computes with
     shards = shards_of(setup)
-    weights_on_gpu, host = weight_items(model, setup, profile, groups, shards)
+    w_groups, g_groups, o_groups = (_state_groups(model, setup, profile, ways, groups) for ways
+                                    in (shards.weights, shards.gradients, shards.optimizer))
+    weights_on_gpu, host = weight_items(model, setup, profile, w_groups, shards,
+                                        unit_groups=groups)
     weights = sum(item.bytes for item in weights_on_gpu)
-    optimizer = optimizer_part(model, groups, setup, profile, shards)
+    optimizer = optimizer_part(model, o_groups, setup, profile, shards)
     opt_bytes = sum(item.bytes for item in optimizer.items)
-    grads = gradient_part(model, setup, groups, shards, profile)
-    zero = zero_buffers(setup, groups, shards,
+    grads = gradient_part(model, setup, g_groups, shards, profile, unit_groups=groups)
+    zero = zero_buffers(setup, g_groups, shards,
                         gradients_on_device=not grads.host and grads.total > 0)
     fixed_overhead = fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
         host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
-        working={stage: working_items(model, setup, profile, groups, shards, stage)
+        working={stage: working_items(model, setup, profile, w_groups, shards, stage)
                  for stage in Stage},
         zero=zero, static_bytes=weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes,
         state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
@@ -164,7 +176,8 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
     problem = resolve(setup).unsupported
     if problem is not None:
         raise VramError(problem)
-    model = tp_local(model, setup.tp)  # one tensor-parallel rank's slice
+    # one tensor-parallel rank's slice, holding one expert-parallel rank's experts
+    model = ep_local(tp_local(model, setup.tp), setup.ep)
     if setup.pp == 1:
         return _rank_peak(model, setup, figures, None)
     best: StepPeak | None = None
@@ -281,8 +294,8 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
 
 def _whole_model_params(model: ModelSpec, setup: TrainingSetup, part: StatePart) -> ParamCounts:
     """The whole model's parameter counts (under tensor or pipeline parallel the state part is
-    one rank's slice)."""
-    if setup.tp == 1 and setup.pp == 1:
+    one rank's slice; under expert parallel it holds `E / ep` experts)."""
+    if setup.tp == 1 and setup.pp == 1 and setup.ep == 1:
         return part.params
     groups = memoized(model, ("param groups", setup_key(setup, TOKEN_FIELDS)),
                       lambda: param_groups(model, setup, part.profile))

@@ -106,6 +106,12 @@ class LayerContext:
         """Expert MLPs each token runs (1 for a dense MLP)."""
         return self.stack.experts_per_token or 1
 
+    @property
+    def routed_rows(self) -> float:
+        """Rows this rank's routed experts compute per token of its own: top-k, times the
+        capacity factor under expert parallel (balanced routing: 1; `capacity_factor`)."""
+        return self.experts * self.setup.capacity_factor
+
 
 def layer_context(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
                   profile: StackProfile) -> LayerContext:

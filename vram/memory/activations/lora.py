@@ -64,7 +64,7 @@ def lora_term(c: LayerContext) -> Term | None:
     for linear in c.stack.linears:
         if not module_adapted(linear, c.reach, profile):
             continue  # an expert bank's adapter keeps no branch: `expert_lora_term`
-        tokens_share = experts if linear.copies > 1 else 1
+        tokens_share = experts if linear.is_bank else 1
         if profile.adapts_fused_slices and linear.role in (Role.Q, Role.K, Role.V):
             # LitGPT: one LoRAQKVLinear, one dropout for all selected slices.
             if fused_seen:
@@ -80,7 +80,7 @@ def lora_term(c: LayerContext) -> Term | None:
         group = _INPUT_GROUP.get(linear.role, linear.name)
         if group == "mlp_in" and c.shared_norm:
             group = "attn_in"  # one shared norm output feeds both
-        if linear.copies > 1 and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
+        if linear.is_bank and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
             group = "attn_in"  # experts read their gathered copy, counted with the MLP
             shared_inputs.add(group)
         if linear.role in (Role.CROSS_K, Role.CROSS_V):

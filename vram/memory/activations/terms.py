@@ -94,7 +94,7 @@ def linear_inputs_term(c: LayerContext) -> Term | None:
     attn_in = [ln for ln in stack.linears
                if ln.role in (Role.Q, Role.K, Role.V, Role.QKV, Role.MIXER_IN)]
     mlp_in = [ln for ln in stack.linears
-              if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
+              if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and not ln.is_bank]
     kept = _input_bytes_per_hidden_unit(n, len(attn_in)) * h
     # a shared norm's output is kept once, unless each Linear makes its own cast of it
     if not c.shared_norm or n.input_copy_per_linear or n.autocast:
@@ -307,7 +307,7 @@ def mlp_term(c: LayerContext) -> Term:
     ctx_kept = down_in * inter * experts if c.bnb_kept and not banks else 0
     if stack.hidden_dropout > 0 and stack.mlp_inner_dropout:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
-    mlp *= experts
+    mlp = int(mlp * c.routed_rows) if stack.n_experts else mlp * experts
     if stack.shared_expert_width:
         # the shared experts: one gated MLP of nn.Linear on every token (DeepseekV2Moe)
         width, shared_in = stack.shared_expert_width, 2 if n.input_copy_per_linear else c.e
@@ -319,8 +319,13 @@ def mlp_term(c: LayerContext) -> Term:
         # MoE: each expert gathers its tokens (a copy, which a trained bank's matmul keeps for
         # its weight gradient) and scales its output by the router (the product keeps it).
         gathered = e * c.hidden if c.bank_grad(Role.GATE_UP, Role.UP) else 0
-        mlp += experts * (gathered + e * c.hidden) + FP32 * stack.n_experts
-        formula += " × top-k + routing copies"
+        mlp += int(c.routed_rows * gathered) + experts * e * c.hidden + FP32 * stack.n_experts
+        formula += " × top-k [× capacity factor] + routing copies"
+        if c.setup.ep > 1:
+            # expert parallel: the dispatched rows' permutation (torchtitan's `_permute`
+            # indexes the received rows; index's backward keeps the int64 indices)
+            mlp += int(EP_INDEX_BYTES * c.routed_rows)
+            formula += " + 8·top-k·cf (EP permutation indices)"
         if c.hf and not experts_run_grouped(c):
             # the eager loop's `final.index_add_(0, idx, out * w)`: index_add_'s derivative
             # reads `source` (expand_as), so each expert's weighted output is saved, in the
@@ -392,6 +397,11 @@ def _rope_width(stack: LayerStack) -> int:
     """MLA's rotary part of each q/k head: kv_a_proj_with_mqa's output beyond the latent."""
     kv_a = next(ln for ln in stack.linears if ln.role is Role.K)
     return kv_a.d_out - stack.kv_lora_rank
+
+
+#: An int64 permutation index per dispatched row (torchtitan/models/common/moe/utils.py
+#: `_permute`, called by expert_parallel.py@03a1384 `ExpertParallel._token_dispatch`).
+EP_INDEX_BYTES = 8
 
 
 def dropout_term(c: LayerContext) -> Term | None:

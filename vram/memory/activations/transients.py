@@ -21,6 +21,23 @@ from vram.units import FP32_BYTES as FP32
 
 
 def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
+    """What a layer's forward holds beyond what it keeps, at its largest: the attention's
+    scores (`_attention_working_set`) or, under expert parallel, the dispatch's buffer."""
+    return max(_attention_working_set(c, a), ep_dispatch_per_token(c))
+
+
+def ep_dispatch_per_token(c: LayerContext) -> int:
+    """Expert parallel: the all-to-all's receive buffer, the rows routed to this rank's
+    experts (top-k × capacity factor per token, hidden-wide), alive while `_permute` copies
+    it into expert order (torchtitan/distributed/expert_parallel.py@03a1384
+    `ExpertParallel._token_dispatch`: `all_to_all_single_autograd`, then `_permute`; the
+    combine's `_unpermute` and all-to-all mirror it on the way back)."""
+    if c.setup.ep == 1 or not c.stack.n_experts:
+        return 0
+    return int(c.e * c.hidden * c.routed_rows)
+
+
+def _attention_working_set(c: LayerContext, a: AttentionLayout) -> int:
     """Eager/math attention's q·kᵀ scores and masked scores while the layer runs (with
     checkpointing, also the probabilities it then drops, and Falcon's previous layer's)."""
     if not a.kernel.explicit_scores:
