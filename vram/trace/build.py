@@ -128,22 +128,43 @@ class Built:
     layer_lists: list[tuple[str, nn.ModuleList]]
 
 
+def _block_kinds(config: dict[str, Any]) -> list[Any] | None:
+    """Nemotron-H's one entry per block (`layers_block_type`): its depth, and its pattern."""
+    kinds = config.get("layers_block_type")
+    return kinds if isinstance(kinds, list) and kinds else None
+
+
 def depth(config: dict[str, Any]) -> int:
-    """Number of repeated blocks the config describes."""
+    """Number of repeated blocks the config describes (Nemotron-H: its list of blocks, which
+    NemotronHConfig reads instead of a count)."""
     for key in LAYER_KEYS:
         if isinstance(config.get(key), int):
             return int(config[key])
+    kinds = _block_kinds(config)
+    if kinds is not None:
+        return len(kinds)
     raise TraceUnsupported("config: no num_hidden_layers / num_layers / n_layer key")
+
+
+def _period(types: list[Any]) -> int:
+    for period in range(1, len(types) + 1):
+        if all(types[i] == types[i % period] for i in range(len(types))):
+            return period
+    return 1
 
 
 def layer_period(config: dict[str, Any]) -> int:
     """After how many blocks the block kinds repeat (1: every block alike).
 
-    Read from the `layer_types` Transformers derives for the config (Gemma 2 alternates
-    sliding-window and global attention: period 2). The trace extrapolates whole periods.
+    Read from Nemotron-H's `layers_block_type`, else the `layer_types` Transformers derives
+    for the config (Gemma 2 alternates sliding-window and global attention: period 2). The
+    trace extrapolates whole periods.
     """
     from transformers import AutoConfig
 
+    kinds = _block_kinds(config)
+    if kinds is not None:
+        return _period(kinds)
     try:
         fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
         hf = AutoConfig.for_model(str(config.get("model_type", "")), **fields)
@@ -152,10 +173,7 @@ def layer_period(config: dict[str, Any]) -> int:
     types = getattr(hf, "layer_types", None)
     if not isinstance(types, list) or not types:
         return 1
-    for period in range(1, len(types) + 1):
-        if all(types[i] == types[i % period] for i in range(len(types))):
-            return period
-    return 1
+    return _period(types)
 
 
 def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
@@ -164,8 +182,9 @@ def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
     for key in LAYER_KEYS:
         if key in out and isinstance(out[key], int):
             out[key] = n_layers
-    if isinstance(out.get("layer_types"), list):
-        out["layer_types"] = (out["layer_types"] * n_layers)[:n_layers]
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(out.get(key), list):
+            out[key] = (out[key] * n_layers)[:n_layers]
     return out
 
 
