@@ -211,21 +211,25 @@ def working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
     if any(g.storage in QUANTIZED for g in groups):
-        # the head's matrix is dequantized only between its forward and its backward
+        # the head's matrix is dequantized only between its forward and its backward; from the
+        # end of the forward through the loss no layer's Linear runs, so only a quantized
+        # head's dequantized weight can exist then (the trace: none at the loss's backward)
         head_out = stage in (Stage.LAYERS_FORWARD, Stage.TOP_LAYER, Stage.FIRST_LAYER,
                              Stage.FIRST_ATTENTION)
-        biggest = largest_matrix(model, profile, with_head=not head_out)
+        around_head = stage in (Stage.FORWARD, Stage.LOSS)
+        biggest = (model.vocab_size * model.hidden_size if profile.quantizes_head else 0) \
+            if around_head else largest_matrix(model, profile, with_head=not head_out)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
         compute = profile.precision.dequantized  # bnb's compute dtype
         per_param = 2 + compute if profile.dequantizes_via_fp16 else compute
-        items.append(LineItem(
+        items += [] if not biggest else [LineItem(
             key="activations.dequant", label="dequantized weight of the Linear being computed",
             formula=f"{per_param} B × largest quantized matrix", inputs={"params": biggest},
             bytes=per_param * biggest, source="bitsandbytes MatMul4Bit dequantizes per call"
             + (" (fp16, then cast: Lightning's BitsandbytesPrecision)" if per_param == 4
                else ""),
-        ))
+        )]
     return items
 
 
