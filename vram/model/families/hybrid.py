@@ -43,10 +43,14 @@ from vram.model.families.parts import (
 )
 from vram.model.spec import LayerStack, Mixer, MlpKind, ModelSpec, Role
 
-#: Why a hybrid's estimate is approximate until its mixer's kept tensors are modelled.
-MIXER_NOTE = ("{family}: its {mixer} layers' saved tensors are not modelled yet (their "
-              "parameters, weights, gradients and optimizer state are exact); activations and "
-              "the peak are approximate.")
+#: Why a hybrid's estimate is approximate: its mixers keep what their GPU kernels save (read
+#: from fla's, mamba_ssm's and causal-conv1d's source, `docs/hybrid-layers.md`), but no trace
+#: holds that to a measurement (on the CPU transformers runs its PyTorch fallback, which keeps
+#: other tensors) and the kernels' own workspace is not counted.
+MIXER_NOTE = ("{family}: its {mixer} layers keep what their GPU kernels save (from the kernels' "
+              "source); the kernels' workspace is not counted and no trace checks them, so "
+              "activations and the peak are approximate (parameters, weights, gradients and "
+              "optimizer state are exact).")
 
 
 @dataclass(frozen=True, slots=True)
