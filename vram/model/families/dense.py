@@ -97,6 +97,10 @@ def dense_model(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
                       attention_window=window if local else None,
                       act_xielu=model_type == "apertus", attn_dropout=attn_dropout,
                       norm_scales_in_fp32=model_type == "olmo3",
+                      # post_attention_layernorm / post_feedforward_layernorm on the sublayers'
+                      # outputs (modeling_olmo3.py, modeling_exaone4.py @v5.24.0): both
+                      # norms' backward runs before the attention's
+                      post_norm=model_type in ("olmo3", "exaone4"),
                       hidden_dropout=hidden_dropout)
         return stack(layer_kind, count, att + ffn, shape, n_norms * h)
 

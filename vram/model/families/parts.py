@@ -67,6 +67,8 @@ class Shape:
     softmax_upcast: bool = True
     #: The RMSNorms scale in fp32 and cast after (`LayerStack.norm_scales_in_fp32`).
     norm_scales_in_fp32: bool = False
+    #: Norms after each sublayer's output, none before it (`LayerStack.post_norm`).
+    post_norm: bool = False
     #: The MLP's activation is transformers' Python xIELU (`LayerStack.act_xielu`).
     act_xielu: bool = False
     #: Dropout in training on the attention probabilities and on the residual branches.
@@ -226,7 +228,7 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         attention_sinks=shape.attention_sinks, act_xielu=shape.act_xielu,
         attn_dropout=shape.attn_dropout, hidden_dropout=shape.hidden_dropout,
         norm_scales_in_fp32=shape.norm_scales_in_fp32, softmax_upcast=shape.softmax_upcast,
-        act_saved=shape.act_saved,
+        act_saved=shape.act_saved, post_norm=shape.post_norm,
     )
 
 
