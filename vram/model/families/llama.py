@@ -54,6 +54,8 @@ class LlamaVariant:
     tied_default: bool = False
     #: Gemma's RMSNorm scales in fp32 (see `LayerStack.norm_scales_in_fp32`).
     norm_scales_in_fp32: bool = False
+    #: Norms on the sublayers' outputs, none before them (see `LayerStack.post_norm`).
+    post_norm: bool = False
     #: Gemma 2 soft-caps attention logits and final logits.
     softcap: bool = False
     #: Layers of `layer_types` "sliding_attention" see only `sliding_window` positions and the
@@ -86,7 +88,9 @@ VARIANTS: dict[str, LlamaVariant] = {
     "qwen3_moe": LlamaVariant(qk_norm=QkNorm.PER_HEAD, moe=MoeLayout()),
     # OLMo 2 scales in fp32 and casts after: `(self.weight * hidden_states).to(input_dtype)`
     # (transformers/models/olmo2/modeling_olmo2.py@v5.24.0 Olmo2RMSNorm)
-    "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH, norm_scales_in_fp32=True),
+    # and applies post_attention_layernorm / post_feedforward_layernorm to the sublayers'
+    # outputs, with no norm before them (post_norm)
+    "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH, norm_scales_in_fp32=True, post_norm=True),
     # OLMoE (transformers/models/olmoe/modeling_olmoe.py@v5.24.0): OLMo 2's full-width q/k
     # norms, 64 routed experts (OlmoeExperts' 3-D banks) of width intermediate_size, no
     # shared expert
@@ -185,6 +189,7 @@ def _llama_like(name: str, model_type: str, v: LlamaVariant, r: ConfigReader) ->
         head_dim=head_dim, mlp_kind=MlpKind.GATED, intermediate_size=inter,
         n_experts=n_experts, experts_per_token=top_k, attn_softcap=softcap,
         qk_norm=v.qk_norm is not QkNorm.NONE, norm_scales_in_fp32=v.norm_scales_in_fp32,
+        post_norm=v.post_norm,
     )
     final_norm = norm_width if v.parametric_norms else 0
     stacks = _by_window(stack, r, sliding) if v.windows_by_layer_type and sliding else (stack,)
