@@ -57,6 +57,9 @@ def setup_of(row: dict[str, Any]) -> TrainingSetup:
         framework=row["framework"],
         # gpu_measure.py builds with from_config(dtype=fp32) under a mixed recipe: an fp32 base
         lora_base_16bit=False if row["method"] == "lora" else None,
+        # gpu_measure.py set `_experts_implementation = "eager"` on the MoE models it ran
+        # without bf16 weights; the column records what ran
+        experts_implementation=row.get("experts_implementation") or "grouped_mm",
     )
 
 

@@ -276,7 +276,7 @@ def _total_boxes(fig: go.Figure) -> tuple[list[tuple[float, float]], list[float]
 
 
 def test_no_line_crosses_a_total_and_totals_clear_their_neighbours() -> None:
-    """70B QLoRA (65.7 GB) under the 80 GB line and 8B QLoRA near the 48 GB lines: each total
+    """70B QLoRA (65.1 GB) under the 80 GB line and 8B QLoRA near the 48 GB lines: each total
     moves above the line it would cross; on a phone neighbouring totals would touch, so the
     later one moves above the earlier; the legend is the page's, so the plot keeps its
     height."""

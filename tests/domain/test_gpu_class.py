@@ -25,11 +25,13 @@ def test_the_class_is_the_80gb_cards() -> None:
 
 
 def test_70b_qlora_with_checkpointing_fits_one_80gb_gpu() -> None:
-    """The lesson's promise: 65.7 GB, one 80 GB card, capacity and fit agree."""
+    """The lesson's promise: 65.1 GB, one 80 GB card, capacity and fit agree (65.7 GB until
+    the estimate stopped counting a dequantized layer weight at the loss, where no quantized
+    Linear runs)."""
     found = _class("llama-3.1-70b", method="qlora", grad_ckpt=True)
     assert found.reason == "fits-one" and found.needed is not None
     assert found.needed.count == 1 and found.capacity_count == 1
-    assert round(found.whole_run_bytes / GB, 1) == 65.7
+    assert round(found.whole_run_bytes / GB, 1) == 65.1
 
 
 def test_70b_full_capacity_says_14_sharding_needs_16() -> None:

@@ -88,18 +88,17 @@ def test_a_bad_cell_names_its_column(cells: dict[str, str], column: str) -> None
     assert str(info.value).startswith(f"{column}: ")
 
 
-#: The project's case file of parallel runs (issue 23): its `tp, pp, cp, ep, fp8` columns are
-#: the schema's (design.md: "Case-file columns are added for new knobs ... empty means the
-#: default"), read before the shared file carries them.
-PARALLEL_CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "parallel" / "cases.csv"
-#: The project's case file of vision-language runs (issue 22): the VLM inputs' columns.
-VLM_CASES = Path(__file__).resolve().parents[2] / "benchmarks" / "vlm" / "cases.csv"
+#: The project's own case files (`benchmarks/*/cases.csv`): a new knob's column is the schema's
+#: (design.md: "Case-file columns are added for new knobs ... empty means the default") before
+#: the shared file carries it: `benchmarks/experts/cases.csv` holds `lora_experts` (issue 22),
+#: `benchmarks/parallel/cases.csv` holds `tp, pp, cp, ep, fp8` (issue 23).
+PROJECT_CASES = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("*/cases.csv"))
 
 
 @pytest.mark.skipif(not CASES.exists(), reason="needs the shared case file")
 def test_every_declared_column_is_in_the_case_file() -> None:
     header: set[str] = set()
-    for path in (CASES, PARALLEL_CASES, VLM_CASES):
+    for path in (CASES, *PROJECT_CASES):
         with path.open(newline="", encoding="utf-8") as handle:
             header.update(next(csv.reader(handle)))
     for knob in setup_knobs():

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from vram import TrainingSetup, estimate, load_model
 from vram.memory.activations import layer_activations, plan
+from vram.memory.weights import Stage, working_items
+from vram.model.params import param_groups
+from vram.sharding.shards import shards_of
 from vram.stacks.profile import profile_for
 
 LLAMA3_8B = "meta-llama-3-8b"
@@ -62,7 +65,16 @@ def test_lightning_dequantizes_through_fp16() -> None:
     assert _item(estimate(spec, _litgpt()), "activations.dequant") == 4 * head
     hf = TrainingSetup(method="qlora", quant="nf4", precision="bf16-mixed")
     biggest = 14336 * 4096  # HF keeps the head in 16 bits: the MLP matrices are the largest
-    assert _item(estimate(spec, hf), "activations.dequant") == 2 * biggest
+    profile = profile_for(hf)
+    groups = param_groups(spec, hf, profile)
+
+    def dequant(stage: Stage) -> int:
+        items = working_items(spec, hf, profile, groups, shards_of(hf), stage)
+        return sum(i.bytes for i in items if i.key == "activations.dequant")
+
+    assert dequant(Stage.TOP_LAYER) == dequant(Stage.LAYERS_FORWARD) == 2 * biggest
+    # from the end of the forward through the loss no quantized Linear runs (the trace)
+    assert dequant(Stage.FORWARD) == dequant(Stage.LOSS) == 0
 
 
 def test_zero_pad_keeps_lora_b_output_for_a_subset_of_qkv() -> None:

@@ -76,15 +76,23 @@ class GradientPart:
     #: A vision-language model's vision tower, projector and their adapters: made in the
     #: tower's backward, after every language-model layer's (`vram.memory.vision`).
     vision: int = 0
+    #: The largest single gradient of the first layer (being written in its backward).
+    largest_in_first_layer: int = 0
+
+
+def _layer_grads(groups: list[ParamGroup]) -> int:
+    """The layers' gradients: their Linear weights, norms and adapters."""
+    return sum(grad_bytes(g) for g in groups
+               if g.trainable and g.key in ("linears", "norms", "lora"))
 
 
 def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
                          groups: list[ParamGroup], total: int, per_layer: int,
-                         unit: int) -> GradientPart:
+                         unit: int, unit_groups: list[ParamGroup]) -> GradientPart:
     """FSDP2: the root's sharded gradients (embedding, head) exist only after its
     post-backward, at the end; the head's gradient waits unsharded until then (an in-flight
     item) and a tied embedding's in autograd's buffer; the embedding's is built unsharded."""
-    units = fsdp2.units(model, setup, profile, groups)
+    units = fsdp2.units(model, setup, profile, unit_groups)
     # A head unit of its own reduces its gradient before the blocks' backward.
     own_head = units.separate
     root = sum(grad_bytes(g) for g in groups if g.trainable and g.key in fsdp2.ROOT_KEYS
@@ -100,7 +108,12 @@ def _fsdp2_gradient_part(model: ModelSpec, setup: TrainingSetup, profile: StackP
 
 
 def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
-                   shards: Shards, profile: StackProfile) -> GradientPart:
+                  shards: Shards, profile: StackProfile, *,
+                  unit_groups: list[ParamGroup] | None = None) -> GradientPart:
+    """The gradients on each GPU; `groups` size the shards, `unit_groups` (default `groups`)
+    what the rank computes with: under expert parallel its own experts, a layer of which is
+    whole until reduce-scattered (`vram.sharding.expert_parallel`)."""
+    units = groups if unit_groups is None else unit_groups
     trainable = [g for g in groups if g.trainable]
     by_key = {g.key: grad_bytes(g) for g in trainable}
     if setup.tp > 1 and "embedding" in by_key and not profile.fsdp2:
@@ -110,20 +123,20 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
     tied_lm = model.lm_head_tied
     head = by_key.get("head", by_key.get("embedding", 0) if tied_lm else 0)
     untied_embedding = by_key.get("embedding", 0) if not tied_lm else 0
-    layer_grads = by_key.get("linears", 0) + by_key.get("norms", 0) + by_key.get("lora", 0)
-    per_layer = layer_grads // max(1, model.n_layers)
+    per_layer = _layer_grads(groups) // max(1, model.n_layers)
     linears = next((g for g in trainable if g.key == "linears"), None)
-    largest = 0
+    largest = largest_first = 0
     largest_attention = 0
     banks = {Role.GATE_UP: 0, Role.DOWN: 0}
     experts = 0
     if linears is not None:
         per_param = grad_bytes(linears) // max(1, linears.n_params)
         largest = per_param * max(ln.weight_params for st in model.stacks for ln in st.linears)
+        largest_first = per_param * max(ln.weight_params for ln in model.first_stack.linears)
         largest_attention = per_param * max(
             (ln.weight_params for st in model.stacks for ln in st.linears
              if ln.role in ATTENTION_ROLES), default=0)
-        for ln in (ln for st in model.stacks for ln in st.linears if ln.copies > 1):
+        for ln in (ln for st in model.stacks for ln in st.linears if ln.is_bank):
             if ln.role in banks:
                 banks[ln.role] = per_param * ln.weight_params
                 experts = ln.copies
@@ -132,18 +145,19 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
     offloaded = setup.offload in (Offload.OPTIMIZER, Offload.PARAMS_OPTIMIZER)
     in_backward = steps_in_backward(setup)
     # Stepping in backward frees each gradient as it is made: nothing waits for a reduction.
-    unit = per_layer if (n > 1 or offloaded) and not in_backward else 0
+    unit_layer = per_layer if units is groups else _layer_grads(units) // max(1, model.n_layers)
+    unit = unit_layer if (n > 1 or offloaded) and not in_backward else 0
     embedding = by_key.get("embedding", 0)
     if offloaded:
         # ZeRO-Offload and FSDP CPU offload move the sharded gradients to host memory (FSDP2
         # still gathers and reduces on the GPU).
         return GradientPart(0, 0, 0, 0, 0, ddp, full // n, 0, unit, fsdp2=(
-            fsdp2.units(model, setup, profile, groups) if profile.fsdp2 else None))
+            fsdp2.units(model, setup, profile, units) if profile.fsdp2 else None))
     tied = embedding if tied_lm and "head" not in by_key and not in_backward \
         else 0
     if profile.fsdp2 and not in_backward:
         return _fsdp2_gradient_part(model, setup, profile, groups, full // n, per_layer // n,
-                                    unit)
+                                    unit, units)
     vision = sum(by_key.get(key, 0) for key in VISION_KEYS)
     return GradientPart(full // n, (head - tied) // n, untied_embedding // n, embedding // n,
                         per_layer // n, ddp, 0, largest, unit, tied=tied // n, vision=vision // n,
@@ -151,7 +165,8 @@ def gradient_part(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGrou
                         largest_in_attention=largest_attention,
                         # a unit's gradients are whole until reduce-scattered
                         bank_gate_up=banks[Role.GATE_UP] // (1 if unit else n),
-                        bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts)
+                        bank_down=banks[Role.DOWN] // (1 if unit else n), bank_experts=experts,
+                        largest_in_first_layer=largest_first)
 
 
 def bucket_gradient_items(setup: TrainingSetup, grads: GradientPart,

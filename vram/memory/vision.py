@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from vram.errors import VramError
 from vram.memo import memoized, setup_key
 from vram.memory.activations.layer import LayerActivations, layer_activations
-from vram.model.params import EVERY_LINEAR, Roles, vision_frozen, vision_targeted
+from vram.model.lora_reach import EVERY_LINEAR, Roles
+from vram.model.params import vision_frozen, vision_targeted
 from vram.model.processor import ImageTokens, Processor, image_tokens, largest_side, video_tokens
 from vram.model.spec import FUSED_PARTS, LayerStack, ModelSpec, Role, VisionSpec
 from vram.result import LineItem, VisionTokens

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from vram.model.params import STORAGE_BYTES, ParamGroup, Storage, leaves_bank_unquantized
+from vram.model.lora_reach import is_bank_parameter
+from vram.model.params import STORAGE_BYTES, ParamGroup, Storage
 from vram.model.spec import ATTENTION_ROLES, ModelSpec, Role
 from vram.result import LineItem, MomentId
 from vram.setup import Offload, Sharding, TrainingSetup
@@ -20,14 +21,18 @@ from vram.sharding.deepspeed_zero import (
     runs_deepspeed_zero3,
 )
 from vram.sharding.shards import Shards
-from vram.stacks.profile import StackProfile, profile_for
+from vram.stacks.profile import StackProfile, profile_for, runs_grouped_experts
 
 QUANTIZED = (Storage.NF4, Storage.NF4_DQ, Storage.INT8)
 
 
 def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
-                  groups: list[ParamGroup], shards: Shards) -> tuple[list[LineItem], int]:
-    """The parameters on each GPU (and what offload moves to the host)."""
+                 groups: list[ParamGroup], shards: Shards, *,
+                 unit_groups: list[ParamGroup] | None = None) -> tuple[list[LineItem], int]:
+    """The parameters on each GPU (and what offload moves to the host). `unit_groups`: the
+    parameters the rank computes with, which ZeRO-3 gathers a layer of (under expert parallel
+    its own experts; `groups` then size the shards)."""
+    units = groups if unit_groups is None else unit_groups
     offload_params = setup.offload is Offload.PARAMS_OPTIMIZER
     items: list[LineItem] = []
     host = 0
@@ -57,9 +62,9 @@ def weight_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
         # DeepSpeed's coordinator, not FSDP's units: see `deepspeed_live_items`
         items.extend(_deepspeed_persistent_items(setup, groups, shards))
         return items, host
-    gathered = 0 if profile.fsdp2 else _gathered_bytes(model, setup, groups)
+    gathered = 0 if profile.fsdp2 else _gathered_bytes(model, setup, units)
     if gathered or (offload_params and not profile.fsdp2):
-        gathered = max(gathered, 2 * sum(g.bytes for g in groups) // max(1, model.n_layers))
+        gathered = max(gathered, 2 * sum(g.bytes for g in units) // max(1, model.n_layers))
         items.append(LineItem(
             key="weights.gathered", label="gathered layers (ZeRO-3/FSDP, with prefetch)",
             formula="2 × one layer's full parameters (or a layer and the head)",
@@ -206,21 +211,25 @@ def working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
     if any(g.storage in QUANTIZED for g in groups):
-        # the head's matrix is dequantized only between its forward and its backward
+        # the head's matrix is dequantized only between its forward and its backward; from the
+        # end of the forward through the loss no layer's Linear runs, so only a quantized
+        # head's dequantized weight can exist then (the trace: none at the loss's backward)
         head_out = stage in (Stage.LAYERS_FORWARD, Stage.TOP_LAYER, Stage.FIRST_LAYER,
                              Stage.FIRST_ATTENTION)
-        biggest = largest_matrix(model, profile, with_head=not head_out)
+        around_head = stage in (Stage.FORWARD, Stage.LOSS)
+        biggest = (model.vocab_size * model.hidden_size if profile.quantizes_head else 0) \
+            if around_head else largest_matrix(model, profile, with_head=not head_out)
         # bitsandbytes dequantizes to the compute dtype (fp32 on an fp32 recipe); Lightning
         # quantized from fp16, so there an fp16 dequantization and its cast coexist.
         compute = profile.precision.dequantized  # bnb's compute dtype
         per_param = 2 + compute if profile.dequantizes_via_fp16 else compute
-        items.append(LineItem(
+        items += [] if not biggest else [LineItem(
             key="activations.dequant", label="dequantized weight of the Linear being computed",
             formula=f"{per_param} B × largest quantized matrix", inputs={"params": biggest},
             bytes=per_param * biggest, source="bitsandbytes MatMul4Bit dequantizes per call"
             + (" (fp16, then cast: Lightning's BitsandbytesPrecision)" if per_param == 4
                else ""),
-        ))
+        )]
     return items
 
 
@@ -245,13 +254,17 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     if stage is Stage.LAYERS_FORWARD:
         head_keys = ()  # the head has not run: no cast of it exists yet (the trace)
         stage = Stage.FORWARD
+    # grouped_mm experts multiply by their fp32 banks as they are: no cast
+    grouped = runs_grouped_experts(setup, profile)
+    banks = sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
+                if is_bank_parameter(ln, profile)) if grouped else 0
     dense = [g for g in groups if (g.key in ("linears", "expert_banks", *head_keys)
                                    or (g.key == "vision" and g.trainable))
-             and g.storage is Storage.FP32]
+             and g.storage is Storage.FP32 and not (grouped and g.key == "expert_banks")]
     layers = max(1, model.n_layers)
 
     def kept(group: ParamGroup) -> int:
-        whole = 2 * group.n_params
+        whole = 2 * (group.n_params - (banks if group.key == "linears" else 0))
         if group.key == "vision":
             # a trained vision tower's casts: cached through the forward, then kept by its
             # Linears to its own backward, after every layer's (none under checkpointing)
@@ -284,13 +297,13 @@ def _attention_params(model: ModelSpec) -> int:
 def _down_params(model: ModelSpec) -> int:
     """Weights of every layer's dense down projection (MoE banks are counted apart)."""
     return sum(st.count * ln.weight_params for st in model.stacks for ln in st.linears
-               if ln.role is Role.DOWN and ln.copies == 1)
+               if ln.role is Role.DOWN and not ln.is_bank)
 
 
 def largest_matrix(model: ModelSpec, profile: StackProfile, *, with_head: bool = True) -> int:
     """The largest quantized matrix (bitsandbytes dequantizes one at a time)."""
     biggest = max((ln.d_in * ln.d_out for stack in model.stacks for ln in stack.linears
-                   if not leaves_bank_unquantized(ln, profile)), default=0)
+                   if not is_bank_parameter(ln, profile)), default=0)
     if profile.quantizes_head and with_head:
         biggest = max(biggest, model.vocab_size * model.hidden_size)
     return biggest

@@ -18,7 +18,7 @@ from vram.errors import ConfigError, FileReadError
 from vram.files import read_limited
 from vram.model.config_checks import checked_model
 from vram.model.config_reader import MAX_CONFIG_BYTES, ConfigReader, read_config_text
-from vram.model.families import FAMILIES, SUPPORTED_FAMILIES
+from vram.model.families import FAMILIES, SUPPORTED_FAMILIES, V4_EXPERT_NAMES
 from vram.model.spec import (
     FUSED_PARTS,
     TARGET_ROLES,
@@ -71,7 +71,10 @@ def _read_model(config: Mapping[str, Any], name: str) -> ModelSpec:
         allowed = ", ".join(SUPPORTED_FAMILIES)
         raise ConfigError(
             "model_type", f"{model_type!r:.40} is not supported; supported: {allowed}")
-    return family.build(name, model_type, r)
+    spec = family.build(name, model_type, r)
+    if model_type in V4_EXPERT_NAMES and spec.is_moe:
+        spec = spec.model_copy(update={"v4_expert_names": V4_EXPERT_NAMES[model_type]})
+    return spec
 
 
 #: The keys a Llama decoder's config.json gives its shape with.

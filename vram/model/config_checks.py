@@ -30,6 +30,7 @@ FLOAT_RANGES: dict[str, tuple[float, float]] = {
     "attention_probs_dropout_prob": (0.0, 1.0),
     "hidden_dropout_prob": (0.0, 1.0),
     "attention_dropout": (0.0, 1.0),
+    "residual_dropout": (0.0, 1.0),
     "lora_dropout": (0.0, 1.0),
     "attn_logit_softcapping": (0.0, 1_000_000.0),
     "final_logit_softcapping": (0.0, 1_000_000.0),

@@ -9,10 +9,19 @@ these groups.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum, StrEnum
-from typing import Final, Literal
+from enum import StrEnum
 
-from vram.model.spec import FUSED_PARTS, TARGET_ROLES, HeadKind, Linear, ModelSpec, Role
+from vram.model.lora_reach import (
+    EVERY_LINEAR,
+    LoraReach,
+    Roles,
+    adapter_params_of,
+    bank_rank_factor,
+    is_bank_parameter,
+    lora_reach,
+    module_adapted,
+)
+from vram.model.spec import FUSED_PARTS, HeadKind, Linear, ModelSpec, Role
 from vram.setup import ALL_LINEAR, Method, Quant, TrainingSetup
 from vram.stacks.profile import StackProfile
 from vram.stacks.resolve import resolve
@@ -126,45 +135,8 @@ def _part_roles(linear: Linear) -> tuple[Role, ...]:
     return (linear.role,)
 
 
-class _Every(Enum):
-    LINEAR = "every Linear"
-
-
-#: LoRA adapts every Linear of the decoder ('all-linear'); beside it, a set of roles (an empty
-#: set: none at all).
-EVERY_LINEAR: Final = _Every.LINEAR
-#: What LoRA adapts: EVERY_LINEAR, or these roles.
-Roles = frozenset[Role] | Literal[_Every.LINEAR]
-
-
-def targeted_roles(setup: TrainingSetup) -> Roles:
-    """The roles LoRA adapts: EVERY_LINEAR for 'all-linear', else the targets' roles."""
-    if setup.lora_targets == ALL_LINEAR:
-        return EVERY_LINEAR
-    roles: set[Role] = set()
-    for name in setup.lora_targets:
-        roles |= TARGET_ROLES.get(name, frozenset())
-    return frozenset(roles)
-
-
-def is_targeted(linear: Linear, roles: Roles) -> bool:
-    if linear.role is Role.ROUTER:
-        return False
-    if roles is EVERY_LINEAR:
-        return True
-    if linear.role in FUSED_PARTS:
-        return bool(FUSED_PARTS[linear.role] & roles)
-    return linear.role in roles
-
-
 def head_targeted(setup: TrainingSetup) -> bool:
     return setup.lora_targets != ALL_LINEAR and "lm_head" in setup.lora_targets
-
-
-def leaves_bank_unquantized(linear: Linear, profile: StackProfile) -> bool:
-    """An MoE expert bank held as one 3-D parameter (Transformers 5) is not an nn.Linear, so
-    bitsandbytes' replacement of Linears passes it by: it stays in the frozen dense dtype."""
-    return linear.copies > 1 and not profile.quantizes_expert_banks
 
 
 def _dense_storage(setup: TrainingSetup, profile: StackProfile) -> Storage:
@@ -274,7 +246,7 @@ def _head_group(model: ModelSpec, profile: StackProfile, q_storage: Storage | No
 def _linear_groups(model: ModelSpec, profile: StackProfile, q_storage: Storage | None,
                    dense: Storage, full: bool) -> list[ParamGroup]:
     """The layers' Linear weights (quantized under QLoRA), and the MoE expert banks that
-    bitsandbytes leaves dense (`leaves_bank_unquantized`)."""
+    bitsandbytes leaves dense (`is_bank_parameter`)."""
     weight_params = 0
     q_bytes = 0
     weights: list[Matrices] = []
@@ -283,7 +255,7 @@ def _linear_groups(model: ModelSpec, profile: StackProfile, q_storage: Storage |
     for stack in model.stacks:
         for linear in stack.linears:
             shape = Matrices(linear.d_in, linear.d_out, stack.count * linear.copies)
-            if q_storage is not None and leaves_bank_unquantized(linear, profile):
+            if q_storage is not None and is_bank_parameter(linear, profile):
                 bank_params += stack.count * linear.weight_params
                 banks.append(shape)
                 continue
@@ -323,25 +295,27 @@ def _vector_group(model: ModelSpec, dense: Storage, full: bool) -> list[ParamGro
 
 def _adapter_group(model: ModelSpec, setup: TrainingSetup,
                    profile: StackProfile) -> list[ParamGroup]:
-    """The LoRA adapters: A (r × d_in) and B ((adapted width) × r) on every targeted Linear,
-    and on the head when targeted."""
+    """The LoRA adapters: A (r × d_in) and B ((adapted width) × r) on every adapted Linear, a
+    rank-r adapter per expert on every adapted expert bank and on the router
+    (`vram.model.lora_reach`), and on the head when targeted."""
     h, vocab = model.hidden_size, model.vocab_size
-    roles = targeted_roles(setup)
+    reach = lora_reach(model, setup, profile)
     lora = 0
     lora_matrices: list[Matrices] = []
     lora_tensors: list[tuple[int, int]] = []
     r = setup.lora_rank
     for stack in model.stacks:
         for linear in stack.linears:
-            if is_targeted(linear, roles):
-                n_lora = adapter_params(linear, r, _fused_roles(linear, roles, profile))
-                lora += stack.count * n_lora
-                a_numel = r * linear.d_in
-                b_numel = n_lora // linear.copies - a_numel
-                count = stack.count * linear.copies
-                lora_matrices += [Matrices(r, linear.d_in, count),
-                                  Matrices(b_numel // r, r, count)]
-                lora_tensors += [(a_numel, count), (b_numel, count)]
+            n_lora, rank = _linear_adapter(linear, reach, profile, r)
+            if not n_lora:
+                continue
+            lora += stack.count * n_lora
+            a_numel = rank * linear.d_in
+            b_numel = n_lora // linear.copies - a_numel
+            count = stack.count * linear.copies
+            lora_matrices += [Matrices(rank, linear.d_in, count),
+                              Matrices(b_numel // rank, rank, count)]
+            lora_tensors += [(a_numel, count), (b_numel, count)]
     if head_targeted(setup) and model.head_kind is HeadKind.LM:
         lora += r * (h + vocab)
         lora_matrices += [Matrices(r, h), Matrices(vocab, r)]
@@ -368,6 +342,20 @@ def _vision_adapter_group(model: ModelSpec, setup: TrainingSetup,
     return _group("vision_lora", f"LoRA adapters on the vision tower (rank {r})", n,
                   DENSE_STORAGE[profile.precision.adapters], True, matrices=tuple(matrices),
                   tensors=tuple(tensors))
+
+
+def _linear_adapter(linear: Linear, reach: LoraReach, profile: StackProfile,
+                    r: int) -> tuple[int, int]:
+    """(adapter parameters, rank) on one Linear (or bank, or router); (0, r) when not adapted.
+    A bank's adapter is one pair of matrices per expert (`ParamWrapper`), stored as r·E rows."""
+    factor = bank_rank_factor(linear, reach, profile)
+    if factor:
+        return adapter_params_of(linear, r, factor), r * factor
+    if linear.role is Role.ROUTER and reach.router:
+        return r * (linear.d_in + linear.d_out), r
+    if module_adapted(linear, reach, profile):
+        return adapter_params(linear, r, _fused_roles(linear, reach.roles, profile)), r
+    return 0, r
 
 
 def _fused_roles(

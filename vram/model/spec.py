@@ -42,6 +42,10 @@ class Role(StrEnum):
     #: residual. No LoRA target name selects them; 'all-linear' does.
     MIXER_IN = "mixer_in"
     MIXER_OUT = "mixer_out"
+    #: A small nn.Linear beside the main projections that no LoRA target name selects but
+    #: 'all-linear' adapts (PEFT adapts every nn.Linear but the output layer): Gated DeltaNet's
+    #: `in_proj_ba`, Mamba-1's `x_proj` and `dt_proj`, a shared expert's sigmoid gate.
+    AUX = "aux"
 
 
 #: The attention's projections (self-attention; cross-attention has its own roles).
@@ -80,6 +84,14 @@ class Linear(BaseModel):
     parts: tuple[int, ...] = ()
     #: Tokens that pass through each copy, as a fraction of all tokens (top-k / experts).
     token_fraction: float = 1.0
+    #: Expert-parallel ranks the bank's experts are split over (`copies` are one rank's:
+    #: `vram.sharding.expert_parallel`); 1 for every Linear of a whole model.
+    ep_split: int = 1
+
+    @property
+    def is_bank(self) -> bool:
+        """A routed expert bank: one copy per expert (or this rank's share of them)."""
+        return self.copies > 1 or self.ep_split > 1
 
     @property
     def weight_params(self) -> int:
@@ -190,6 +202,12 @@ class LayerStack(BaseModel):
     #: list (torch/include/ATen/autocast_mode.h@v2.13.0 AT_FORALL_FP32), so under autocast
     #: the cubic, the tanh and 1 + tanh run, and are kept, in fp32.
     act_pow_fp32: bool = False
+    #: The activation is transformers' Python xIELU (`XIELUActivation._xielu_python`, what runs
+    #: without the experimental `xielu` CUDA extension): `where(x > 0, α_p·x·x + β·x,
+    #: (expm1(min(x, ε)) − x)·α_n + β·x)` keeps x, the mask `x > 0`, α_p·x and expm1's output,
+    #: and (α_n trained) expm1 − x; α_p, α_n are (1,)-shaped, so under autocast (softplus and
+    #: expm1 on CUDA's fp32 list) the products are fp32 (transformers/activations.py@v5.24.0).
+    act_xielu: bool = False
     #: The activation keeps its output, not its input (ReLU: `threshold_backward(grad,
     #: result)`), and that output is the down projection's input: one tensor for both when
     #: the down projection keeps its input (OPT's fc1 -> ReLU -> fc2).
@@ -216,6 +234,9 @@ class LayerStack(BaseModel):
     #: Attention sees only the last `attention_window` positions (a sliding-window or chunked
     #: layer of a local/global pattern: Gemma 3, gpt-oss, OLMo 3, Llama 4); None: all.
     attention_window: int | None = None
+    #: This stack holds the model's first layer where that is not the first stack (a family
+    #: that groups its layers by kind: `vram.model.families.parts.by_kind`).
+    holds_first_layer: bool = False
 
     @property
     def params_per_layer(self) -> int:
@@ -269,6 +290,16 @@ class VisionSpec(BaseModel):
     @property
     def depth(self) -> int:
         return sum(stack.count for stack in self.blocks)
+class V4ExpertNames(StrEnum):
+    """How transformers 4 named a model type's experts, which transformers 5 fused into 3-D
+    banks (transformers/conversion_mapping.py@v5.24.0 `_MODEL_TO_CONVERSION_PATTERN`: the
+    `qwen2_moe` and `mixtral` patterns). PEFT rewrites LoRA targets that name them into
+    `target_parameters` on the banks (peft/utils/transformers_weight_conversion.py@v0.21.2
+    `_MOE_TARGET_MODULE_MAPPING`)."""
+
+    NONE = ""
+    GATE_UP_DOWN = "gate_proj/up_proj/down_proj"  # the qwen2_moe pattern
+    W1_W3_W2 = "w1/w3/w2"  # the mixtral pattern
 
 
 class HeadKind(StrEnum):
@@ -314,6 +345,8 @@ class ModelSpec(BaseModel):
     projector_params: int = 0
     #: Its structure, for image inputs (None: a text model, or a tower not described yet).
     vision: VisionSpec | None = None
+    #: The transformers-4 names of the experts that PEFT rewrites into the expert banks.
+    v4_expert_names: V4ExpertNames = V4ExpertNames.NONE
 
     @property
     def lm_head_tied(self) -> bool:
@@ -355,6 +388,11 @@ class ModelSpec(BaseModel):
     def decoder(self) -> LayerStack:
         """The stack that produces the output (the last one)."""
         return self.stacks[-1]
+
+    @property
+    def first_stack(self) -> LayerStack:
+        """The stack of the first layer (the last one whose backward runs)."""
+        return next((stack for stack in self.stacks if stack.holds_first_layer), self.stacks[0])
 
     @property
     def is_moe(self) -> bool:

@@ -9,6 +9,8 @@
 from vram.setup.enums import (
     Attention,
     ContextParallel,
+    ExpertBanks,
+    Experts,
     Fp8Recipe,
     Framework,
     Loss,
@@ -21,14 +23,12 @@ from vram.setup.enums import (
     Sharding,
 )
 from vram.setup.knob import Knob
+from vram.setup.lora_targets import ALL_LINEAR, LORA_TARGET_NAMES, LORA_TARGETS, parse_lora_targets
 from vram.setup.training import (
     ADAPTERS,
-    ALL_LINEAR,
     BNB_VERSION,
     CASE_FILE_DEEPSPEED_NAMES,
     FSDP_SHARDING_NAMES,
-    LORA_TARGET_NAMES,
-    LORA_TARGETS,
     MAX_CONTEXT_MIB,
     MAX_GPUS,
     MAX_LORA_RANK,
@@ -37,7 +37,6 @@ from vram.setup.training import (
     SHARDING_ALIASES,
     TORCH_VERSION,
     TrainingSetup,
-    parse_lora_targets,
 )
 
 __all__ = [
@@ -57,6 +56,8 @@ __all__ = [
     "TORCH_VERSION",
     "Attention",
     "ContextParallel",
+    "ExpertBanks",
+    "Experts",
     "Fp8Recipe",
     "Framework",
     "Knob",

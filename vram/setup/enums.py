@@ -16,6 +16,24 @@ class Method(StrEnum):
     QLORA = "qlora"
 
 
+class ExpertBanks(StrEnum):
+    """Which MoE expert banks LoRA adapts through PEFT's `target_parameters` (the banks are 3-D
+    parameters, not the nn.Linear modules `target_modules` names): gate/up (or the up bank of
+    a non-gated expert), down, both, or none beyond what the LoRA targets reach."""
+
+    NONE = "none"
+    GATE_UP = "gate_up"
+    DOWN = "down"
+    ALL = "all"
+
+
+class Experts(StrEnum):
+    """How Transformers 5 runs an MoE layer's experts (`experts_implementation`)."""
+
+    GROUPED_MM = "grouped_mm"  # its default: one grouped matmul per bank, any dtype
+    EAGER = "eager"  # a loop over the experts, each indexing the banks
+
+
 class Quant(StrEnum):
     NONE = "none"
     NF4 = "nf4"

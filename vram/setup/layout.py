@@ -36,6 +36,8 @@ class Layout(Protocol):
     @property
     def ep(self) -> int: ...
     @property
+    def capacity_factor(self) -> float: ...
+    @property
     def sequence_parallel(self) -> bool | None: ...
     @property
     def pp_schedule(self) -> PipelineSchedule | None: ...
@@ -91,6 +93,10 @@ def check_layout(setup: Layout) -> None:
     if group % setup.ep:
         raise ValueError(f"ep: {setup.ep} must divide the {group} data- and context-parallel "
                          f"GPUs (gpus ÷ tp ÷ pp)")
+    if setup.capacity_factor != 1.0 and setup.ep == 1:
+        raise ValueError("capacity_factor: routing imbalance moves rows between GPUs only "
+                         "under expert parallel; set ep above 1 (one GPU's experts compute "
+                         "tokens × top-k rows whatever the routing)")
     if setup.sequence_parallel and setup.tp == 1:
         raise ValueError("sequence_parallel: splits the sequence over the TP ranks; "
                          "set tp above 1")

@@ -17,6 +17,8 @@ from vram.memory.allocator.conf import parse_alloc_conf
 from vram.setup.enums import (
     Attention,
     ContextParallel,
+    ExpertBanks,
+    Experts,
     Fp8Recipe,
     Framework,
     Loss,
@@ -30,6 +32,7 @@ from vram.setup.enums import (
 )
 from vram.setup.knob import Knob
 from vram.setup.layout import check_layout, shard_group
+from vram.setup.lora_targets import ALL_LINEAR, parse_lora_targets
 from vram.setup.vision import (
     CropImages,
     FreezeVision,
@@ -61,34 +64,13 @@ SHARDING_ALIASES: dict[str, Sharding] = {
 FSDP_SHARDING_NAMES = frozenset({"fsdp-full", "fsdp", "fsdp-grad-op", "fsdp-no-shard"})
 CASE_FILE_DEEPSPEED_NAMES = frozenset({"zero1", "zero2", "zero3"})
 
-#: LoRA target names (PEFT / Hugging Face naming) that `vram` understands, in the one
-#: canonical order (equal setups compare equal, URLs are stable).
-LORA_TARGETS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
-                                 "up_proj", "down_proj", "lm_head")
-LORA_TARGET_NAMES: frozenset[str] = frozenset(LORA_TARGETS)
-ALL_LINEAR: Literal["all-linear"] = "all-linear"
-
-
-def parse_lora_targets(value: str | tuple[str, ...] | list[str]) -> tuple[str, ...] | str:
-    """``q_proj,v_proj`` (or ``;``-separated, or a list) -> the canonical tuple; ``all-linear``
-    stays. An unknown or empty list is a `ValueError` naming what is allowed."""
-    raw = value.replace(";", ",").split(",") if isinstance(value, str) else list(value)
-    parts = [str(p).strip().lower() for p in raw if str(p).strip()]
-    if not parts:
-        raise ValueError("give at least one LoRA target module, or all-linear")
-    if ALL_LINEAR in parts:
-        return ALL_LINEAR
-    unknown = [p for p in parts if p not in LORA_TARGET_NAMES]
-    if unknown:
-        raise ValueError(f"{unknown[0][:40]!r} is not one of: {', '.join(LORA_TARGETS)}, "
-                         "or all-linear")
-    return tuple(name for name in LORA_TARGETS if name in parts)
-
 MAX_MICRO_BATCH = 4096
 MAX_SEQ_LEN = 4 * 1024 * 1024
 MAX_GPUS = 4096
 MAX_LORA_RANK = 4096
 MAX_CONTEXT_MIB = 64 * 1024
+#: The largest expert capacity factor accepted (every token of 64 ranks to one rank's experts).
+MAX_CAPACITY_FACTOR = 64.0
 #: The methods that train adapters (knobs of LoRA only mean something with them).
 ADAPTERS: tuple[str, ...] = ("lora", "qlora")
 
@@ -136,6 +118,15 @@ class TrainingSetup(BaseModel):
         app_options=(0.0, 0.05, 0.1),
         help="PEFT keeps the dropped-out copy of each adapted Linear's input.",
     )] = 0.05
+    lora_experts: Annotated[ExpertBanks, Knob(
+        "LoRA on expert banks", key="lexp", flag="--lora-experts", column="lora_experts",
+        only_for=ADAPTERS,
+        labels=(("none", "none beyond the targets"), ("gate_up", "gate/up banks"),
+                ("down", "down banks"), ("all", "all expert banks")),
+        help="MoE expert banks LoRA adapts through PEFT target_parameters (axolotl "
+             "lora_target_parameters): a rank-r adapter per expert and a bank-sized copy of "
+             "the adapted weights every forward",
+    )] = ExpertBanks.NONE
     quant: Annotated[Quant | None, Knob(
         "Quantization of the base", key="quant", flag="--quant", column="quant",
         only_for=("qlora",),
@@ -396,6 +387,14 @@ class TrainingSetup(BaseModel):
         labels=(("sdpa", "SDPA"), ("eager", "eager (keeps s×s scores)"),
                 ("flash", "FlashAttention")),
     )] = Attention.SDPA
+    experts_implementation: Annotated[Experts, Knob(
+        "MoE experts implementation", key="moeimpl", flag="--experts-implementation",
+        column="experts_implementation",
+        labels=(("grouped_mm", "grouped_mm (Transformers 5 default)"),
+                ("eager", "eager loop over the experts")),
+        help="Transformers 5's experts_implementation: grouped_mm runs each expert bank as one "
+             "matmul in the bank's dtype; eager loops over the experts under autocast",
+    )] = Experts.GROUPED_MM
     loss: Annotated[Loss | None, Knob(
         "Loss (cross-entropy)", key="loss", flag="--loss", column="loss",
         labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),
@@ -448,6 +447,13 @@ class TrainingSetup(BaseModel):
         "Expert parallel", key="ep", flag="--ep", column="ep", app_options=(1, 2, 4, 8, 16),
         help="GPUs an MoE layer's experts are split over (within the data-parallel ranks)",
     )] = 1
+    capacity_factor: Annotated[float, Field(strict=False, gt=0.0, le=MAX_CAPACITY_FACTOR), Knob(
+        "Expert capacity factor", key="cf", flag="--capacity-factor", column="capacity_factor",
+        app_options=(1.0, 1.25, 1.5, 2.0, 4.0),
+        help="under expert parallel, the rows each GPU's experts compute as a multiple of its "
+             "tokens × top-k (1: balanced routing; the worst case is ep × min(E/ep, top-k) / "
+             "top-k, where the capacity is not capped)",
+    )] = 1.0
     fp8: Annotated[Fp8Recipe, Knob(
         "FP8 training", key="fp8", flag="--fp8", column="fp8",
         labels=(("none", "none"), ("tensorwise", "torchao tensorwise"),
@@ -481,7 +487,7 @@ class TrainingSetup(BaseModel):
 
     @field_validator(
         "method", "quant", "optimizer", "precision", "attention", "loss", "offload", "framework",
-        "pp_schedule", "cp_kind", "fp8", mode="before",
+        "lora_experts", "experts_implementation", "pp_schedule", "cp_kind", "fp8", mode="before",
     )
     @classmethod
     def _enum_from_text(cls, value: object) -> object:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vram.setup import Loss, Method, TrainingSetup
+from vram.setup import Experts, Loss, Method, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy, precision_policy
 from vram.stacks.resolve import resolve
 from vram.stacks.table import stack_row
@@ -51,6 +51,8 @@ class StackProfile:
     offloads_checkpoints: bool
     #: QLoRA quantizes MoE expert banks (see `StackRow.quantizes_expert_banks`).
     quantizes_expert_banks: bool
+    #: 'all-linear' reaches PEFT as module names (see `StackRow.all_linear_by_module_name`).
+    all_linear_by_module_name: bool
     keeps_logits: bool
     keeps_previous_graph: bool
     #: bitsandbytes dequantizes to fp16 and casts to the compute dtype: two full copies.
@@ -75,6 +77,14 @@ def runs_transformers_code(profile: StackProfile) -> bool:
     """Whether the model code is Transformers' own (HF Trainer, PEFT, accelerate) rather than
     LitGPT's or torchtune's reimplementation: attention dispatch and masks follow it."""
     return not (profile.adapts_fused_slices or profile.fused_activations)
+
+
+def runs_grouped_experts(setup: TrainingSetup, profile: StackProfile) -> bool:
+    """Transformers' MoE experts run `grouped_mm` (its default in any dtype: the knob
+    `experts_implementation`; transformers/modeling_utils.py@v5.24.0
+    `get_correct_experts_implementation`): each 3-D bank is one matmul in the bank's own dtype,
+    which autocast does not cast (transformers/integrations/moe.py@v5.24.0 `_grouped_mm`)."""
+    return runs_transformers_code(profile) and setup.experts_implementation is Experts.GROUPED_MM
 
 
 def profile_for(setup: TrainingSetup) -> StackProfile:
@@ -112,6 +122,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         checkpoint_keeps_ctx_attributes=not run.ckpt_reentrant,
         offloads_checkpoints=bool(run.ckpt_offload),
         quantizes_expert_banks=row.quantizes_expert_banks,
+        all_linear_by_module_name=row.all_linear_by_module_name,
         keeps_logits=row.keeps_logits,
         keeps_previous_graph=row.keeps_previous_graph,
         # Quantized from fp16, an fp16 compute dtype needs no second copy.

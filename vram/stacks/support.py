@@ -12,7 +12,7 @@ knob, the stack and the source, instead of a number for a run that cannot happen
 
 from __future__ import annotations
 
-from vram.setup import Fp8Recipe, TrainingSetup
+from vram.setup import ExpertBanks, Fp8Recipe, TrainingSetup
 from vram.stacks.table import StackRow
 
 
@@ -36,6 +36,11 @@ def unsupported(run: TrainingSetup, row: StackRow | None = None) -> str | None:
                 f"({src['context_parallel_kinds']})")
     if run.ep > 1 and not row.runs_expert_parallel:
         return f"ep: {stack} runs no expert parallel ({src['runs_expert_parallel']})"
+    if (run.lora_experts is not ExpertBanks.NONE and run.trains_adapters
+            and not row.lora_target_parameters):
+        where = src["lora_target_parameters"].split(" (")[0]
+        return (f"lora_experts: {stack} has no PEFT target_parameters option, so no LoRA on "
+                f"expert banks ({where[:100]}); use none")
     if run.fp8 is not Fp8Recipe.NONE and run.fp8 not in row.fp8_recipes:
         recipes = ", ".join(r.value for r in row.fp8_recipes) or "none"
         return (f"fp8: {stack} trains float8 with {recipes}, not {run.fp8.value} "

@@ -83,6 +83,11 @@ class StackRow(BaseModel):
     #: A vision-language model's images are scaled into the `min_pixels`/`max_pixels` bounds by
     #: the stack before the model's processor, which then applies its own (LLaMA-Factory).
     resizes_images_before_processor: bool
+    #: A run can name PEFT `target_parameters`: LoRA on the MoE expert banks (`lora_experts`).
+    lora_target_parameters: bool
+    #: 'all-linear' reaches PEFT as the names of the model's nn.Linear modules (the stack lists
+    #: them), not as PEFT's own 'all-linear', which on transformers 5 also names the experts.
+    all_linear_by_module_name: bool
     #: Runs tensor parallel (`tp`).
     runs_tensor_parallel: bool
     #: Runs pipeline parallel (`pp`).

@@ -174,7 +174,7 @@ def bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     if profile_for(setup).precision.casts_weights:
         # autocast casts each expert's slice (not a leaf: never cached) and the Linear keeps
         # the cast; the two experts through backward have dropped theirs
-        bank_params = max(sum(ln.weight_params for ln in st.linears if ln.copies > 1)
+        bank_params = max(sum(ln.weight_params for ln in st.linears if ln.is_bank)
                           for st in model.stacks)  # one layer's banks
         casts = 2 * bank_params * 2 // experts
     return BankWrite(buffers, 0, casts, loop=True)
@@ -239,7 +239,7 @@ def saved_layer_items(model: ModelSpec, setup: TrainingSetup, plan: act.Activati
                 key, label, formula,
                 {"tokens": tokens, "layers": layer.count,
                  "per_token_bytes": term.bytes_per_token},
-                term.bytes_per_token * tokens * layer.count,
+                (term.bytes_per_token * tokens + term.fixed_bytes) * layer.count,
                 "autograd saved tensors; see vram.memory.activations",
             )
             for layer in layers

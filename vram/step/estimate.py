@@ -39,6 +39,7 @@ from vram.memory.weights import (
     weight_items,
     working_items,
 )
+from vram.model.lora_reach import expert_lora_notes
 from vram.model.params import ParamGroup, param_groups, trainable_params
 from vram.model.spec import ModelSpec
 from vram.result import (
@@ -53,6 +54,7 @@ from vram.result import (
 )
 from vram.setup import TrainingSetup
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
+from vram.sharding.expert_parallel import ep_local, state_model
 from vram.sharding.pipeline import StagePlan, peak_stages, stage_model, stage_plans
 from vram.sharding.shards import Shards, shards_of
 from vram.sharding.tensor_parallel import tp_local
@@ -65,9 +67,10 @@ from vram.step.moments import step_moments
 from vram.step.pipeline_moments import with_pipeline
 
 
-def _fixed_notes(model: ModelSpec, optimizer: OptimizerPart) -> tuple[str, ...]:
+def _fixed_notes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                 optimizer: OptimizerPart) -> tuple[str, ...]:
     """The notes that do not depend on the peak moment."""
-    notes: list[str] = []
+    notes: list[str] = list(expert_lora_notes(model, setup, profile))
     if optimizer.paged_bytes:
         notes.append(
             f"Paged optimizer state ({optimizer.paged_bytes:,} B) lives in unified memory: "
@@ -110,22 +113,33 @@ class StatePart:
     live_weight_items: dict[MomentId, list[LineItem]]
 
 
+def _state_groups(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                  ways: int, groups: list[ParamGroup]) -> list[ParamGroup]:
+    """The parameter groups that size a state split `ways` ways: under expert parallel the
+    whole banks where it is sharded (`vram.sharding.expert_parallel.state_model`)."""
+    whole = state_model(model, ways > 1)
+    return groups if whole is model else param_groups(whole, setup, profile)
+
+
 def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     profile = profile_for(setup)
-    groups = param_groups(model, setup, profile)
+    groups = param_groups(model, setup, profile)  # what the rank computes with
     shards = shards_of(setup)
-    weights_on_gpu, host = weight_items(model, setup, profile, groups, shards)
+    w_groups, g_groups, o_groups = (_state_groups(model, setup, profile, ways, groups) for ways
+                                    in (shards.weights, shards.gradients, shards.optimizer))
+    weights_on_gpu, host = weight_items(model, setup, profile, w_groups, shards,
+                                        unit_groups=groups)
     weights = sum(item.bytes for item in weights_on_gpu)
-    optimizer = optimizer_part(model, groups, setup, profile, shards)
+    optimizer = optimizer_part(model, o_groups, setup, profile, shards)
     opt_bytes = sum(item.bytes for item in optimizer.items)
-    grads = gradient_part(model, setup, groups, shards, profile)
-    zero = zero_buffers(setup, groups, shards,
+    grads = gradient_part(model, setup, g_groups, shards, profile, unit_groups=groups)
+    zero = zero_buffers(setup, g_groups, shards,
                         gradients_on_device=not grads.host and grads.total > 0)
     fixed_overhead = fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
         host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
-        working={stage: working_items(model, setup, profile, groups, shards, stage)
+        working={stage: working_items(model, setup, profile, w_groups, shards, stage)
                  for stage in Stage},
         zero=zero, static_bytes=weights + opt_bytes + grads.ddp_buckets + zero.bucket_bytes,
         state_bytes=weights + grads.total + grads.ddp_buckets + opt_bytes + optimizer.paged_bytes,
@@ -138,7 +152,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         fixed_overhead=fixed_overhead,
         fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
         context_bytes=cuda_context_bytes(setup), bounds_shares=shares_for(model, setup),
-        fixed_notes=_fixed_notes(model, optimizer),
+        fixed_notes=_fixed_notes(model, setup, profile, optimizer),
         live_weight_items=deepspeed_live_items(model, setup, groups))
 
 
@@ -183,7 +197,8 @@ def _step_peak(model: ModelSpec, setup: TrainingSetup,
     problem = resolve(setup).unsupported
     if problem is not None:
         raise VramError(problem)
-    model = tp_local(model, setup.tp)  # one tensor-parallel rank's slice
+    # one tensor-parallel rank's slice, holding one expert-parallel rank's experts
+    model = ep_local(tp_local(model, setup.tp), setup.ep)
     if setup.pp == 1:
         return _rank_peak(model, setup, figures, None)
     best: StepPeak | None = None
@@ -307,8 +322,8 @@ def _gradient_items(part: StatePart, peak: Moment) -> tuple[LineItem, ...]:
 
 def _whole_model_params(model: ModelSpec, setup: TrainingSetup, part: StatePart) -> ParamCounts:
     """The whole model's parameter counts (under tensor or pipeline parallel the state part is
-    one rank's slice)."""
-    if setup.tp == 1 and setup.pp == 1:
+    one rank's slice; under expert parallel it holds `E / ep` experts)."""
+    if setup.tp == 1 and setup.pp == 1 and setup.ep == 1:
         return part.params
     groups = memoized(model, ("param groups", setup_key(setup, TOKEN_FIELDS)),
                       lambda: param_groups(model, setup, part.profile))

@@ -142,16 +142,20 @@ def _first_layer_backward(c: StepContext) -> Moment:
     larger. With gradient accumulation the gradient being written is a new tensor beside the
     accumulated one, so a large bank's gradient can make the MLP's moment the larger even where
     the attention's transients are (choosing one moment by the transients alone made the
-    estimate fall as the sequence grew, issue 25)."""
-    plan = c.plan
-    mlp = _late_layer_moment(c, Stage.FIRST_LAYER, plan.backward_mlp_transient_bytes,
-                             c.grads.largest_in_layer)
-    attention = _late_layer_moment(c, Stage.FIRST_ATTENTION,
+    estimate fall as the sequence grew, issue 25). An MoE model whose first layer is dense
+    holds that layer's own tensors and its largest gradient, and no bank."""
+    plan, grads = c.plan, c.grads
+    if plan.dense_first_layer is not None:
+        dense_layer, transient = plan.dense_first_layer
+        return _late_layer_moment(c, Stage.FIRST_LAYER, dense_layer, transient,
+                                  grads.largest_in_first_layer)
+    first_layer = plan.recompute_bytes if c.setup.grad_ckpt else plan.layer_bytes_max
+    mlp = _late_layer_moment(c, Stage.FIRST_LAYER, first_layer,
+                             plan.backward_mlp_transient_bytes, grads.largest_in_layer)
+    attention = _late_layer_moment(c, Stage.FIRST_ATTENTION, first_layer,
                                    plan.backward_attention_transient_bytes,
-                                   c.grads.largest_in_attention)
+                                   grads.largest_in_attention)
     if c.bank is not None:  # the bank's gradient write stands for the MLP's moment
-        grads, setup = c.grads, c.setup
-        first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
         mlp = Moment(
             Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD,
             max(c.accumulated_bytes, grads.total - grads.pending
@@ -161,22 +165,22 @@ def _first_layer_backward(c: StepContext) -> Moment:
     return max(mlp, attention, key=lambda m: m.gradients_total + m.activation_bytes)
 
 
-def _late_layer_moment(c: StepContext, stage: Stage, transient_bytes: int,
+def _late_layer_moment(c: StepContext, stage: Stage, layer_bytes: int, transient_bytes: int,
                        written_bytes: int) -> Moment:
-    """The first layer's backward at one of its two moments: the layer's saved tensors, the
-    moment's transients and the gradient being written (`_first_layer_backward`)."""
-    grads, plan, setup = c.grads, c.plan, c.setup
+    """The first layer's backward at one of its moments: the layer's saved tensors
+    (`layer_bytes`), the moment's transients and the gradient being written
+    (`_first_layer_backward`)."""
+    grads, plan = c.grads, c.plan
     building = 0 if grads.unsharded_unit or c.in_backward else written_bytes
     late_grads = grads.head if c.in_backward else max(
         c.accumulated_bytes, grads.total - grads.pending - building - grads.vision
         - (grads.per_layer if grads.unsharded_unit else 0))
-    first_layer = plan.recompute_bytes if setup.grad_ckpt else plan.layer_bytes_max
     return Moment(Phase.BACKWARD, MomentId.FIRST_LAYER_BACKWARD, late_grads, [
         *c.working[stage], *c.mask,
         ItemDraft(key="activations.backward", label="first layer's activations and gradients",
                   formula="one layer's saved tensors + its backward buffers + the gradient "
                          "being written", inputs={"tokens": plan.tokens},
-                  bytes=first_layer + transient_bytes + building,
+                  bytes=layer_bytes + transient_bytes + building,
                   source="per-layer backward"), *c.tied_pending, *c.vision], c.reducing)
 
 

@@ -26,6 +26,7 @@ Recipes (what each `TrainingSetup` field becomes):
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +36,15 @@ import torch
 from torch import nn
 
 from vram.errors import VramError
-from vram.setup import ALL_LINEAR, Attention, Method, Precision, TrainingSetup
+from vram.setup import (
+    ALL_LINEAR,
+    Attention,
+    ExpertBanks,
+    Experts,
+    Method,
+    Precision,
+    TrainingSetup,
+)
 from vram.stacks.precision import lora_base_16bit
 from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
@@ -48,7 +57,6 @@ LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers"
 
 #: Families the trace knows: model_type -> kind of head.
 SEQ2SEQ = {"t5", "mt5", "bart"}
-MOE = {"mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2"}
 CLASSIFIER = {"bert", "roberta", "deberta", "deberta-v2", "distilbert"}
 
 #: LoRA target name -> module-name suffixes (regex, matched at the end of the module path).
@@ -126,24 +134,45 @@ class Built:
     inputs: vision.Inputs | None = None
 
 
+def _block_kinds(config: dict[str, Any]) -> list[Any] | None:
+    """Nemotron-H's one entry per block (`layers_block_type`): its depth, and its pattern."""
+    kinds = config.get("layers_block_type")
+    return kinds if isinstance(kinds, list) and kinds else None
+
+
 def depth(config: dict[str, Any]) -> int:
-    """Number of repeated blocks the config describes (a VLM: its language model's)."""
+    """Number of repeated blocks the config describes (a VLM: its language model's;
+    Nemotron-H: its list of blocks, which NemotronHConfig reads instead of a count)."""
     for key in LAYER_KEYS:
         if isinstance(config.get(key), int):
             return int(config[key])
     if vision.is_vlm(config) and vision.text_part(config) is not config:
         return depth(vision.text_part(config))
+    kinds = _block_kinds(config)
+    if kinds is not None:
+        return len(kinds)
     raise TraceUnsupported("config: no num_hidden_layers / num_layers / n_layer key")
+
+
+def _period(types: list[Any]) -> int:
+    for period in range(1, len(types) + 1):
+        if all(types[i] == types[i % period] for i in range(len(types))):
+            return period
+    return 1
 
 
 def layer_period(config: dict[str, Any]) -> int:
     """After how many blocks the block kinds repeat (1: every block alike).
 
-    Read from the `layer_types` Transformers derives for the config (Gemma 2 alternates
-    sliding-window and global attention: period 2). The trace extrapolates whole periods.
+    Read from Nemotron-H's `layers_block_type`, else the `layer_types` Transformers derives
+    for the config (Gemma 2 alternates sliding-window and global attention: period 2). The
+    trace extrapolates whole periods.
     """
     from transformers import AutoConfig
 
+    kinds = _block_kinds(config)
+    if kinds is not None:
+        return _period(kinds)
     try:
         fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
         hf = AutoConfig.for_model(str(config.get("model_type", "")), **fields)
@@ -152,10 +181,7 @@ def layer_period(config: dict[str, Any]) -> int:
     types = getattr(hf.get_text_config(), "layer_types", None)
     if not isinstance(types, list) or not types:
         return 1
-    for period in range(1, len(types) + 1):
-        if all(types[i] == types[i % period] for i in range(len(types))):
-            return period
-    return 1
+    return _period(types)
 
 
 def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
@@ -168,8 +194,9 @@ def with_depth(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
     for key in LAYER_KEYS:
         if key in out and isinstance(out[key], int):
             out[key] = n_layers
-    if isinstance(out.get("layer_types"), list):
-        out["layer_types"] = (out["layer_types"] * n_layers)[:n_layers]
+    for key in ("layer_types", "layers_block_type"):
+        if isinstance(out.get(key), list):
+            out[key] = (out[key] * n_layers)[:n_layers]
     return out
 
 
@@ -313,6 +340,41 @@ def _quantize(model: nn.Module, lists: list[tuple[str, nn.ModuleList]], setup: T
                 model.config.tie_word_embeddings = False
 
 
+#: PEFT `target_parameters` of each `lora_experts` choice: the expert banks by their names in
+#: transformers 5 (`gate_up_proj`, or `up_proj` for a non-gated expert; `down_proj`).
+EXPERT_PARAMETERS: dict[ExpertBanks, tuple[str, ...]] = {
+    ExpertBanks.NONE: (),
+    ExpertBanks.GATE_UP: ("experts.gate_up_proj", "experts.up_proj"),
+    ExpertBanks.DOWN: ("experts.down_proj",),
+    ExpertBanks.ALL: ("experts.gate_up_proj", "experts.up_proj", "experts.down_proj"),
+}
+
+
+@contextlib.contextmanager
+def _expert_adapters_without_dropout() -> Iterator[None]:
+    """PEFT's `ParamWrapper` (LoRA on a parameter: the expert banks, a router weight) refuses
+    `lora_dropout != 0` (peft/tuners/lora/layer.py@v0.21.2 `ParamWrapper.__init__`); axolotl
+    builds it with dropout 0 and keeps the run's dropout on every other adapter
+    (src/axolotl/loaders/adapter.py@01883e35 `_patch_peft_param_wrapper_dropout`). The trace
+    does the same, so a run that names the banks (or whose targets PEFT rewrites into them)
+    traces as axolotl runs it."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    original = ParamWrapper.__init__
+
+    def init(self: Any, base_layer: Any, adapter_name: str, parameter_name: str, config: Any,
+             *args: Any, **kwargs: Any) -> None:
+        config = copy.copy(config)
+        config.lora_dropout = 0.0
+        original(self, base_layer, adapter_name, parameter_name, config, *args, **kwargs)
+
+    ParamWrapper.__init__ = init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ParamWrapper.__init__ = original  # type: ignore[method-assign]
+
+
 def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: str) -> nn.Module:
     from peft import LoraConfig, TaskType, get_peft_model
 
@@ -326,22 +388,12 @@ def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: s
         lora_dropout=setup.lora_dropout, task_type=task,
         # Conv1D stores its weight transposed; PEFT would set this itself, with a warning
         fan_in_fan_out=model_type in CONV1D_TYPES,
+        target_parameters=list(EXPERT_PARAMETERS[setup.lora_experts]) or None,
     )
     # PEFT upcasts adapters to fp32 unless the stack keeps the model dtype (vram.stacks.table).
     keep_dtype = not stack_row(setup.framework).fp32_adapters
-    try:
+    with _expert_adapters_without_dropout():
         peft_model = get_peft_model(model, lora_config, autocast_adapter_dtype=not keep_dtype)
-    except ValueError as exc:
-        if "lora_dropout" not in str(exc):
-            raise
-        # LoRA on an MoE layer's expert banks (3-D parameters) is PEFT's lora.ParamWrapper,
-        # whose __init__ raises "does not work with lora_dropout != 0"
-        # (peft@v0.21.2 src/peft/tuners/lora/layer.py ParamWrapper).
-        raise TraceUnsupported(
-            f"lora_dropout: {setup.lora_dropout:g}: PEFT trains an MoE model's expert banks "
-            "only with lora_dropout 0 (src/peft/tuners/lora/layer.py@v0.21.2 ParamWrapper); "
-            "trace with "
-            "--lora-dropout 0") from None
     if keep_dtype:
         dtype = weight_dtype(setup)
         for name, param in peft_model.named_parameters():
@@ -365,10 +417,7 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
     if kind == "vlm" and (setup.sharding.shards_weights or setup.n_gpus > 1):
         raise TraceUnsupported("sharding: vision-language models are traced on one GPU")
     model = _instantiate(config, setup, kind)
-    if model_type in MOE and (autocast_dtype(setup) is not None
-                              or weight_dtype(setup) is not torch.bfloat16):
-        # transformers' default `grouped_mm` experts need bf16 operands; the other recipes
-        # run the eager expert loop (see moe.py).
+    if setup.experts_implementation is Experts.EAGER:
         from vram.trace.moe import patch_moe, use_uniform_experts
 
         patch_moe()

@@ -5,11 +5,17 @@ backward (2 bytes per value in 16 bits). On CUDA, PyTorch takes the fused `nativ
 kernel, which keeps a 1-byte boolean mask (aten/src/ATen/native/Dropout.cpp,
 `is_fused_kernel_acceptable`). The trace stands in for a GPU, so it routes dropout to
 `native_dropout`: the mask it keeps is the one a GPU keeps.
+
+Dropout called from inside an ATen composite (SDPA's math path, `_scaled_dot_product_attention_
+math`, drops its probabilities with `at::dropout`) never reaches `F.dropout`; for the same reason
+the `aten::dropout` composite is given the fused kernel too while the step runs (a `torch.library`
+registration, removed on exit).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -28,11 +34,22 @@ def fused_dropout(input: torch.Tensor, p: float = 0.5, training: bool = True,
     return output
 
 
+def _aten_dropout(input: torch.Tensor, p: float, train: bool) -> torch.Tensor:
+    """`aten::dropout` as CUDA dispatches it (Dropout.cpp `dropout`: the fused kernel)."""
+    return fused_dropout(input, p, train)
+
+
 @contextlib.contextmanager
 def cuda_dropout() -> Iterator[None]:
-    """Inside: `torch.nn.functional.dropout` (and `nn.Dropout`) keep a 1-byte mask."""
+    """Inside: `torch.nn.functional.dropout` (and `nn.Dropout`) and `aten::dropout` called from
+    other composites keep a 1-byte mask."""
     torch.nn.functional.dropout = fused_dropout
+    library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():  # "overriding a previously registered kernel"
+        warnings.simplefilter("ignore")
+        library.impl("dropout", _aten_dropout, "CompositeImplicitAutograd")
     try:
         yield
     finally:
+        library._destroy()
         torch.nn.functional.dropout = _original_dropout

@@ -21,6 +21,7 @@ from vram.trace.attention import cuda_attention
 from vram.trace.build import Built
 from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
+from vram.trace.moe import cuda_grouped_mm
 from vram.trace.tracker import SegmentPeak, StorageTracker
 
 CHUNKS = 8
@@ -138,7 +139,8 @@ def run_steps(built: Built, setup: TrainingSetup, tracker: HostScalarTracker,
               optimizer: torch.optim.Optimizer | None) -> None:
     """Two steps (forward, loss, backward, optimizer step, zero_grad), recorded by `tracker`."""
     vocab = max(built.vocab, 2)
-    with tracker, cuda_attention(setup.attention.value), cuda_dropout(), cuda_autocast():
+    with (tracker, cuda_attention(setup.attention.value), cuda_dropout(), cuda_autocast(),
+          cuda_grouped_mm()):
         batch, seq = setup.micro_batch, setup.seq_len
         extra: dict[str, Any] = {}
         if built.inputs is not None:  # a VLM's micro-batch: ids with image tokens, pixels

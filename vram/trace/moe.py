@@ -1,28 +1,87 @@
-"""Mixture-of-experts layers on fake tensors.
+"""Mixture-of-experts layers on fake tensors, as a CUDA GPU runs them.
 
-With bf16 weights (`bf16-true`) the trace runs transformers' default experts implementation,
-`grouped_mm`: it sorts the `tokens * top_k` assignments by expert, so every shape is static and
-the trace is exact whatever the routing. `grouped_mm` needs bf16 operands, so the fp32 and
-autocast recipes run the eager per-expert loop instead, with routing assumed uniform:
+Transformers 5.24 runs every MoE type's experts through `grouped_mm` by default, whatever the
+dtype (transformers/modeling_utils.py@v5.24.0 `get_correct_experts_implementation`;
+transformers/integrations/moe.py@v5.24.0 `grouped_mm_experts_forward`): the `tokens * top_k`
+assignments are sorted by expert and each bank is one grouped matmul, so every shape is static
+and the trace is exact whatever the routing.
 
-Which tokens an expert receives depends on the router's values, which fake tensors do not have
-(`nonzero` / `torch.where` have data-dependent shapes). The trace therefore runs transformers'
-eager expert loop with the assignment spread evenly: of the `tokens * top_k` assignments, expert
-`e` receives `tokens * top_k // E` (+1 for the first `tokens * top_k % E` experts). Every
-tensor the eager loop allocates (the one-hot expert mask, the gathered tokens, the gate/up and
-down projections, the weighted output accumulated with `index_add_`) is allocated with those
+With `experts_implementation="eager"` transformers loops over the experts, and which tokens
+an expert receives depends on the router's values, which fake tensors do not have (`nonzero` /
+`torch.where` have data-dependent shapes). The trace then runs the eager loop with the
+assignment spread evenly: of the `tokens * top_k` assignments, expert `e` receives
+`tokens * top_k // E` (+1 for the first `tokens * top_k % E` experts). Every tensor the eager
+loop allocates (the one-hot expert mask, the gathered tokens, the gate/up and down
+projections, the weighted output accumulated with `index_add_`) is allocated with those
 shapes. A real batch routes unevenly, so the activations of a real step scatter around this.
 
-The experts are 3D parameters, not `nn.Linear`: QLoRA leaves them unquantized and LoRA cannot
-target them (PEFT's `target_modules` sees only the attention projections).
+On CUDA, `torch._grouped_mm` takes bf16, fp16 and fp32 operands: bf16 on sm90/sm100 runs the
+CUTLASS kernel, anything else a loop of `mm_out` into the same output tensor
+(aten/src/ATen/native/cuda/GroupedBlas.cpp@pytorch 00d4eaf9 `_grouped_mm_cuda`;
+aten/src/ATen/native/GroupedMMUtils.h `_grouped_mm_validate_inputs`, `_grouped_mm_fallback`).
+The op's meta kernel in torch 2.13 checks for bf16 only (torch/_meta_registrations.py
+`_meta_grouped_mm_common`), so on fake tensors an fp32 bank (fp32 and autocast recipes, a QLoRA
+model's upcast banks) cannot run it. For those, `cuda_grouped_mm` runs `CudaGroupedMm`, an
+autograd Function with the CUDA op's memory: it allocates the `[rows, out]` output in the
+operands' dtype, saves its input when the bank needs a gradient and the bank when the input
+does (autograd saves an operand only for the other's gradient), and its backward allocates the
+input's gradient and the bank's in the bank's own strides. bf16 banks run the real op.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+
+
+class CudaGroupedMm(torch.autograd.Function):
+    """`torch._grouped_mm(input [rows, in], weight [E, in, out], offs)` as CUDA allocates it."""
+
+    @staticmethod
+    def forward(ctx: Any, input: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
+                offs: torch.Tensor) -> torch.Tensor:
+        needs_input, needs_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        ctx.save_for_backward(input if needs_weight else None, weight if needs_input else None)
+        ctx.input_shape = input.shape
+        ctx.weight_layout = (weight.shape, weight.stride())
+        return input.new_empty((input.shape[0], weight.shape[-1]))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        input, weight = ctx.saved_tensors
+        grad_input = grad.new_empty(ctx.input_shape) if ctx.needs_input_grad[0] else None
+        # in the bank's own layout (aten's `_grouped_mm_mat_b_backward` takes mat_b's strides),
+        # so the parameter's `.grad` takes it as it is, through the transpose view
+        grad_weight = (grad.new_empty_strided(*ctx.weight_layout) if ctx.needs_input_grad[1]
+                       else None)
+        del input, weight
+        return grad_input, grad_weight, None
+
+
+@contextlib.contextmanager
+def cuda_grouped_mm() -> Iterator[None]:
+    """Inside: transformers' grouped experts run `CudaGroupedMm` for banks that are not bf16."""
+    from transformers.integrations import moe
+
+    original: Callable[..., torch.Tensor] = moe._grouped_mm
+
+    def grouped_mm(input: torch.Tensor, weight: torch.Tensor,
+                   offs: torch.Tensor) -> torch.Tensor:
+        if weight.dtype == torch.bfloat16:
+            return original(input, weight, offs)
+        result: torch.Tensor = CudaGroupedMm.apply(input.to(weight.dtype), weight, offs)
+        return result
+
+    moe._grouped_mm = grouped_mm
+    try:
+        yield
+    finally:
+        moe._grouped_mm = original
+
 
 IMPLEMENTATION = "vram_uniform"
 

@@ -45,6 +45,7 @@ from vram.trace.build import build, with_depth
 from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
 from vram.trace.engine import HostScalarTracker, optimizer_step, swappable
+from vram.trace.moe import cuda_grouped_mm
 from vram.trace.optim import make_optimizer, state_tensors
 
 OLD_LOGPS = "old log-probs (no grad)"
@@ -339,7 +340,7 @@ def trace_rl_training(config: dict[str, Any], setup: RLSetup, *,
         model.train()
         steps = [make_inputs(setup, vocab) for _ in range(2)]  # real: ids and masks
         with (_RealMasks(), tracker, cuda_attention(policy.attention.value),
-              cuda_dropout(), cuda_autocast()):
+              cuda_dropout(), cuda_autocast(), cuda_grouped_mm()):
             tracker.recording = True
             for inputs in steps:
                 with _maybe_autocast(built.autocast):

@@ -22,11 +22,10 @@ from vram.memory.activations.context import LayerContext, MoeBackward, Term, lay
 from vram.memory.activations.kernel import Kernel, attention_kernel
 from vram.memory.activations.layer import LayerActivations, layer_activations
 from vram.memory.activations.plan import ActivationPlan, plan
-from vram.memory.activations.terms import experts_run_grouped
 from vram.memory.head import HeadActivations, head_activations
 
 __all__ = [
     "ActivationPlan", "HeadActivations", "Kernel", "LayerActivations", "LayerContext",
-    "MoeBackward", "Term", "attention_kernel", "experts_run_grouped", "head_activations",
+    "MoeBackward", "Term", "attention_kernel", "head_activations",
     "layer_activations", "layer_context", "plan",
 ]

@@ -10,7 +10,7 @@ from vram.memory.activations.kernel import (
     Kernel,
     attention_kernel,
 )
-from vram.model.params import Roles, targeted_roles
+from vram.model.lora_reach import LoraReach, Roles, lora_reach
 from vram.model.spec import LayerStack, ModelSpec, Role
 from vram.setup import Method, TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
@@ -28,18 +28,21 @@ class Term:
     #: Of what this part keeps, the bytes bitsandbytes' MatMul4Bit holds as ctx attributes
     #: (its inputs): checkpointing's saved-tensor hooks never see them.
     ctx_kept_per_token: int = 0
+    #: Bytes per layer whatever the tokens (PEFT's bank-sized copy of an adapted expert bank).
+    fixed_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class MoeBackward:
     """Where an MoE layer's backward peaks: when the gate/up bank's gradient is written.
 
-    Transformers 5 keeps each expert bank as one 3-D parameter. With bf16 weights its default
-    `grouped_mm` writes the whole bank's gradient at once, after down_proj's bank gradient
-    became `.grad`. The fp32 and autocast recipes run the eager per-expert loop: each expert
-    indexes the bank (`gate_up_proj[e]`), so each expert's weight gradient arrives as a
-    bank-sized `select_backward` tensor that autograd adds into the bank's gradient buffer, one
-    expert after another (the trace, transformers/integrations/moe.py).
+    Transformers 5 keeps each expert bank as one 3-D parameter. Its default experts
+    implementation, `grouped_mm` (any dtype on CUDA: `vram.trace.moe`), writes the whole bank's
+    gradient at once, after down_proj's bank gradient became `.grad`. The eager experts loop
+    (`experts_implementation="eager"`) indexes the bank per expert (`gate_up_proj[e]`), so each
+    expert's weight gradient arrives as a bank-sized `select_backward` tensor that autograd adds
+    into the bank's gradient buffer, one expert after another (the trace, the H200 runs,
+    transformers/integrations/moe.py@v5.24.0).
     """
 
     #: Saved tensors already freed at that moment, minus the activation gradients in flight
@@ -65,8 +68,8 @@ class LayerContext:
     keeps_inputs: bool
     #: Frozen 4-bit Linears keep their inputs as MatMul4Bit ctx attributes.
     bnb_kept: bool
-    #: What LoRA adapts (`EVERY_LINEAR`, or roles; an empty set without adapters).
-    roles: Roles
+    #: What LoRA adapts: nn.Linear roles, expert banks, the router (`vram.model.lora_reach`).
+    reach: LoraReach
     hidden: int
     #: Bytes of one activation element in the compute dtype (`e` in the formulas).
     e: int
@@ -83,9 +86,31 @@ class LayerContext:
     hf: bool
 
     @property
+    def score_columns(self) -> int:
+        """Keys each query's explicit scores span: the sequence, and one sink logit per head
+        where the layer has sinks (gpt-oss concatenates them before its softmax)."""
+        return self.setup.seq_len + (1 if self.stack.attention_sinks else 0)
+
+    @property
+    def roles(self) -> Roles:
+        """The nn.Linear roles LoRA adapts (`EVERY_LINEAR`, or roles; none without adapters)."""
+        return self.reach.roles
+
+    def bank_grad(self, *roles: Role) -> bool:
+        """Whether an expert bank of these roles gets a weight gradient: every bank in a full
+        fine-tune, the banks LoRA adapts (`vram.model.lora_reach`) otherwise."""
+        return self.full or any(self.reach.banks.get(role, 0) for role in roles)
+
+    @property
     def experts(self) -> int:
         """Expert MLPs each token runs (1 for a dense MLP)."""
         return self.stack.experts_per_token or 1
+
+    @property
+    def routed_rows(self) -> float:
+        """Rows this rank's routed experts compute per token of its own: top-k, times the
+        capacity factor under expert parallel (balanced routing: 1; `capacity_factor`)."""
+        return self.experts * self.setup.capacity_factor
 
 
 def layer_context(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
@@ -94,13 +119,13 @@ def layer_context(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
     are matched by their own names: `vram.memory.vision`)."""
     n = profile.precision
     full = setup.method is Method.FULL
-    if roles is None:
-        roles = targeted_roles(setup) if setup.trains_adapters else frozenset()
+    # a vision tower's own roles carry no expert banks and no router
+    reach = lora_reach(model, setup, profile) if roles is None else LoraReach(roles)
     return LayerContext(
         model=model, stack=stack, setup=setup, profile=profile, n=n, full=full,
         keeps_inputs=full or profile.quantized_linear_keeps_input,
         bnb_kept=not full and profile.quantized_linear_keeps_input,
-        roles=roles,
+        reach=reach,
         hidden=hidden_width(stack), e=n.compute, q_out=stack.n_heads * stack.head_dim,
         kv_out=stack.n_kv_heads * stack.head_dim,
         v_out=stack.n_kv_heads * (stack.v_head_dim or stack.head_dim),

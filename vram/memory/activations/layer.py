@@ -12,18 +12,20 @@ from vram.memory.activations.terms import (
     attention_layout,
     attention_term,
     dropout_term,
+    expert_lora_term,
     linear_inputs_term,
     mixer_term,
     mla_term,
     mlp_term,
     norms_term,
+    qk_norm_term,
 )
 from vram.memory.activations.transients import (
     backward_peak,
     forward_working_set_per_token,
     moe_bank_backward,
 )
-from vram.model.params import Roles
+from vram.model.lora_reach import Roles
 from vram.model.spec import LayerStack, Mixer, ModelSpec
 from vram.setup import TrainingSetup
 from vram.stacks.profile import StackProfile
@@ -65,6 +67,15 @@ class LayerActivations:
         return sum(t.bytes_per_token for t in self.terms)
 
     @property
+    def fixed_bytes(self) -> int:
+        """Bytes one layer keeps whatever the tokens (`Term.fixed_bytes`)."""
+        return sum(t.fixed_bytes for t in self.terms)
+
+    def bytes_for(self, tokens: int) -> int:
+        """What one layer keeps for `tokens` tokens."""
+        return self.bytes_per_token * tokens + self.fixed_bytes
+
+    @property
     def ctx_kept_per_token(self) -> int:
         """Bytes held by MatMul4Bit as ctx attributes: non-reentrant checkpointing keeps them."""
         return sum(t.ctx_kept_per_token for t in self.terms)
@@ -83,8 +94,10 @@ def layer_activations(
         layout = replace(layout, kernel=Kernel.FLASH)
     norms = norms_term(c)
     mlp = mlp_term(c)
-    parts = (norms, linear_inputs_term(c), attention_term(c, layout) if attends else None,
-             mixer_term(c), mla_term(c), mlp, dropout_term(c), lora_term(c))
+    parts = (norms, linear_inputs_term(c), qk_norm_term(c),
+             attention_term(c, layout) if attends else None,
+             mixer_term(c), mla_term(c), mlp, dropout_term(c), lora_term(c),
+             expert_lora_term(c))
     peak = backward_peak(c, layout, mlp_per_token=mlp.bytes_per_token,
                          norms_per_token=norms.bytes_per_token)
     return LayerActivations(

@@ -5,7 +5,7 @@ the zero-padded output of a fused projection's slices.
 from __future__ import annotations
 
 from vram.memory.activations.context import LayerContext, Term
-from vram.model.params import EVERY_LINEAR, Roles, is_targeted
+from vram.model.lora_reach import EVERY_LINEAR, Roles, module_adapted
 from vram.model.spec import Role
 from vram.setup import TrainingSetup
 from vram.stacks.precision import PrecisionPolicy
@@ -62,9 +62,9 @@ def lora_term(c: LayerContext) -> Term | None:
     shared_inputs: set[str] = set()
     copies_input = setup.lora_dropout > 0 or lora_bytes != e
     for linear in c.stack.linears:
-        if not is_targeted(linear, c.roles):
-            continue
-        tokens_share = experts if linear.copies > 1 else 1
+        if not module_adapted(linear, c.reach, profile):
+            continue  # an expert bank's adapter keeps no branch: `expert_lora_term`
+        tokens_share = experts if linear.is_bank else 1
         if profile.adapts_fused_slices and linear.role in (Role.Q, Role.K, Role.V):
             # LitGPT: one LoRAQKVLinear, one dropout for all selected slices.
             if fused_seen:
@@ -80,7 +80,7 @@ def lora_term(c: LayerContext) -> Term | None:
         group = _INPUT_GROUP.get(linear.role, linear.name)
         if group == "mlp_in" and c.shared_norm:
             group = "attn_in"  # one shared norm output feeds both
-        if linear.copies > 1 and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
+        if linear.is_bank and linear.role in (Role.GATE, Role.UP, Role.GATE_UP):
             group = "attn_in"  # experts read their gathered copy, counted with the MLP
             shared_inputs.add(group)
         if linear.role in (Role.CROSS_K, Role.CROSS_V):

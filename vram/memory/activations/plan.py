@@ -57,6 +57,10 @@ class ActivationPlan:
     #: without trained banks; see `MoeBackward`).
     moe_freed_minus_inflight_bytes: int | None = None
     moe_loop: bool = False
+    #: An MoE model whose first layer is dense (DeepSeek's, ERNIE's, GLM-4.5's first layers):
+    #: that layer's saved tensors and backward buffers, for the first layer's backward, where
+    #: no expert bank is written (None: the first layer is like the largest).
+    dense_first_layer: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +81,12 @@ class PlanPerToken:
     previous_step: int
     moe: MoeBackward | None
     mask_per_sequence: int
+    #: See `ActivationPlan.dense_first_layer`: that layer.
+    dense_first_layer: LayerActivations | None = None
+    #: Σ layers × what each keeps whatever the tokens (`LayerActivations.fixed_bytes`), with
+    #: every layer's tensors kept (0 under checkpointing); and whether any layer has such.
+    stored_fixed: int = 0
+    any_fixed: bool = False
 
 
 def selective_kept_per_token(model: ModelSpec, stack: LayerStack, setup: TrainingSetup,
@@ -113,7 +123,14 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
             checkpointed += sum(layer.count * layer.ctx_kept_per_token for layer in layers)
     else:
         stored = sum(layer.bytes_per_token * layer.count for layer in layers)
+    any_fixed = any(layer.fixed_bytes for layer in layers)
+    stored_fixed = 0 if setup.grad_ckpt else sum(layer.fixed_bytes * layer.count
+                                                  for layer in layers)
+    first = layers[model.stacks.index(model.first_stack)]
+    moe = next((layer.moe for layer in layers if layer.moe is not None), None)
     return PlanPerToken(
+        dense_first_layer=first if moe is not None and first.moe is None else None,
+        stored_fixed=stored_fixed, any_fixed=any_fixed,
         layers=layers, layer_max=max(layer.bytes_per_token for layer in layers),
         backward_transient=max(layer.backward_transient_per_token for layer in layers),
         forward_transient=max(layer.forward_transient_per_token for layer in layers),
@@ -125,7 +142,7 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
             layer.backward_attention_per_token for layer in layers),
         checkpointed=checkpointed, stored=stored,
         previous_step=_previous_step_bytes_per_token(model, setup, profile, layers),
-        moe=next((layer.moe for layer in layers if layer.moe is not None), None),
+        moe=moe,
         mask_per_sequence=mask_bytes_per_sequence(model, setup, profile, n))
 
 
@@ -144,9 +161,10 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
                     lambda: head_activations(logits_model(model, setup, profile), setup,
                                              profile))
     assert head.kept_per_token is not None  # head_activations always decides it
-    per_layer_max = per.layer_max * tokens
+    per_layer_max = per.layer_max * tokens if not per.any_fixed else max(
+        layer.bytes_for(tokens) for layer in per.layers)
     checkpointed = per.checkpointed * tokens
-    stored = per.stored * tokens
+    stored = per.stored * tokens + per.stored_fixed
     recompute = per_layer_max if setup.grad_ckpt else 0
     offloaded = 0
     if setup.grad_ckpt and profile.offloads_checkpoints:
@@ -154,7 +172,10 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
     elif not setup.grad_ckpt and setup.offload is Offload.ACTIVATIONS:
         offloaded, stored = stored - per_layer_max, per_layer_max
     moe = per.moe
+    dense_first = per.dense_first_layer
     return ActivationPlan(
+        dense_first_layer=None if dense_first is None else (
+            dense_first.bytes_for(tokens), dense_first.backward_transient_per_token * tokens),
         moe_freed_minus_inflight_bytes=None if moe is None
         else moe.freed_minus_inflight_per_token * tokens,
         moe_loop=moe is not None and moe.loop,

@@ -12,16 +12,16 @@ from vram.memory.activations.kernel import (
     Kernel,
     needs_mask,
 )
-from vram.model.params import leaves_bank_unquantized
+from vram.model.lora_reach import bank_rank_factor, is_bank_parameter
 from vram.model.spec import LayerStack, MlpKind, NormKind, Role
-from vram.setup import Attention, Quant, TrainingSetup
+from vram.setup import Attention
 from vram.stacks.precision import PrecisionPolicy
-from vram.stacks.profile import StackProfile, runs_transformers_code
+from vram.stacks.profile import StackProfile, runs_grouped_experts, runs_transformers_code
 from vram.units import FP32_BYTES as FP32
 
 
 def _norm_bytes_per_token(stack: LayerStack, n: PrecisionPolicy, profile: StackProfile, *,
-                          weight_trains: bool) -> int:
+                          weight_trains: bool, width: int | None = None) -> int:
     """One norm, per token.
 
     RMSNorm (HF LlamaRMSNorm, LitGPT RMSNorm) upcasts its input to fp32 and keeps that copy; a
@@ -32,7 +32,7 @@ def _norm_bytes_per_token(stack: LayerStack, n: PrecisionPolicy, profile: StackP
     38.7 GB of activations on Llama 3.2 3B, which is what the norms' fp32 copies weigh).
     `nn.LayerNorm` keeps its input and fp32 mean and rstd.
     """
-    h = hidden_width(stack)
+    h = hidden_width(stack) if width is None else width
     if profile.compiled:
         return n.residual * h + FP32
     if stack.norm_kind is NormKind.RMS:
@@ -54,6 +54,20 @@ def norms_term(c: LayerContext) -> Term:
     one = _norm_bytes_per_token(c.stack, c.n, c.profile, weight_trains=c.full)
     norms = one * c.stack.n_norms // c.profile.seq_split
     return Term("norms", f"{c.stack.n_norms} norms", "n_norms × (4·h [+ normalized])", norms)
+
+
+def qk_norm_term(c: LayerContext) -> Term | None:
+    """The RMSNorms on q and k (Qwen3, Gemma 3, OLMo 2/3, EXAONE 4, Apertus: `LayerStack.qk_norm`),
+    per head or over the whole projection: each keeps what a hidden-size norm keeps (its fp32
+    copy of the input, and the normalized input when its weight trains), over q's and k's
+    widths (transformers/models/qwen3/modeling_qwen3.py@v5.24.0 Qwen3Attention: `q_norm(
+    q_proj(x).view(*shape))`; the trace: fp32 [b, s, heads, d] copies of q and k)."""
+    stack = c.stack
+    if not stack.qk_norm:
+        return None
+    width = c.q_out + c.kv_out
+    kept = _norm_bytes_per_token(stack, c.n, c.profile, weight_trains=c.full, width=width)
+    return Term("qk_norm", "q and k norms", "4·(q + kv) [+ normalized, weight trained]", kept)
 
 
 def _input_bytes_per_hidden_unit(n: PrecisionPolicy, n_linears: int) -> int:
@@ -80,7 +94,7 @@ def linear_inputs_term(c: LayerContext) -> Term | None:
     attn_in = [ln for ln in stack.linears
                if ln.role in (Role.Q, Role.K, Role.V, Role.QKV, Role.MIXER_IN)]
     mlp_in = [ln for ln in stack.linears
-              if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and ln.copies == 1]
+              if ln.role in (Role.GATE, Role.UP, Role.GATE_UP) and not ln.is_bank]
     kept = _input_bytes_per_hidden_unit(n, len(attn_in)) * h
     # a shared norm's output is kept once, unless each Linear makes its own cast of it
     if not c.shared_norm or n.input_copy_per_linear or n.autocast:
@@ -153,13 +167,19 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
     probabilities (eager, math) or a logsumexp per head (flash, efficient). HF's eager
     attention keeps no output of its own (its contiguous copy is o_proj's input): the trace.
     """
-    stack, n, s, q_out = c.stack, c.n, c.setup.seq_len, c.q_out
+    stack, n, s, q_out = c.stack, c.n, c.score_columns, c.q_out
     a_b = a.qkv_bytes
     attn = a_b * (q_out + a.kv_width + a.v_width) + (0 if a.hf_eager else a_b * c.o_width)
     if a.kernel.explicit_scores:
         per_score = a.softmax_bytes
         if a.attn_dropout:
             per_score += 1  # the mask
+            if a.kernel is Kernel.MATH:
+                # SDPA's math path drops the fp32 probabilities (at::dropout: CUDA's fused
+                # native_dropout, a bool mask) and its matmul with v keeps the dropped copy
+                # (aten/src/ATen/native/transformers/attention.cpp@v2.13.0
+                # _scaled_dot_product_attention_math)
+                per_score += a.softmax_bytes
         if a.kernel is Kernel.EAGER:
             per_score += a.probs_copy_bytes
         if stack.attn_softcap and a.kernel is Kernel.EAGER:
@@ -167,6 +187,9 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
             # autocast, even on an fp32 model)
             per_score += 2 if n.autocast else a_b
         attn += stack.n_heads * s * per_score
+        if stack.attention_sinks and a.kernel is Kernel.EAGER:
+            # gpt-oss subtracts each row's max before its softmax: max keeps its int64 index
+            attn += 8 * stack.n_heads
         label = f"{a.kernel.value} attention: q, k, v, output, s×s probabilities"
         formula = "e·(q + 2·kv + o) + a·s·(4 [+ e] [+ dropout mask])"
     else:
@@ -224,28 +247,62 @@ def _activation_bytes(c: LayerContext, e: int, act_kept: int) -> int:
     `torch.pow` is on CUDA's fp32 list (autocast_mode.h@v2.13.0 AT_FORALL_FP32), so pow keeps
     an fp32 copy of its input and tanh and 1 + tanh stay fp32; only 0.5·x keeps e bytes
     (transformers/activations.py@v5.24.0 NewGELUActivation)."""
+    if c.stack.act_xielu and act_kept:
+        return _xielu_bytes(c, e)
     if activation_in_fp32(c) and act_kept:
         return 3 * FP32 + e
     return act_kept * e
 
 
+def _xielu_bytes(c: LayerContext, e: int) -> int:
+    """transformers' Python xIELU (`LayerStack.act_xielu`), per I-wide unit: its input x (e), the
+    1-byte mask `x > 0` its `where` keeps, α_p·x (kept by `· x`), expm1's output (kept by its
+    own backward) and, when α_n trains, expm1 − x (kept by `· α_n`). α_p and α_n come out of
+    softplus, which autocast runs in fp32 as it does expm1 (autocast_mode.h@v2.13.0
+    AT_FORALL_FP32), and are (1,)-shaped, so under autocast those products are fp32; without
+    autocast everything is in x's dtype (the trace)."""
+    p = FP32 if c.n.autocast else e
+    return e + 1 + p + p + (p if c.full else 0)
+
+
+def experts_run_grouped(c: LayerContext) -> bool:
+    """Transformers' experts run `grouped_mm`, not the eager loop (`runs_grouped_experts`)."""
+    return runs_grouped_experts(c.setup, c.profile)
+
+
+def expert_bytes(c: LayerContext) -> int:
+    """Bytes per element of the routed experts' tensors. Transformers 5's `grouped_mm`, which
+    autocast does not cover, runs a 3-D bank in the bank's own dtype (it casts the input to the
+    bank's: transformers/integrations/moe.py@v5.24.0 `_grouped_mm`), so fp32 banks under
+    autocast compute in fp32; the eager loop's `F.linear` is autocast's (16 bits). Experts as
+    nn.Linear modules compute like the rest."""
+    if not (c.hf and any(is_bank_parameter(linear, c.profile) for linear in c.stack.linears)):
+        return c.e
+    if experts_run_grouped(c):
+        return c.n.weights if c.full else c.n.frozen_weights
+    return 2 if c.n.autocast else c.e
+
+
 def mlp_term(c: LayerContext) -> Term:
     """What the activation keeps, act(gate) and up (kept by their product; gated MLPs), and the
     down projection's input when it keeps it, once per expert a token visits. MoE adds each
-    expert's gathered input and scaled output, and the router's fp32 probabilities."""
-    stack, n, profile, e = c.stack, c.n, c.profile, c.e
+    expert's gathered input (kept when its bank needs a gradient) and scaled output, and the
+    router's fp32 probabilities; routed experts compute in `expert_bytes`."""
+    stack, n, profile = c.stack, c.n, c.profile
     inter = stack.intermediate_size
     experts = c.experts
     act_kept = 1 if profile.fused_activations or profile.compiled else stack.act_saved
-    down_in = 2 if n.input_copy_per_linear else e  # bnb's own bf16 copy on upcast models
+    down_in = 2 if n.input_copy_per_linear else c.e  # bnb's own bf16 copy on upcast models
     down_kept = down_in * inter if c.keeps_inputs else 0
+    e = c.e
+    banks = stack.n_experts > 0 and any(is_bank_parameter(ln, profile) for ln in stack.linears)
+    if banks:
+        # 3-D banks: not bitsandbytes layers; the down bank keeps its input for its gradient
+        e = expert_bytes(c)
+        down_in = e
+        down_kept = e * inter if c.bank_grad(Role.DOWN) else 0
     if stack.act_output_is_down_input and down_kept and down_in == e:
         act_kept = 0  # ReLU's kept output is the tensor fc2 keeps (counted as down_kept)
-    if _dense_banks_in_quantized_model(c):
-        # the experts' banks stayed unquantized: plain frozen matmuls under autocast, whose
-        # outputs are 16-bit and which keep no input (the weight's cast is kept instead)
-        e = 2 if n.autocast else e
-        down_kept = 0
     act_bytes = _activation_bytes(c, e, act_kept)
     if stack.mlp_kind is MlpKind.GATED:
         mlp = (act_bytes + 2 * e) * inter + down_kept
@@ -253,22 +310,29 @@ def mlp_term(c: LayerContext) -> Term:
     else:
         mlp = act_bytes * inter + down_kept
         formula = f"e·I·({act_kept} (activation) [+1 when fc2 keeps its input])"
-    ctx_kept = down_in * inter * experts if c.bnb_kept and not \
-        _dense_banks_in_quantized_model(c) else 0
+    ctx_kept = down_in * inter * experts if c.bnb_kept and not banks else 0
     if stack.hidden_dropout > 0 and stack.mlp_inner_dropout:
         mlp += inter  # T5's dropout inside the feed-forward: its mask (its output is wo's input)
-    mlp *= experts
+    mlp = int(mlp * c.routed_rows) if stack.n_experts else mlp * experts
     if stack.shared_expert_width:
-        # the shared experts: one gated MLP on every token (DeepseekV2Moe.shared_experts)
-        width = stack.shared_expert_width
-        mlp += (act_bytes + 2 * e) * width + (down_in * width if c.keeps_inputs else 0)
-        ctx_kept += down_in * width if c.bnb_kept else 0
+        # the shared experts: one gated MLP of nn.Linear on every token (DeepseekV2Moe)
+        width, shared_in = stack.shared_expert_width, 2 if n.input_copy_per_linear else c.e
+        mlp += (_activation_bytes(c, c.e, act_kept) + 2 * c.e) * width
+        mlp += shared_in * width if c.keeps_inputs else 0
+        ctx_kept += shared_in * width if c.bnb_kept else 0
         formula += " + shared experts' e·W·(act + 2 [+1])"
     if stack.n_experts:
-        # MoE: each expert gathers its tokens (a copy) and scales its output by the router.
-        mlp += experts * (2 * e * c.hidden) + FP32 * stack.n_experts
-        formula += " × top-k + routing copies"
-        if c.hf and not experts_run_grouped(c.setup, profile):
+        # MoE: each expert gathers its tokens (a copy, which a trained bank's matmul keeps for
+        # its weight gradient) and scales its output by the router (the product keeps it).
+        gathered = e * c.hidden if c.bank_grad(Role.GATE_UP, Role.UP) else 0
+        mlp += int(c.routed_rows * gathered) + experts * e * c.hidden + FP32 * stack.n_experts
+        formula += " × top-k [× capacity factor] + routing copies"
+        if c.setup.ep > 1:
+            # expert parallel: the dispatched rows' permutation (torchtitan's `_permute`
+            # indexes the received rows; index's backward keeps the int64 indices)
+            mlp += int(EP_INDEX_BYTES * c.routed_rows)
+            formula += " + 8·top-k·cf (EP permutation indices)"
+        if c.hf and not experts_run_grouped(c):
             # the eager loop's `final.index_add_(0, idx, out * w)`: index_add_'s derivative
             # reads `source` (expand_as), so each expert's weighted output is saved, in the
             # router weights' dtype (the residual's)
@@ -278,11 +342,32 @@ def mlp_term(c: LayerContext) -> Term:
                 ctx_kept_per_token=ctx_kept)
 
 
-def _dense_banks_in_quantized_model(c: LayerContext) -> bool:
-    """QLoRA on an MoE whose expert banks bitsandbytes left unquantized (3-D parameters, see
-    `vram.model.params.leaves_bank_unquantized`)."""
-    return c.setup.effective_quant is not Quant.NONE and any(
-        leaves_bank_unquantized(linear, c.profile) for linear in c.stack.linears)
+def expert_lora_term(c: LayerContext) -> Term | None:
+    """LoRA on the expert banks (PEFT `ParamWrapper`), per layer whatever the tokens: each
+    forward parametrizes an adapted bank as `baddbmm(W, B, A)` (one adapter) in the bank's own
+    dtype, a bank-sized copy the experts' matmuls keep for their backward, and casts the factors
+    to that dtype (peft/tuners/lora/layer.py@v0.21.2 `_LoraFactorsProxy`, `get_delta_factors`);
+    an adapted router gets `W + ΔW` (`_LoraParameterProxy`) beside its ΔW. The bank's input and
+    the down bank's input are then kept per token (`mlp_term`)."""
+    reach, profile = c.reach, c.profile
+    if not (reach.banks or reach.router) or c.full:
+        return None
+    w = profile.precision.frozen_weights
+    casts = w != profile.precision.adapters  # factors already in the bank's dtype: no copy
+    fixed = 0
+    for linear in c.stack.linears:
+        factor = bank_rank_factor(linear, reach, profile)
+        if factor:
+            rank = c.setup.lora_rank * factor
+            fixed += w * linear.weight_params
+            fixed += w * rank * linear.copies * (linear.d_in + linear.d_out) if casts else 0
+        elif linear.role is Role.ROUTER and reach.router:
+            fixed += 2 * w * linear.weight_params  # ΔW in the router's dtype, and W + ΔW
+    if not fixed:
+        return None
+    return Term("expert_lora", "LoRA on expert banks: bank-sized adapted copies",
+                "Σ adapted banks (E·in·out + r·E·(in + out)) × weight bytes, per layer", 0,
+                fixed_bytes=fixed)
 
 
 def mla_term(c: LayerContext) -> Term | None:
@@ -320,15 +405,14 @@ def _rope_width(stack: LayerStack) -> int:
     return kv_a.d_out - stack.kv_lora_rank
 
 
+#: An int64 permutation index per dispatched row (torchtitan/models/common/moe/utils.py
+#: `_permute`, called by expert_parallel.py@03a1384 `ExpertParallel._token_dispatch`).
+EP_INDEX_BYTES = 8
+
+
 def dropout_term(c: LayerContext) -> Term | None:
     """Dropout on the two residual branches keeps a 1-byte mask each (CUDA's fused dropout)."""
     if c.stack.hidden_dropout <= 0:
         return None
     return Term("dropout", "dropout masks on the residual branches", "1 byte × h per dropout",
                 2 * c.hidden // c.profile.seq_split)
-
-
-def experts_run_grouped(setup: TrainingSetup, profile: StackProfile) -> bool:
-    """Transformers' `grouped_mm` experts need bf16 operands: bf16 weights without autocast.
-    Anything else runs the eager per-expert loop (transformers/integrations/moe.py)."""
-    return runs_transformers_code(profile) and profile.precision.bf16_without_autocast

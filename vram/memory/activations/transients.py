@@ -10,17 +10,39 @@ from vram.memory.activations.context import LayerContext, MoeBackward
 from vram.memory.activations.kernel import (
     Kernel,
 )
-from vram.memory.activations.terms import AttentionLayout, activation_in_fp32, experts_run_grouped
+from vram.memory.activations.terms import (
+    AttentionLayout,
+    activation_in_fp32,
+    expert_bytes,
+    experts_run_grouped,
+)
 from vram.model.spec import MlpKind
 from vram.units import FP32_BYTES as FP32
 
 
 def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
+    """What a layer's forward holds beyond what it keeps, at its largest: the attention's
+    scores (`_attention_working_set`) or, under expert parallel, the dispatch's buffer."""
+    return max(_attention_working_set(c, a), ep_dispatch_per_token(c))
+
+
+def ep_dispatch_per_token(c: LayerContext) -> int:
+    """Expert parallel: the all-to-all's receive buffer, the rows routed to this rank's
+    experts (top-k × capacity factor per token, hidden-wide), alive while `_permute` copies
+    it into expert order (torchtitan/distributed/expert_parallel.py@03a1384
+    `ExpertParallel._token_dispatch`: `all_to_all_single_autograd`, then `_permute`; the
+    combine's `_unpermute` and all-to-all mirror it on the way back)."""
+    if c.setup.ep == 1 or not c.stack.n_experts:
+        return 0
+    return int(c.e * c.hidden * c.routed_rows)
+
+
+def _attention_working_set(c: LayerContext, a: AttentionLayout) -> int:
     """Eager/math attention's q·kᵀ scores and masked scores while the layer runs (with
     checkpointing, also the probabilities it then drops, and Falcon's previous layer's)."""
     if not a.kernel.explicit_scores:
         return 0
-    stack, s = c.stack, c.setup.seq_len
+    stack, s = c.stack, c.score_columns
     # q·kᵀ and the masked scores; nn.MultiheadAttention adds no mask: q·kᵀ only
     score_copies = 1 if stack.torch_multihead_attention else 2
     score_bytes = 2 if c.n.autocast else a.qkv_bytes
@@ -85,7 +107,8 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
     backward peak is the larger of the two moments, each with the gradient it writes then.
     """
     stack, e = c.stack, c.e
-    mlp_transient = _mlp_backward_copies(c) * e * stack.intermediate_size * c.experts
+    mlp_transient = (_mlp_backward_copies(c) * expert_bytes(c) * stack.intermediate_size
+                     * c.experts)
     if activation_in_fp32(c):
         # gelu_new in fp32 under autocast: its output's gradient arrives cast to fp32 and the
         # final product's MulBackward writes both factors' gradients in fp32 (the trace); a
@@ -107,7 +130,7 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed
         # (the trace: softmax, its gradient and the softmax backward's output, all fp32);
         # of the per-token gradients only the output's and v's exist yet.
-        attention_transient = e * (c.o_width + a.v_width) + stack.n_heads * c.setup.seq_len * (
+        attention_transient = e * (c.o_width + a.v_width) + stack.n_heads * c.score_columns * (
             2 * a.softmax_bytes - a.probs_copy_bytes)
     # With a norm of its own before the MLP (pre-norm blocks), that norm's backward has run
     # too; a parallel block's shared norm waits for both branches; post-norm blocks have run
@@ -133,9 +156,10 @@ def moe_bank_backward(c: LayerContext, mlp_per_token: int) -> MoeBackward | None
     if not (stack.n_experts and c.full and c.hf):
         return None
     experts_saved = mlp_per_token - FP32 * stack.n_experts  # what the experts keep, all of them
-    if experts_run_grouped(c.setup, c.profile):
-        gathered = c.experts * 2 * c.e * c.hidden  # each expert's gathered input and output
-        mlp_transient = 2 * c.e * stack.intermediate_size * c.experts
+    if experts_run_grouped(c):
+        eb = expert_bytes(c)
+        gathered = c.experts * 2 * eb * c.hidden  # each expert's gathered input and output
+        mlp_transient = 2 * eb * stack.intermediate_size * c.experts
         return MoeBackward(experts_saved - gathered - mlp_transient, loop=False)
     freed = experts_saved * 2 // stack.n_experts
     return MoeBackward(freed - c.n.residual * c.hidden, loop=True)

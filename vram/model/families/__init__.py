@@ -31,7 +31,7 @@ from vram.model.families.phi import Phi, Phi3
 from vram.model.families.qwen import QwenV1
 from vram.model.families.t5 import T5
 from vram.model.families.vlm import vision_language
-from vram.model.spec import ModelSpec
+from vram.model.spec import ModelSpec, V4ExpertNames
 
 #: model_type (lower case) -> the family that builds it.
 FAMILIES: dict[str, ArchitectureFamily] = {
@@ -78,10 +78,19 @@ def _language_model(name: str, config: Mapping[str, Any]) -> ModelSpec:
 VLM_FAMILIES = vision_language(_language_model)
 FAMILIES.update(VLM_FAMILIES)
 
+#: Model types whose transformers-4 expert names PEFT rewrites into the banks' target_parameters:
+#: transformers/conversion_mapping.py@v5.24.0 `_MODEL_TO_CONVERSION_PATTERN` (qwen2_moe and
+#: mixtral patterns) and peft/utils/transformers_weight_conversion.py@v0.21.2 (adds mixtral).
+V4_EXPERT_NAMES: dict[str, V4ExpertNames] = {
+    **dict.fromkeys(("qwen2_moe", "qwen3_moe", "qwen3_next", "olmoe", "deepseek_v2",
+                     "deepseek_v3", "ernie4_5_moe", "glm4_moe"), V4ExpertNames.GATE_UP_DOWN),
+    **dict.fromkeys(("mixtral", "minimax_m2"), V4ExpertNames.W1_W3_W2),
+}
+
 #: Accepted spellings that the list of supported families does not show.
 ALIASES: frozenset[str] = frozenset({"refinedwebmodel", "umt5", "kimi_k2", "mllama_text_model"})
 
 #: The model types a user can name, for messages and docs.
 SUPPORTED_FAMILIES: tuple[str, ...] = tuple(sorted(set(FAMILIES) - ALIASES))
 
-__all__ = ["ALIASES", "FAMILIES", "SUPPORTED_FAMILIES", "ArchitectureFamily"]
+__all__ = ["ALIASES", "FAMILIES", "SUPPORTED_FAMILIES", "V4_EXPERT_NAMES", "ArchitectureFamily"]

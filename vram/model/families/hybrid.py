@@ -43,10 +43,14 @@ from vram.model.families.parts import (
 )
 from vram.model.spec import LayerStack, Mixer, MlpKind, ModelSpec, Role
 
-#: Why a hybrid's estimate is approximate until its mixer's kept tensors are modelled.
-MIXER_NOTE = ("{family}: its {mixer} layers' saved tensors are not modelled yet (their "
-              "parameters, weights, gradients and optimizer state are exact); activations and "
-              "the peak are approximate.")
+#: Why a hybrid's estimate is approximate: its mixers keep what their GPU kernels save (read
+#: from fla's, mamba_ssm's and causal-conv1d's source, `docs/hybrid-layers.md`), but no trace
+#: holds that to a measurement (on the CPU transformers runs its PyTorch fallback, which keeps
+#: other tensors) and the kernels' own workspace is not counted.
+MIXER_NOTE = ("{family}: its {mixer} layers keep what their GPU kernels save (from the kernels' "
+              "source); the kernels' workspace is not counted and no trace checks them, so "
+              "activations and the peak are approximate (parameters, weights, gradients and "
+              "optimizer state are exact).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +99,14 @@ def _qwen_hybrid(r: ConfigReader, *, split: bool) -> tuple[LayerStack, ...]:
             "moe_intermediate_size")
         shared = r.int("shared_expert_intermediate_size")
         ffn = experts(h, inter, n, k) + mlp(h, shared, prefix="mlp.shared_expert.") + Part(
-            (linear("mlp.shared_expert_gate", Role.ROUTER, h, 1),))
+            (linear("mlp.shared_expert_gate", Role.AUX, h, 1),))
         moe = {"n_experts": n, "experts_per_token": k, "shared_expert_width": shared}
 
     def build(kind: str, count: int) -> LayerStack:
         full = kind == "full_attention"
         mixer = Mixer.ATTENTION if full else Mixer.GATED_DELTANET
-        shape = _shape(heads, mixer, inter, qk_norm=full, **moe)
+        # Qwen3NextRMSNorm: `output * (1.0 + self.weight.float())`, scaled in fp32
+        shape = _shape(heads, mixer, inter, qk_norm=full, norm_scales_in_fp32=True, **moe)
         return stack(kind, count, (att if full else deltanet) + ffn, shape, 2 * h)
     return by_kind(kinds, build)
 
@@ -215,24 +220,28 @@ def nemotron_h(r: ConfigReader) -> tuple[LayerStack, ...]:
 def _nemotron_block(r: ConfigReader, h: int, kind: str, count: int, att: Part, heads: Heads,
                     ssm: Part) -> LayerStack:
     bias = r.bool("mlp_bias", False)
+
+    def shape(mixer: Mixer, inter: int, **kwargs: object) -> Shape:
+        # one norm per block, NemotronHRMSNorm: `(weight.to(fp32) * x).to(input_dtype)`
+        return _shape(heads, mixer, inter, n_norms=1, norm_scales_in_fp32=True, **kwargs)
+
     if kind in ("mamba", "linear_attention"):
-        return stack(kind, count, ssm, _shape(heads, Mixer.MAMBA2, 1, n_norms=1), h)
+        return stack(kind, count, ssm, shape(Mixer.MAMBA2, 1), h)
     if kind in ("attention", "full_attention"):
-        return stack(kind, count, att, _shape(heads, Mixer.ATTENTION, 1, n_norms=1), h)
+        return stack(kind, count, att, shape(Mixer.ATTENTION, 1), h)
     if kind == "mlp":
         inter = r.int("intermediate_size")
         return stack(kind, count, plain_mlp(h, inter, bias=bias, prefix="mixer."),
-                     _shape(heads, Mixer.NONE, inter, n_norms=1, mlp_kind=MlpKind.PLAIN), h)
+                     shape(Mixer.NONE, inter, mlp_kind=MlpKind.PLAIN), h)
     if kind == "moe":
         n, k, w = r.int("n_routed_experts"), r.int("num_experts_per_tok"), r.int(
             "moe_intermediate_size")
         shared = r.int("moe_shared_expert_intermediate_size")
         part = experts(h, w, n, k, prefix="mixer.", gated=False) + plain_mlp(
             h, shared, bias=bias, prefix="mixer.shared_experts.")
-        return stack(kind, count, part, _shape(heads, Mixer.NONE, w, n_norms=1,
-                                               mlp_kind=MlpKind.PLAIN, n_experts=n,
-                                               experts_per_token=k, shared_expert_width=shared),
-                     h)
+        return stack(kind, count, part, shape(Mixer.NONE, w, mlp_kind=MlpKind.PLAIN,
+                                              n_experts=n, experts_per_token=k,
+                                              shared_expert_width=shared), h)
     raise ConfigError("layers_block_type", f"{kind!r:.30} is not a Nemotron-H block "
                       "(mamba, attention, mlp, moe)")
 

@@ -54,6 +54,8 @@ class LlamaVariant:
     tied_default: bool = False
     #: Gemma's RMSNorm scales in fp32 (see `LayerStack.norm_scales_in_fp32`).
     norm_scales_in_fp32: bool = False
+    #: Norms on the sublayers' outputs, none before them (see `LayerStack.post_norm`).
+    post_norm: bool = False
     #: Gemma 2 soft-caps attention logits and final logits.
     softcap: bool = False
     #: Layers of `layer_types` "sliding_attention" see only `sliding_window` positions and the
@@ -84,7 +86,11 @@ VARIANTS: dict[str, LlamaVariant] = {
     "qwen2_moe": LlamaVariant(qkv_bias_default=True, o_bias_follows_attention_bias=False,
                               moe=MoeLayout(shared_expert=True)),
     "qwen3_moe": LlamaVariant(qk_norm=QkNorm.PER_HEAD, moe=MoeLayout()),
-    "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH),
+    # OLMo 2 scales in fp32 and casts after: `(self.weight * hidden_states).to(input_dtype)`
+    # (transformers/models/olmo2/modeling_olmo2.py@v5.24.0 Olmo2RMSNorm)
+    # and applies post_attention_layernorm / post_feedforward_layernorm to the sublayers'
+    # outputs, with no norm before them (post_norm)
+    "olmo2": LlamaVariant(qk_norm=QkNorm.FULL_WIDTH, norm_scales_in_fp32=True, post_norm=True),
     # OLMoE (transformers/models/olmoe/modeling_olmoe.py@v5.24.0): OLMo 2's full-width q/k
     # norms, 64 routed experts (OlmoeExperts' 3-D banks) of width intermediate_size, no
     # shared expert
@@ -134,7 +140,7 @@ def _experts(h: int, moe: MoeLayout, r: ConfigReader) -> tuple[list[Linear], int
     if moe.shared_expert:
         shared = r.int("shared_expert_intermediate_size")
         linears.extend(gated_mlp(h, shared))
-        linears.append(Linear(name="shared_expert_gate", role=Role.ROUTER, d_in=h, d_out=1))
+        linears.append(Linear(name="shared_expert_gate", role=Role.AUX, d_in=h, d_out=1))
     return linears, n_experts, top_k, expert_inter
 
 
@@ -183,6 +189,7 @@ def _llama_like(name: str, model_type: str, v: LlamaVariant, r: ConfigReader) ->
         head_dim=head_dim, mlp_kind=MlpKind.GATED, intermediate_size=inter,
         n_experts=n_experts, experts_per_token=top_k, attn_softcap=softcap,
         qk_norm=v.qk_norm is not QkNorm.NONE, norm_scales_in_fp32=v.norm_scales_in_fp32,
+        post_norm=v.post_norm,
     )
     final_norm = norm_width if v.parametric_norms else 0
     stacks = _by_window(stack, r, sliding) if v.windows_by_layer_type and sliding else (stack,)

@@ -58,10 +58,13 @@ def _model(name: str, model_type: str, r: ConfigReader, stacks: tuple[LayerStack
 
 def _routed_stack(kind: str, count: int, part: Part, heads: Heads, h: int, *, n: int, top_k: int,
                   width: int, shared: int = 0, qk_norm: bool = False,
-                  window: int | None = None, extra: int = 0, sinks: bool = False) -> LayerStack:
+                  window: int | None = None, extra: int = 0, sinks: bool = False,
+                  fp32_norms: bool = False, softmax_upcast: bool = True,
+                  act_saved: int = 1) -> LayerStack:
     shape = Shape(heads=heads, intermediate_size=width, n_experts=n, experts_per_token=top_k,
                   shared_expert_width=shared, qk_norm=qk_norm, attention_window=window,
-                  attention_sinks=sinks)
+                  attention_sinks=sinks, norm_scales_in_fp32=fp32_norms,
+                  softmax_upcast=softmax_upcast, act_saved=act_saved)
     return stack(kind, count, part, shape, 2 * h + extra)
 
 
@@ -83,8 +86,13 @@ def gpt_oss(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
 
     def build(kind: str, count: int) -> LayerStack:
         local = window if kind == "sliding_attention" else None
+        # GptOssRMSNorm: `(self.weight * hidden_states).to(input_dtype)`, scaled in fp32; its
+        # eager softmax in the logits' own dtype (`dtype=combined_logits.dtype`); its clamped
+        # GLU (`GptOssExperts._apply_gate`) keeps clamp(gate), sigmoid(alpha·gate), the GLU and
+        # up + 1 beside gate/up: four I-wide tensors where SwiGLU keeps one
         return _routed_stack(kind, count, att + ffn, heads, h, n=n, top_k=k, width=w,
-                             window=local, sinks=True)
+                             window=local, sinks=True, fp32_norms=True, softmax_upcast=False,
+                             act_saved=4)
     return _model(name, model_type, r, by_kind(kinds, build), False, window)
 
 

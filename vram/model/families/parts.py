@@ -61,6 +61,19 @@ class Shape:
     parallel_ssm: bool = False
     attention_window: int | None = None
     attention_sinks: bool = False
+    #: I-wide tensors the MLP's activation keeps (`LayerStack.act_saved`).
+    act_saved: int = 1
+    #: Eager attention takes its softmax in fp32 (`LayerStack.softmax_upcast`).
+    softmax_upcast: bool = True
+    #: The RMSNorms scale in fp32 and cast after (`LayerStack.norm_scales_in_fp32`).
+    norm_scales_in_fp32: bool = False
+    #: Norms after each sublayer's output, none before it (`LayerStack.post_norm`).
+    post_norm: bool = False
+    #: The MLP's activation is transformers' Python xIELU (`LayerStack.act_xielu`).
+    act_xielu: bool = False
+    #: Dropout in training on the attention probabilities and on the residual branches.
+    attn_dropout: float = 0.0
+    hidden_dropout: float = 0.0
 
 
 def linear(name: str, role: Role, d_in: int, d_out: int, bias: bool = False, *,
@@ -142,11 +155,11 @@ def gated_deltanet(r: ConfigReader, h: int, *, split: bool) -> Part:
         projections: tuple[Linear, ...] = (
             linear(p + "in_proj_qkv", Role.MIXER_IN, h, conv_dim),
             linear(p + "in_proj_z", Role.MIXER_IN, h, nv * dv),
-            linear(p + "in_proj_b", Role.ROUTER, h, nv),
-            linear(p + "in_proj_a", Role.ROUTER, h, nv))
+            linear(p + "in_proj_b", Role.AUX, h, nv),
+            linear(p + "in_proj_a", Role.AUX, h, nv))
     else:
         projections = (linear(p + "in_proj_qkvz", Role.MIXER_IN, h, conv_dim + nv * dv),
-                       linear(p + "in_proj_ba", Role.ROUTER, h, 2 * nv))
+                       linear(p + "in_proj_ba", Role.AUX, h, 2 * nv))
     other = conv_dim * r.int("linear_conv_kernel_dim") + 2 * nv + dv
     # causal_conv1d saves its input (conv_dim); fla's ChunkGatedDeltaRuleFunction saves q, k, v
     # (conv_dim), beta (nv), A (64 per value head: chunk_fwd.py L385) in the compute dtype and
@@ -184,8 +197,8 @@ def mamba1(r: ConfigReader, h: int) -> Part:
     # xz (2d), x_dbl (rank + 2N) and the scan's output (d); conv output and delta recomputed
     saved = (3 * d + rank + 2 * n, 0)
     return Part((linear("mamba.in_proj", Role.MIXER_IN, h, 2 * d, bias),
-                 linear("mamba.x_proj", Role.ROUTER, d, rank + 2 * n),
-                 linear("mamba.dt_proj", Role.ROUTER, rank, d, True),
+                 linear("mamba.x_proj", Role.AUX, d, rank + 2 * n),
+                 linear("mamba.dt_proj", Role.AUX, rank, d, True),
                  linear("mamba.out_proj", Role.MIXER_OUT, d, h, bias)),
                 other + d * n + d + rank + 2 * n, saved)
 
@@ -212,16 +225,24 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         shared_expert_width=shape.shared_expert_width, qk_norm=shape.qk_norm,
         mixer=shape.mixer, parallel_ssm=shape.parallel_ssm,
         attention_window=shape.attention_window, mixer_saved=part.saved,
-        attention_sinks=shape.attention_sinks,
+        attention_sinks=shape.attention_sinks, act_xielu=shape.act_xielu,
+        attn_dropout=shape.attn_dropout, hidden_dropout=shape.hidden_dropout,
+        norm_scales_in_fp32=shape.norm_scales_in_fp32, softmax_upcast=shape.softmax_upcast,
+        act_saved=shape.act_saved, post_norm=shape.post_norm,
     )
 
 
 def by_kind(kinds: list[str], build: Callable[[str, int], LayerStack]) -> tuple[LayerStack, ...]:
     """One stack per kind of layer, in order of first appearance with the last layer's kind
-    last (the stack that produces the output)."""
+    last (the stack that produces the output); the first layer's stack says so when it is not
+    the first (`LayerStack.holds_first_layer`)."""
     order = list(dict.fromkeys(kinds))
     order.remove(kinds[-1])
-    return tuple(build(kind, kinds.count(kind)) for kind in (*order, kinds[-1]))
+    stacks = [build(kind, kinds.count(kind)) for kind in (*order, kinds[-1])]
+    first = (*order, kinds[-1]).index(kinds[0])
+    if first:
+        stacks[first] = stacks[first].model_copy(update={"holds_first_layer": True})
+    return tuple(stacks)
 
 
 def layer_types(r: ConfigReader, n_layers: int, default: Callable[[int], str]) -> list[str]:
