@@ -127,7 +127,7 @@ def vlm_example(unit: charts.Unit) -> None:
     if est is None or frozen is None:
         return
     st.markdown(learn.vlm_example_text(est, frozen, unit) +
-                f" [Open it in the calculator]({learn.vlm_link(data.registry())})")
+                f" [Open this VLM run in the calculator]({learn.vlm_link(data.registry())})")
 
 
 def exercises() -> None:

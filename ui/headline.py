@@ -127,7 +127,8 @@ def borderline_line(report: FitReport) -> str:
     if not cheaper:
         return ""
     o = cheaper[0]
-    return (f"Borderline: {o.count}× {data.short_gpu_name(o.gpu.name)} "
+    name = text.plain(data.short_gpu_name(o.gpu.name))  # a team's list: text, never Markdown
+    return (f"Borderline: {o.count}× {name} "
             f"({gpu_price(o.usd_per_hour)}), {o.fit_probability * 100:.0f} % likely to fit: the "
             "estimate is within its memory, the band's top is not.")
 
