@@ -560,9 +560,9 @@ class TrainingSetup(BaseModel):
                 + ("(gpus is 1)" if self.n_gpus == 1 else "(gpus ÷ tp ÷ pp is 1)")
             )
         if group > 1 and self.sharding is Sharding.NONE:
-            raise ValueError(
-                f"sharding: {group} GPUs need a strategy (ddp, zero1, zero2 or zero3)"
-            )
+            where = "" if group == self.n_gpus else " (gpus ÷ tp ÷ pp)"
+            raise ValueError(f"sharding: {group} GPUs{where} need a strategy (ddp, zero1, "
+                             "zero2 or zero3)")
         if self.offload is Offload.OPTIMIZER and not self.offload.runs_with(self.sharding):
             raise ValueError("offload: optimizer offload needs ZeRO/FSDP sharding (zero1-3)")
         if self.offload is Offload.PARAMS_OPTIMIZER and not self.offload.runs_with(
