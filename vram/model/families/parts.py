@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import gated_mlp
+from vram.model.families.workspace import Workspace, gated_delta_rule, mamba2_split_conv1d_scan
 from vram.model.spec import LayerStack, Linear, Mixer, MlpKind, NormKind, Role
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -29,10 +30,17 @@ class Part:
     #: Elements per token a mixer's kernel saves beyond its projections' inputs, (in the
     #: compute dtype, in fp32) (`LayerStack.mixer_saved`).
     saved: tuple[int, int] = (0, 0)
+    #: What the mixer's kernel allocates while it runs (`LayerStack.mixer_workspace`).
+    workspace: Workspace = (0, 0, 0, 0)
 
     def __add__(self, other: Part) -> Part:
         return Part(self.linears + other.linears, self.other_params + other.other_params,
-                    (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]))
+                    (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]),
+                    _sum4(self.workspace, other.workspace))
+
+
+def _sum4(a: Workspace, b: Workspace) -> Workspace:
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +174,12 @@ def gated_deltanet(r: ConfigReader, h: int, *, split: bool) -> Part:
     # g (nv), q/k rstd (2·nk) in fp32; the gated norm keeps its input and z, out_proj its input
     saved = (2 * conv_dim + 65 * nv + 3 * nv * dv, 2 * nv + 2 * nk)
     return Part((*projections, linear(p + "out_proj", Role.MIXER_OUT, nv * dv, h)), other,
-                saved)
+                saved, gated_delta_rule(nv, dk, dv))
 
 
 def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel: int,
-           conv_bias: bool, proj_bias: bool, norm: bool, prefix: str = "mamba.") -> Part:
+           conv_bias: bool, proj_bias: bool, norm: bool, chunk: int,
+           prefix: str = "mamba.") -> Part:
     """A Mamba-2 mixer (GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer, FalconH1Mixer):
     `in_proj` h -> 2d + 2GN + H, a depthwise conv over d + 2GN, `dt_bias`, `A_log`, `D` per
     head, an optional gated RMSNorm of width d, `out_proj`."""
@@ -183,7 +192,8 @@ def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel:
     saved = (d_in_proj + d_inner, groups if norm else 0)
     return Part((linear(prefix + "in_proj", Role.MIXER_IN, h, d_in_proj, proj_bias),
                  linear(prefix + "out_proj", Role.MIXER_OUT, d_inner, h, proj_bias)),
-                other + (d_inner if norm else 0), saved)
+                other + (d_inner if norm else 0), saved,
+                mamba2_split_conv1d_scan(d_inner, heads, groups, state, chunk))
 
 
 def mamba1(r: ConfigReader, h: int) -> Part:
@@ -225,6 +235,7 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         shared_expert_width=shape.shared_expert_width, qk_norm=shape.qk_norm,
         mixer=shape.mixer, parallel_ssm=shape.parallel_ssm,
         attention_window=shape.attention_window, mixer_saved=part.saved,
+        mixer_workspace=part.workspace,
         attention_sinks=shape.attention_sinks, act_xielu=shape.act_xielu,
         attn_dropout=shape.attn_dropout, hidden_dropout=shape.hidden_dropout,
         norm_scales_in_fp32=shape.norm_scales_in_fp32, softmax_upcast=shape.softmax_upcast,
