@@ -100,3 +100,22 @@ def test_attention_layers_have_no_mixer_workspace() -> None:
     assert attention.mixer_workspace == (0, 0, 0, 0)
     assert _transients(_qwen3_next(), attention, True) == _transients(
         _qwen3_next(), attention, False)
+
+
+def test_jamba_keeps_what_selective_scan_fn_saves() -> None:
+    """transformers' Jamba runs causal_conv1d_fn and selective_scan_fn (not mamba_inner_fn).
+    Jamba-v0.1 (the default `JambaConfig`): d = 2·4,096 = 8,192, N 16, dt rank 256."""
+    config = json.loads((ROOT / "tests" / "data" / "families" / "jamba.json").read_text())
+    spec = load_model(config)
+    mamba = _stack(spec, Mixer.MAMBA1)
+    # in_proj's output 2d (the conv's saved view), the conv output, delta, z's and the output's
+    # copies, out_proj's input: 7d = 57,344; B and C 32; dt 256. fp32: the dt/B/C norms' inputs
+    # (288) and the scan's chunk states 8,192·32/2,048 = 128
+    assert mamba.mixer_saved == (57_632, 416)
+    # backward: du, ddelta, dz (3d = 24,576), dB and dC in fp32 (32)
+    assert mamba.mixer_workspace == (0, 0, 24_576, 32)
+    setup = _setup(True)
+    kept = next(t for t in layer_activations(spec, mamba, setup, profile_for(setup)).terms
+                if t.key == "mixer")
+    assert kept.bytes_per_token * S == (2 * 57_632 + 4 * 416) * S == 478_937_088
+    assert _transients(spec, mamba, True)[1] == (2 * 24_576 + 4 * 32) * S == 201_850_880

@@ -46,8 +46,7 @@ from vram.model.spec import LayerStack, Mixer, MlpKind, ModelSpec, Role
 #: Why a hybrid's estimate is approximate: its mixers keep what their GPU kernels save and
 #: allocate (read from fla's, mamba_ssm's and causal-conv1d's source, `docs/hybrid-layers.md`;
 #: the workspace when `mixer_kernels` says they run), but no GPU measurement holds that to a
-#: number, transformers' PyTorch fallback (what a CPU trace runs) keeps other tensors, and
-#: Mamba-1's selective-scan workspace is not counted.
+#: number, and transformers' PyTorch fallback (what a CPU trace runs) keeps other tensors.
 MIXER_NOTE = ("{family}: its {mixer} layers keep what their GPU kernels save and allocate (from "
               "the kernels' source; transformers' PyTorch fallback keeps more and is not "
               "modelled); no measurement checks them, so activations and the peak are "

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import gated_mlp
-from vram.model.families.workspace import Workspace, gated_delta_rule, mamba2_split_conv1d_scan
+from vram.model.families.workspace import (
+    Workspace,
+    gated_delta_rule,
+    mamba2_split_conv1d_scan,
+    selective_scan,
+    selective_scan_states,
+)
 from vram.model.spec import LayerStack, Linear, Mixer, MlpKind, NormKind, Role
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -198,19 +204,24 @@ def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel:
 
 def mamba1(r: ConfigReader, h: int) -> Part:
     """JambaMambaMixer: `in_proj` h -> 2d, conv over d, `x_proj` d -> rank + 2N, `dt_proj`
-    rank -> d (with bias), `A_log` [d, N], `D`, the dt/B/C RMSNorms, `out_proj`."""
+    rank -> d (with bias), `A_log` [d, N], `D`, the dt/B/C RMSNorms, `out_proj`
+    (transformers/models/jamba/modeling_jamba.py@v5.24.0 `forward`)."""
     d = r.int("mamba_expand") * h
     n, rank = r.int("mamba_d_state"), r.int("mamba_dt_rank")
     bias = r.bool("mamba_proj_bias", False)
     other = d * r.int("mamba_d_conv") + (d if r.bool("mamba_conv_bias", True) else 0)
-    # MambaInnerFn at checkpoint_lvl 1 (mamba_ssm selective_scan_interface.py L286-288) saves
-    # xz (2d), x_dbl (rank + 2N) and the scan's output (d); conv output and delta recomputed
-    saved = (3 * d + rank + 2 * n, 0)
+    # transformers' JambaMambaMixer.forward calls causal_conv1d_fn and
+    # selective_scan_fn, not mamba_inner_fn: the conv saves its input, a view that keeps in_proj's
+    # whole output (2d); SelectiveScanFn (selective_scan_interface.py L63-66) saves u (the conv
+    # output, also x_proj's input: d), delta (d), contiguous copies of z (d), B and C (2N), its
+    # output (d) and fp32 chunk states [d, T/2048, 2N]; out_proj's input is the gated output
+    # (d); dt_proj's matmul keeps the normed dt (rank); the dt/B/C RMSNorms their fp32 inputs
+    saved = (7 * d + 2 * n + rank, rank + 2 * n + selective_scan_states(d, n))
     return Part((linear("mamba.in_proj", Role.MIXER_IN, h, 2 * d, bias),
                  linear("mamba.x_proj", Role.AUX, d, rank + 2 * n),
                  linear("mamba.dt_proj", Role.AUX, rank, d, True),
                  linear("mamba.out_proj", Role.MIXER_OUT, d, h, bias)),
-                other + d * n + d + rank + 2 * n, saved)
+                other + d * n + d + rank + 2 * n, saved, selective_scan(d, n))
 
 
 def short_conv(h: int, kernel: int, bias: bool) -> Part:

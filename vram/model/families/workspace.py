@@ -19,6 +19,10 @@ FLA_CHUNK = 64
 #: `chunk_bwd_dqkwg`: BK = min(K, 128), NK = K / BK): the fp32 `dg` is NK copies.
 FLA_NK = 1
 
+#: Tokens per chunk state of mamba_ssm's selective scan (csrc/selective_scan/selective_scan.cpp
+#: @e9594ce1 `n_chunks = (seqlen + 2048 - 1) / 2048`).
+SCAN_CHUNK = 2048
+
 #: (forward elements, forward fp32 elements, backward elements, backward fp32 elements).
 Workspace = tuple[int, int, int, int]
 
@@ -65,3 +69,19 @@ def mamba2_split_conv1d_scan(d: int, heads: int, groups: int, state: int,
     backward = 2 * conv + (2 * d + 2 * groups * state + heads) + 3 * d + heads + 2 * states
     backward_fp32 = 2 * heads + groups * chunk + 2 * states
     return forward, forward_fp32, backward, backward_fp32
+
+
+def selective_scan_states(d: int, state: int) -> int:
+    """fp32 elements per token of the chunk states SelectiveScanFn saves (`x`,
+    [B, d, T/2048, 2N]: selective_scan.cpp L313), exact when T is a multiple of 2,048."""
+    return d * 2 * state // SCAN_CHUNK
+
+
+def selective_scan(d: int, state: int) -> Workspace:
+    """mamba_ssm's `selective_scan_fn` (`SelectiveScanFn`, Mamba-1, d channels, N state).
+
+    Forward: nothing beyond what it saves and returns (out, out_z, the states `x`:
+    selective_scan.cpp L304-313). Backward (L440-463): du, ddelta and dz in the inputs' dtype,
+    dB and dC in fp32 (variable B and C).
+    """
+    return 0, 0, 3 * d, 2 * state
