@@ -3,8 +3,10 @@
 `TrainingSetup.mixer_kernels` names it (`vram.setup.training`). transformers runs a Gated
 DeltaNet, Mamba or short-convolution layer through fla's, mamba_ssm's and causal-conv1d's fused
 kernels when they are installed, else through its own PyTorch code
-(transformers/models/qwen3_next/modeling_qwen3_next.py@v5.24.0 `is_fast_path_available`,
-granitemoehybrid/modeling_granitemoehybrid.py@v5.24.0 `torch_forward`): what each keeps and
+(transformers/integrations/hub_kernels.py@v5.24.0 `use_kernel_func_from_hub_with_fallback` on
+`chunk_gated_delta_rule`, `mamba_split_conv1d_scan_combined`, `selective_scan_fn`,
+`causal_conv1d_fn`; the configs' `use_mamba_kernels` "is deprecated and has no effect",
+nemotron_h/modeling_nemotron_h.py@v5.24.0 L451-456): what each keeps and
 allocates is in `docs/hybrid-layers.md`. A fact of the run's environment, so each stack states
 its default (`data/stacks.toml`).
 """
