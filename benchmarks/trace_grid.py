@@ -158,6 +158,9 @@ def against_trace(config: dict[str, Any], setup: TrainingSetup,
     allocated peak; whether the peak phase agrees; the trace's seconds."""
     from vram.trace import trace_step
 
+    # the CPU trace runs transformers' PyTorch fallback of the hybrid layers, not the fused
+    # kernels (fla, mamba_ssm, causal-conv1d): the estimate it is held to is the fallback's
+    setup = setup.model_copy(update={"mixer_kernels": False})
     start = time.perf_counter()
     traced = trace_step(config, setup)
     seconds = time.perf_counter() - start

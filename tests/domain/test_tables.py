@@ -65,7 +65,7 @@ def test_every_stack_states_a_default_for_each_knob_that_defers_to_it() -> None:
                      "zero_reduce_bucket_values", "zero_param_persistence_threshold",
                      "zero3_linear_wrapper", "alloc_conf", "max_pixels", "min_pixels",
                      "crop_images", "video_max_pixels", "freeze_vision", "sequence_parallel",
-                     "pp_schedule", "cp_kind"}
+                     "pp_schedule", "cp_kind", "mixer_kernels"}
     for row in stacks().values():
         assert set(row.defaults) == knobs
         assert all(TrainingSetup.model_fields[name].default is None for name in knobs)

@@ -224,6 +224,9 @@ class LayerStack(BaseModel):
     #: Elements per token the mixer's kernel saves for its backward beyond its projections'
     #: inputs, (in the compute dtype, in fp32): `docs/hybrid-layers.md`, set by the family.
     mixer_saved: tuple[int, int] = (0, 0)
+    #: Elements per token the mixer's fused kernel allocates while it runs, beyond what it
+    #: saves: (forward, forward fp32, backward, backward fp32) (`vram.model.families.workspace`).
+    mixer_workspace: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: q, k and v are views of one fused projection's output, and v (kept by the attention
     #: kernel, or the eager matmul) keeps that whole output alive beside the rotated copies of
     #: q and k (Qwen2.5-VL / Qwen3-VL vision blocks: `qkv(x).reshape(...).unbind(0)`).

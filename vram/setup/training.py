@@ -33,6 +33,7 @@ from vram.setup.enums import (
 from vram.setup.knob import Knob
 from vram.setup.layout import check_layout, shard_group
 from vram.setup.lora_targets import ALL_LINEAR, parse_lora_targets
+from vram.setup.mixers import MixerKernels
 from vram.setup.vision import (
     CropImages,
     FreezeVision,
@@ -307,8 +308,7 @@ class TrainingSetup(BaseModel):
              "this many parameters stays gathered, so the forward keeps the last ~half of it "
              "gathered for backward (default 1e9)",
     )] = None
-    #: DeepSpeed ZeRO-3's stage3_param_persistence_threshold; None: the stack's config, else
-    #: DeepSpeed's 1e5.
+    #: ZeRO-3's stage3_param_persistence_threshold; None: the stack's config, else DeepSpeed's 1e5.
     zero_param_persistence_threshold: Annotated[int | None, Field(strict=True, ge=0, le=10**12),
                                                 Knob(
         "ZeRO-3 persistence threshold (values)", key="zpersist",
@@ -395,6 +395,7 @@ class TrainingSetup(BaseModel):
         help="Transformers 5's experts_implementation: grouped_mm runs each expert bank as one "
              "matmul in the bank's dtype; eager loops over the experts under autocast",
     )] = Experts.GROUPED_MM
+    mixer_kernels: MixerKernels = None  # vram.setup.mixers
     loss: Annotated[Loss | None, Knob(
         "Loss (cross-entropy)", key="loss", flag="--loss", column="loss",
         labels=(("auto", "stack default"), ("standard", "standard (fp32 logits)"),

@@ -60,6 +60,9 @@ class StackProfile:
     casts_output_to_fp32: bool
     #: The stack scales images into the pixel bounds before the processor (`StackRow`).
     resizes_images_before_processor: bool
+    #: Hybrid layers run fla's / mamba_ssm's / causal-conv1d's kernels, not transformers'
+    #: PyTorch fallback (`mixer_kernels`).
+    mixer_kernels: bool
     #: The dtype of each kind of tensor in this run.
     precision: PrecisionPolicy
     #: FSDP2 (`fully_shard`) shards the run (see `vram.sharding.fsdp2`).
@@ -121,6 +124,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         compiled=bool(run.compile),
         checkpoint_keeps_ctx_attributes=not run.ckpt_reentrant,
         offloads_checkpoints=bool(run.ckpt_offload),
+        mixer_kernels=bool(run.mixer_kernels),
         quantizes_expert_banks=row.quantizes_expert_banks,
         all_linear_by_module_name=row.all_linear_by_module_name,
         keeps_logits=row.keeps_logits,

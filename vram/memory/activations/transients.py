@@ -22,8 +22,21 @@ from vram.units import FP32_BYTES as FP32
 
 def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
     """What a layer's forward holds beyond what it keeps, at its largest: the attention's
-    scores (`_attention_working_set`) or, under expert parallel, the dispatch's buffer."""
-    return max(_attention_working_set(c, a), ep_dispatch_per_token(c))
+    scores (`_attention_working_set`), a hybrid mixer's kernel workspace or, under expert
+    parallel, the dispatch's buffer."""
+    return max(_attention_working_set(c, a), mixer_workspace_per_token(c, backward=False),
+               ep_dispatch_per_token(c))
+
+
+def mixer_workspace_per_token(c: LayerContext, *, backward: bool) -> int:
+    """A linear-attention or Mamba-2 mixer's fused kernel: its chunk states and the other
+    tensors it allocates while it runs, beyond what it saves (`LayerStack.mixer_workspace`,
+    read from fla's and mamba_ssm's source: `vram.model.families.workspace`). transformers'
+    PyTorch fallback (`mixer_kernels` False) allocates other tensors, not modelled."""
+    if not c.profile.mixer_kernels:
+        return 0
+    fwd, fwd_fp32, bwd, bwd_fp32 = c.stack.mixer_workspace
+    return c.e * bwd + FP32 * bwd_fp32 if backward else c.e * fwd + FP32 * fwd_fp32
 
 
 def ep_dispatch_per_token(c: LayerContext) -> int:
@@ -123,8 +136,10 @@ def backward_peak(c: LayerContext, a: AttentionLayout, *, mlp_per_token: int,
         # tp 8 + SP, 8k: three gathered `s h` tensors at the MLP's backward, 455.4 MB; this
         # moment 455.3 MB; torchtitan/models/llama3/infra/parallelize.py@v0.2.2 apply_tp)
         mlp_transient = max(mlp_transient, e * c.hidden + e * stack.intermediate_size * c.experts)
-    # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient).
-    attention_transient = 2 * e * (c.q_out + a.kv_width + a.v_width)
+    # A fused kernel's backward writes dq, dk and dv (and reads the output's gradient); a
+    # hybrid mixer's kernel, its workspace (the two run apart in a parallel layer)
+    attention_transient = max(2 * e * (c.q_out + a.kv_width + a.v_width),
+                              mixer_workspace_per_token(c, backward=True))
     if a.kernel.explicit_scores:
         # At the softmax's backward: the fp32 gradient of the probabilities and the softmax's
         # fp32 gradient output, while the 16-bit copy of the probabilities is already freed

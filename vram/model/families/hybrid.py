@@ -43,14 +43,14 @@ from vram.model.families.parts import (
 )
 from vram.model.spec import LayerStack, Mixer, MlpKind, ModelSpec, Role
 
-#: Why a hybrid's estimate is approximate: its mixers keep what their GPU kernels save (read
-#: from fla's, mamba_ssm's and causal-conv1d's source, `docs/hybrid-layers.md`), but no trace
-#: holds that to a measurement (on the CPU transformers runs its PyTorch fallback, which keeps
-#: other tensors) and the kernels' own workspace is not counted.
-MIXER_NOTE = ("{family}: its {mixer} layers keep what their GPU kernels save (from the kernels' "
-              "source); the kernels' workspace is not counted and no trace checks them, so "
-              "activations and the peak are approximate (parameters, weights, gradients and "
-              "optimizer state are exact).")
+#: Why a hybrid's estimate is approximate: its mixers keep what their GPU kernels save and
+#: allocate (read from fla's, mamba_ssm's and causal-conv1d's source, `docs/hybrid-layers.md`;
+#: the workspace when `mixer_kernels` says they run), but no GPU measurement holds that to a
+#: number, and transformers' PyTorch fallback (what a CPU trace runs) keeps other tensors.
+MIXER_NOTE = ("{family}: its {mixer} layers keep what their GPU kernels save and allocate (from "
+              "the kernels' source; transformers' PyTorch fallback keeps more and is not "
+              "modelled); no measurement checks them, so activations and the peak are "
+              "approximate (parameters, weights, gradients and optimizer state are exact).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,8 @@ def granitemoehybrid(r: ConfigReader) -> tuple[LayerStack, ...]:
     ssm = mamba2(h, d_inner=n_heads * d_head, heads=n_heads, groups=r.int("mamba_n_groups"),
                  state=r.int("mamba_d_state"), kernel=r.int("mamba_d_conv"),
                  conv_bias=r.bool("mamba_conv_bias", True),
-                 proj_bias=r.bool("mamba_proj_bias", False), norm=True)
+                 proj_bias=r.bool("mamba_proj_bias", False), norm=True,
+                 chunk=r.int("mamba_chunk_size", default=256))
     shared = r.int("shared_intermediate_size")
     ffn = Part((linear("shared_mlp.input_linear", Role.GATE_UP, h, 2 * shared,
                        parts=(shared, shared)),
@@ -171,7 +172,8 @@ def falcon_h1(r: ConfigReader) -> tuple[LayerStack, ...]:
     ssm = mamba2(h, d_inner=d_inner, heads=n_heads, groups=r.int("mamba_n_groups"),
                  state=r.int("mamba_d_state"), kernel=r.int("mamba_d_conv"),
                  conv_bias=r.bool("mamba_conv_bias", True),
-                 proj_bias=r.bool("mamba_proj_bias", False), norm=r.bool("mamba_rms_norm", False))
+                 proj_bias=r.bool("mamba_proj_bias", False), norm=r.bool("mamba_rms_norm", False),
+                 chunk=r.int("mamba_chunk_size", default=256))
     inter = r.int("intermediate_size")
     ffn = mlp(h, inter, bias=r.bool("mlp_bias", False), prefix="feed_forward.")
     shape = _shape(heads, Mixer.MAMBA2, inter, parallel_ssm=True)
@@ -212,7 +214,7 @@ def nemotron_h(r: ConfigReader) -> tuple[LayerStack, ...]:
     ssm = mamba2(h, d_inner=n_heads * d_head, heads=n_heads, groups=r.int("n_groups"),
                  state=r.int("ssm_state_size"), kernel=r.int("conv_kernel"),
                  conv_bias=r.bool("use_conv_bias", True), proj_bias=r.bool("use_bias", False),
-                 norm=True, prefix="mixer.")
+                 norm=True, chunk=r.int("chunk_size", default=128), prefix="mixer.")
     return by_kind([str(k) for k in kinds], lambda kind, count: _nemotron_block(
         r, h, kind, count, att, heads, ssm))
 

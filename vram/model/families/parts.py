@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import gated_mlp
+from vram.model.families.workspace import (
+    Workspace,
+    gated_delta_rule,
+    mamba2_split_conv1d_scan,
+    selective_scan,
+    selective_scan_states,
+)
 from vram.model.spec import LayerStack, Linear, Mixer, MlpKind, NormKind, Role
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -29,10 +36,17 @@ class Part:
     #: Elements per token a mixer's kernel saves beyond its projections' inputs, (in the
     #: compute dtype, in fp32) (`LayerStack.mixer_saved`).
     saved: tuple[int, int] = (0, 0)
+    #: What the mixer's kernel allocates while it runs (`LayerStack.mixer_workspace`).
+    workspace: Workspace = (0, 0, 0, 0)
 
     def __add__(self, other: Part) -> Part:
         return Part(self.linears + other.linears, self.other_params + other.other_params,
-                    (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]))
+                    (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]),
+                    _sum4(self.workspace, other.workspace))
+
+
+def _sum4(a: Workspace, b: Workspace) -> Workspace:
+    return a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,11 +180,12 @@ def gated_deltanet(r: ConfigReader, h: int, *, split: bool) -> Part:
     # g (nv), q/k rstd (2·nk) in fp32; the gated norm keeps its input and z, out_proj its input
     saved = (2 * conv_dim + 65 * nv + 3 * nv * dv, 2 * nv + 2 * nk)
     return Part((*projections, linear(p + "out_proj", Role.MIXER_OUT, nv * dv, h)), other,
-                saved)
+                saved, gated_delta_rule(nv, dk, dv))
 
 
 def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel: int,
-           conv_bias: bool, proj_bias: bool, norm: bool, prefix: str = "mamba.") -> Part:
+           conv_bias: bool, proj_bias: bool, norm: bool, chunk: int,
+           prefix: str = "mamba.") -> Part:
     """A Mamba-2 mixer (GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer, FalconH1Mixer):
     `in_proj` h -> 2d + 2GN + H, a depthwise conv over d + 2GN, `dt_bias`, `A_log`, `D` per
     head, an optional gated RMSNorm of width d, `out_proj`."""
@@ -183,24 +198,30 @@ def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel:
     saved = (d_in_proj + d_inner, groups if norm else 0)
     return Part((linear(prefix + "in_proj", Role.MIXER_IN, h, d_in_proj, proj_bias),
                  linear(prefix + "out_proj", Role.MIXER_OUT, d_inner, h, proj_bias)),
-                other + (d_inner if norm else 0), saved)
+                other + (d_inner if norm else 0), saved,
+                mamba2_split_conv1d_scan(d_inner, heads, groups, state, chunk))
 
 
 def mamba1(r: ConfigReader, h: int) -> Part:
     """JambaMambaMixer: `in_proj` h -> 2d, conv over d, `x_proj` d -> rank + 2N, `dt_proj`
-    rank -> d (with bias), `A_log` [d, N], `D`, the dt/B/C RMSNorms, `out_proj`."""
+    rank -> d (with bias), `A_log` [d, N], `D`, the dt/B/C RMSNorms, `out_proj`
+    (transformers/models/jamba/modeling_jamba.py@v5.24.0 `forward`)."""
     d = r.int("mamba_expand") * h
     n, rank = r.int("mamba_d_state"), r.int("mamba_dt_rank")
     bias = r.bool("mamba_proj_bias", False)
     other = d * r.int("mamba_d_conv") + (d if r.bool("mamba_conv_bias", True) else 0)
-    # MambaInnerFn at checkpoint_lvl 1 (mamba_ssm selective_scan_interface.py L286-288) saves
-    # xz (2d), x_dbl (rank + 2N) and the scan's output (d); conv output and delta recomputed
-    saved = (3 * d + rank + 2 * n, 0)
+    # transformers' JambaMambaMixer.forward calls causal_conv1d_fn and
+    # selective_scan_fn, not mamba_inner_fn: the conv saves its input, a view that keeps in_proj's
+    # whole output (2d); SelectiveScanFn (selective_scan_interface.py L63-66) saves u (the conv
+    # output, also x_proj's input: d), delta (d), contiguous copies of z (d), B and C (2N), its
+    # output (d) and fp32 chunk states [d, T/2048, 2N]; out_proj's input is the gated output
+    # (d); dt_proj's matmul keeps the normed dt (rank); the dt/B/C RMSNorms their fp32 inputs
+    saved = (7 * d + 2 * n + rank, rank + 2 * n + selective_scan_states(d, n))
     return Part((linear("mamba.in_proj", Role.MIXER_IN, h, 2 * d, bias),
                  linear("mamba.x_proj", Role.AUX, d, rank + 2 * n),
                  linear("mamba.dt_proj", Role.AUX, rank, d, True),
                  linear("mamba.out_proj", Role.MIXER_OUT, d, h, bias)),
-                other + d * n + d + rank + 2 * n, saved)
+                other + d * n + d + rank + 2 * n, saved, selective_scan(d, n))
 
 
 def short_conv(h: int, kernel: int, bias: bool) -> Part:
@@ -225,6 +246,7 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         shared_expert_width=shape.shared_expert_width, qk_norm=shape.qk_norm,
         mixer=shape.mixer, parallel_ssm=shape.parallel_ssm,
         attention_window=shape.attention_window, mixer_saved=part.saved,
+        mixer_workspace=part.workspace,
         attention_sinks=shape.attention_sinks, act_xielu=shape.act_xielu,
         attn_dropout=shape.attn_dropout, hidden_dropout=shape.hidden_dropout,
         norm_scales_in_fp32=shape.norm_scales_in_fp32, softmax_upcast=shape.softmax_upcast,
