@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from vram import ConfigError, TrainingSetup, VramError, load_model, model_from_config
+from vram import ConfigError, TrainingSetup, VramError, estimate, load_model, model_from_config
 from vram.model.architecture import MAX_CONFIG_BYTES, model_from_config_file, read_config_text
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -56,6 +56,29 @@ def test_missing_keys_are_named(key: str) -> None:
 def test_malformed_json_is_refused(text: str | bytes) -> None:
     with pytest.raises(ConfigError):
         read_config_text(text)
+
+
+@pytest.mark.parametrize("text, key", [
+    ('{"time_step_limit": [0.0, NaN]}', "time_step_limit"),
+    ('{"rope_scaling": {"factor": Infinity}}', "factor"),
+    ('{"time_step_limit": [0.0, 1.0], "hidden_size": -Infinity}', "hidden_size"),
+])
+def test_a_non_finite_number_is_refused_by_its_key(text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        read_config_text(text)
+    assert info.value.field == key
+
+
+def test_the_mamba2_time_step_limit_may_be_infinite() -> None:
+    """transformers writes Nemotron-H's, Falcon-H1's and GraniteMoeHybrid's default
+    `time_step_limit` as [0.0, Infinity]: such a config.json, saved by transformers itself, is
+    read (the value is not a memory figure) and estimated."""
+    text = (Path(__file__).resolve().parents[1] / "data" / "families" / "nemotron_h.json"
+            ).read_text()
+    assert "Infinity" in text
+    config = read_config_text(text)
+    assert config["time_step_limit"] == [0.0, float("inf")]
+    assert estimate(model_from_config(config), TrainingSetup(method="lora")).device_peak_bytes > 0
 
 
 def test_a_50_mb_config_is_refused_before_it_is_read(tmp_path: Path) -> None:

@@ -85,19 +85,49 @@ class ConfigReader:
 
 
 
-def _reject_constant(name: str) -> float:
-    raise ConfigError("config.json", f"{name} is not a valid number")
+#: Keys whose values may hold JSON's non-standard Infinity: transformers writes the Mamba-2
+#: configs' default `time_step_limit = (0.0, float("inf"))` as `[0.0, Infinity]`
+#: (transformers/models/nemotron_h/configuration_nemotron_h.py@v5.24.0, Falcon-H1 and
+#: GraniteMoeHybrid alike); no memory figure reads it.
+NON_FINITE_KEYS = frozenset({"time_step_limit"})
+
+
+class _NonFinite(float):
+    """A NaN or Infinity as read, kept apart until its key is known (`_check_non_finite`)."""
+
+    name: str = ""
+
+
+def _mark_constant(name: str) -> float:
+    value = _NonFinite(name.replace("Infinity", "inf"))
+    value.name = name
+    return value
+
+
+def _check_non_finite(value: object, key: str = "") -> object:
+    """`value` with every non-standard constant refused by its key, unless the key may hold
+    one (`NON_FINITE_KEYS`, then Infinity stays a float and NaN is still refused)."""
+    if isinstance(value, dict):
+        return {k: _check_non_finite(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_check_non_finite(v, key) for v in value]
+    if isinstance(value, _NonFinite):
+        if key in NON_FINITE_KEYS and value.name != "NaN":
+            return float(value)
+        raise ConfigError(key or "config.json", f"{value.name} is not a valid number")
+    return value
 
 
 def read_config_text(text: str | bytes) -> dict[str, Any]:
-    """Parse config.json text safely: size-capped, JSON only, no NaN or Infinity."""
+    """Parse config.json text safely: size-capped, JSON only, no NaN, and Infinity only where
+    transformers writes it (`NON_FINITE_KEYS`)."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(
             "config.json", f"too large ({len(text):,} bytes; a config is at most "
             f"{MAX_CONFIG_BYTES:,} bytes)"
         )
     try:
-        data = json.loads(text, parse_constant=_reject_constant)
+        data = _check_non_finite(json.loads(text, parse_constant=_mark_constant))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError("config.json", f"not valid JSON ({str(exc)[:80]})") from None
     except ConfigError:
