@@ -27,7 +27,7 @@ from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
 from vram.io.readers.vision import map_axolotl as map_vision
-from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
+from vram.io.readers.vocab import attention_from_hf, precision_for
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "axolotl@067b021 (main after v0.18.0)"
@@ -147,15 +147,7 @@ def _lora(m: Mapper) -> None:
     if isinstance(modules, str):
         modules = [modules]
     if modules:
-        if not isinstance(modules, list) or not all(isinstance(x, str) for x in modules):
-            raise TrainingConfigError("lora_target_modules", "must be a list of module names")
-        known, unknown = map_targets(modules)
-        if not known:
-            raise TrainingConfigError("lora_target_modules",
-                                      f"none of {shown(modules)} is a module vram knows")
-        m.set("lora_targets", known, "lora_target_modules", modules)
-        if unknown:
-            m.note(f"lora_target_modules {unknown} not modelled (no Llama-style counterpart)")
+        m.lora_targets("lora_target_modules", modules)
     else:
         m.default("lora_targets", ("q_proj", "v_proj"),
                   "PEFT's per-architecture default for Llama/Mistral/Qwen "

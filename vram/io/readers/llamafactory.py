@@ -29,7 +29,7 @@ from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
 from vram.io.readers.vision import map_llamafactory as map_vision
-from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
+from vram.io.readers.vocab import attention_from_hf, precision_for
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 VERSION = "LLaMA-Factory@ff6d4d1 (main after v0.9.5)"
@@ -128,12 +128,7 @@ def _method(m: Mapper) -> str:
         else:
             m.set("lora_targets", "all-linear", "lora_target", target)
     else:
-        known, unknown = map_targets(names)
-        if not known:
-            raise TrainingConfigError("lora_target", f"no module vram knows in {shown(target)}")
-        m.set("lora_targets", known, "lora_target", target)
-        if unknown:
-            m.note(f"lora_target {unknown} not modelled")
+        m.lora_targets("lora_target", names, target)
     return "qlora" if bits is not None else "lora"
 
 

@@ -24,6 +24,7 @@ from vram.io.readers.report import (
     NotModelled,
     ReadResult,
 )
+from vram.io.readers.vocab import map_targets
 from vram.setup import TrainingSetup
 
 #: Values a field may take in the readers' vocabulary that the current TrainingSetup may not
@@ -234,6 +235,20 @@ class Mapper:
 
     def note(self, text: str) -> None:
         self._notes.append(text)
+
+    def lora_targets(self, key: str, names: Any, raw: Any = None, source: str = "") -> None:
+        """LoRA target modules named under `key` (`raw`: as the file writes them; `source`:
+        the keys to credit, `key` by default) in the setup's names; names with no counterpart
+        are noted, and none known is an error naming `key`."""
+        raw = names if raw is None else raw
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise TrainingConfigError(key, "must be a list of module names")
+        known, unknown = map_targets(names)
+        if not known:
+            raise TrainingConfigError(key, f"none of {shown(raw)} is a module vram knows")
+        self.set("lora_targets", known, source or key, raw)
+        if unknown:
+            self.note(f"{key} {unknown} not modelled (no Llama-style counterpart)")
 
     # ---- result --------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from vram.errors import TrainingConfigError
 from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.report import ReadResult
 from vram.io.readers.safe_yaml import parse_mapping
-from vram.io.readers.vocab import TORCHTUNE_OPTIMIZERS, map_targets
+from vram.io.readers.vocab import TORCHTUNE_OPTIMIZERS
 from vram.model.catalog import resolve_hub_id
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
@@ -229,12 +229,8 @@ def _method(m: Mapper, builder: str, model: dict[str, Any]) -> None:
         names += ["w1", "w2", "w3"]
     if m.bool_key("model.apply_lora_to_output", model.get("apply_lora_to_output")):
         names.append("output")
-    known, unknown = map_targets(names)
-    if not known:
-        raise TrainingConfigError("model.lora_attn_modules", f"no module vram knows in {attn}")
-    m.set("lora_targets", known, "model.lora_attn_modules + apply_lora_to_*", names)
-    if unknown:
-        m.note(f"LoRA modules {unknown} not modelled")
+    m.lora_targets("model.lora_attn_modules", names,
+                   source="model.lora_attn_modules + apply_lora_to_*")
 
 
 def _batch(m: Mapper, data: dict[str, Any]) -> None:

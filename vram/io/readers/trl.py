@@ -28,7 +28,7 @@ from vram.io.readers.mapper import Mapper, shown
 from vram.io.readers.parallel import map_deepspeed, map_fsdp
 from vram.io.readers.report import ReadResult
 from vram.io.readers.vision import map_trl as map_vision
-from vram.io.readers.vocab import attention_from_hf, map_targets, precision_for
+from vram.io.readers.vocab import attention_from_hf, precision_for
 from vram.setup import MAX_LORA_RANK, MAX_SEQ_LEN
 
 Trainer = Literal["sft", "dpo", "grpo", "training-arguments"]
@@ -142,16 +142,8 @@ def _method(m: Mapper) -> str:
     elif targets == "all-linear" or targets == ["all-linear"]:
         m.set("lora_targets", "all-linear", "lora_target_modules", targets)
     else:
-        names = [targets] if isinstance(targets, str) else targets
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-            raise TrainingConfigError("lora_target_modules", "must be a list of module names")
-        known, unknown = map_targets(names)
-        if not known:
-            raise TrainingConfigError("lora_target_modules",
-                                      f"no module vram knows in {shown(targets)}")
-        m.set("lora_targets", known, "lora_target_modules", targets)
-        if unknown:
-            m.note(f"lora_target_modules {unknown} not modelled")
+        m.lora_targets("lora_target_modules", [targets] if isinstance(targets, str) else targets,
+                       targets)
     return m.fields["method"]  # type: ignore[no-any-return]
 
 
