@@ -46,14 +46,14 @@ from vram.trace.optim import make_optimizer
 from vram.trace.report import TraceResult
 from vram.trace.sharded import (
     ShardedTracker,
-    _fsdp_params,
-    _muting_propagation,
-    _regions,
-    _tracking_resizes,
     classifier,
     fake_process_group,
+    fsdp_params_of,
+    fsdp_regions,
+    muting_propagation,
     shard,
     storages,
+    tracking_resizes,
 )
 
 RING, ULYSSES = "ring", "ulysses"
@@ -119,7 +119,7 @@ def _meshes(spec: ParallelSpec) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _real_mesh_concatenation() -> Iterator[None]:
+def real_mesh_concatenation() -> Iterator[None]:
     """FSDP2 over tensor-parallel parameters concatenates the dp and tp meshes
     (torch/distributed/fsdp/_fully_shard/_fsdp_param.py@v2.13.0 `_init_sharding_spec_tp`); the
     new mesh builds its rank tensor and finds this rank in it with `nonzero`, which the fake
@@ -278,7 +278,7 @@ def _prepare(built: Built, setup: TrainingSetup, spec: ParallelSpec, mesh: Any) 
                  loss_parallel=spec.loss_parallel)
     if runs_fsdp(setup, spec):
         built.autocast = None  # the policy all-gathers 16-bit parameters
-        with _real_mesh_concatenation():
+        with real_mesh_concatenation():
             return shard(built, setup, mesh["fsdp"])
     return []
 
@@ -303,12 +303,12 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
             params_total = sum(numel(p) for p in params)
             params_trainable = sum(p.numel() for p in params if p.requires_grad)
             states = _prepare(built, setup, spec, mesh)
-            fsdp_params = list(_fsdp_params(states))
+            fsdp_params = list(fsdp_params_of(states))
             train = [p for p in built.model.parameters() if p.requires_grad]
             optimizer = make_optimizer(setup, train, tracker.exclude)
             if optimizer is None:
                 raise TraceUnsupported("optimizer: the parallel trace steps after backward")
-            weight_keys = _register_weights(built, tracker, fsdp_params)
+            weight_keys = register_weights(built, tracker, fsdp_params)
             tracker.classifier = classifier(tracker, weight_keys, fsdp_params, train, optimizer)
             install_labels(built, tracker, label_before_hooks=True)
             if spec.offload_activations:
@@ -316,7 +316,7 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
 
                 offload = OffloadState(params=parameter_storages(built.model),
                                        dedup=spec.offload_style == "trl")
-            with _tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker):
+            with tracking_resizes(tracker), fsdp_regions(tracker), muting_propagation(tracker):
                 _run(built, setup, spec, mesh, tracker, optimizer, offload)
     raw = RawTrace(
         n_layers=n_layers, peaks=dict(tracker.peaks), timeline=tracker.timeline,
@@ -327,7 +327,7 @@ def trace_parallel_depth(config: dict[str, Any], setup: TrainingSetup, spec: Par
     return ParallelRaw(raw, offload.host_peak_bytes, offload.offloaded_bytes // 2)
 
 
-def _register_weights(built: Built, tracker: ShardedTracker,
+def register_weights(built: Built, tracker: ShardedTracker,
                       fsdp_params: list[Any]) -> dict[int, str]:
     keys: dict[int, str] = {}
     if fsdp_params:
@@ -362,7 +362,7 @@ def trace_parallel(config: dict[str, Any], setup: TrainingSetup, spec: ParallelS
                    n_layers: int | None = None) -> tuple[TraceResult, ParallelRaw]:
     """Rank 0's exact allocated memory, traced at two depths and extended to the config's
     (as `vram.trace.step.trace_step` extends), or at `n_layers` exactly."""
-    from vram.trace.step import _bucket_max, _downsample, _top
+    from vram.trace.step import bucket_maxima, downsample_timeline, live_tensors
 
     full = depth(config)
     period = layer_period(config)
@@ -376,15 +376,15 @@ def trace_parallel(config: dict[str, Any], setup: TrainingSetup, spec: ParallelS
         result = TraceResult(
             peak_at=" / ".join(key), buckets=dict(peak.buckets),
             allocated_peak_bytes=peak.live, phase=peak.phase,
-            bucket_max=_bucket_max([dict(p.buckets) for p in one.raw.peaks.values()]),
-            paged_bytes=one.raw.paged_bytes, timeline=_downsample(one.raw.timeline),
+            bucket_max=bucket_maxima([dict(p.buckets) for p in one.raw.peaks.values()]),
+            paged_bytes=one.raw.paged_bytes, timeline=downsample_timeline(one.raw.timeline),
             timeline_n_layers=target, n_layers=target, n_layers_traced=(target,),
             extrapolated=False, params_total=one.raw.params_total,
-            params_trainable=one.raw.params_trainable, top_tensors=_top(peak),
+            params_trainable=one.raw.params_trainable, top_tensors=live_tensors(peak),
             notes=(_note(spec),))
         return result, one
     a, b = (trace_parallel_depth(config, setup, spec, n) for n in (lo, hi))
-    return _extend(a, b, lo, full, period, spec), b
+    return extend_parallel(a, b, lo, full, period, spec), b
 
 
 def _note(spec: ParallelSpec) -> str:
@@ -394,10 +394,10 @@ def _note(spec: ParallelSpec) -> str:
             f"{', fp8 ' + spec.fp8 if spec.fp8 else ''} (a fake process group)")
 
 
-def _extend(one: ParallelRaw, two: ParallelRaw, lo: int, full: int, period: int,
+def extend_parallel(one: ParallelRaw, two: ParallelRaw, lo: int, full: int, period: int,
             spec: ParallelSpec) -> TraceResult:
     """Each segment's peak and buckets extended linearly from `lo` and `lo + period` blocks."""
-    from vram.trace.step import _bucket_max, _downsample, _top
+    from vram.trace.step import bucket_maxima, downsample_timeline, live_tensors
 
     p1, p2 = one.raw.peaks, two.raw.peaks
 
@@ -413,13 +413,13 @@ def _extend(one: ParallelRaw, two: ParallelRaw, lo: int, full: int, period: int,
     return TraceResult(
         peak_at=" / ".join(best), buckets=extend(p1[best].buckets, p2[best].buckets),
         allocated_peak_bytes=line(p1[best].live, p2[best].live), phase=p2[best].phase,
-        bucket_max=_bucket_max([extend(p1[k].buckets, p2[k].buckets) for k in keys]),
+        bucket_max=bucket_maxima([extend(p1[k].buckets, p2[k].buckets) for k in keys]),
         paged_bytes=line(one.raw.paged_bytes, two.raw.paged_bytes),
-        timeline=_downsample(two.raw.timeline), timeline_n_layers=lo + period,
+        timeline=downsample_timeline(two.raw.timeline), timeline_n_layers=lo + period,
         n_layers=full, n_layers_traced=(lo, lo + period), extrapolated=True,
         params_total=line(one.raw.params_total, two.raw.params_total),
         params_trainable=line(one.raw.params_trainable, two.raw.params_trainable),
-        top_tensors=_top(p2[best]),
+        top_tensors=live_tensors(p2[best]),
         notes=(f"traced {lo} and {lo + period} blocks in "
                f"{one.raw.seconds + two.raw.seconds:.1f} s; extended linearly to {full}",
                _note(spec), f"host (pinned) peak {host} bytes"))

@@ -52,16 +52,16 @@ from vram.trace.optim import make_optimizer
 from vram.trace.parallel import (
     ParallelRaw,
     ParallelSpec,
-    _register_weights,
+    register_weights,
     runs_fsdp,
 )
 from vram.trace.sharded import (
     ShardedTracker,
-    _fsdp_params,
-    _muting_propagation,
-    _regions,
-    _tracking_resizes,
     classifier,
+    fsdp_params_of,
+    fsdp_regions,
+    muting_propagation,
+    tracking_resizes,
 )
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -244,7 +244,7 @@ def trace_stage_depth(config: dict[str, Any], setup: TrainingSetup, spec: Parall
     from torch.distributed.pipelining import PipelineStage
 
     from vram.trace.attention import cuda_attention
-    from vram.trace.parallel import _real_mesh_concatenation
+    from vram.trace.parallel import real_mesh_concatenation
 
     pipe.check()
     if spec.cp > 1:
@@ -273,7 +273,7 @@ def trace_stage_depth(config: dict[str, Any], setup: TrainingSetup, spec: Parall
             states: list[Any] = []
             if runs_fsdp(setup, spec):
                 built.autocast = None
-                with _real_mesh_concatenation():
+                with real_mesh_concatenation():
                     states = _shard_stages(modules, setup, mesh["dp"])
             dtype = built.autocast or next(owned.parameters()).dtype
             stages = [PipelineStage(m, stage_index=i, num_stages=n_stages,
@@ -282,18 +282,18 @@ def trace_stage_depth(config: dict[str, Any], setup: TrainingSetup, spec: Parall
                                     output_args=(_io(m, setup, built, spec, dtype)[1],))
                       for m, i in zip(modules, pipe.stages, strict=True)]
             schedule = _schedule(pipe, stages)
-            fsdp_params = list(_fsdp_params(states))
+            fsdp_params = list(fsdp_params_of(states))
             train = [p for p in owned.parameters() if p.requires_grad]
             optimizer = make_optimizer(setup, train, tracker.exclude)
             if optimizer is None:
                 raise TraceUnsupported("optimizer: the pipeline trace steps after backward")
-            weight_keys = _register_weights(built, tracker, fsdp_params)
+            weight_keys = register_weights(built, tracker, fsdp_params)
             tracker.classifier = classifier(tracker, weight_keys, fsdp_params, train,
                                              optimizer)
             install_labels(built, tracker, label_before_hooks=True)
             _follow_phases(stages, tracker)
             batch = setup.micro_batch * pipe.microbatches
-            with (_tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker),
+            with (tracking_resizes(tracker), fsdp_regions(tracker), muting_propagation(tracker),
                   tracker, cuda_attention(setup.attention.value)):
                 ids = torch.randint(0, max(built.vocab, 2), (batch, setup.seq_len))
                 tracker.recording = True
@@ -336,9 +336,9 @@ def _shard_stages(modules: list[StageModule], setup: TrainingSetup, mesh: Any) -
     torchtitan/models/llama3/infra/parallelize.py@v0.2.2 apply_fsdp)."""
     from torch.distributed.fsdp import fully_shard
 
-    from vram.trace.sharded import _mp_policy
+    from vram.trace.sharded import mixed_precision_policy
 
-    policy = _mp_policy(setup)
+    policy = mixed_precision_policy(setup)
     reshard = bool(setup.fsdp_reshard_after_forward)
     states = [fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
               for module in modules for block in module.blocks]
@@ -352,7 +352,7 @@ def trace_stage(config: dict[str, Any], setup: TrainingSetup, spec: ParallelSpec
     """`pipe.rank`'s stages traced with chunks of two depths and extended to the config's
     `L / (pp v)` blocks per chunk (as `vram.trace.parallel.trace_parallel` extends)."""
     from vram.trace.build import depth
-    from vram.trace.parallel import _extend, start_periods
+    from vram.trace.parallel import extend_parallel, start_periods
 
     chunks = pipe.pp * pipe.virtual
     full = depth(config) // chunks
@@ -362,7 +362,7 @@ def trace_stage(config: dict[str, Any], setup: TrainingSetup, spec: ParallelSpec
     if full <= lo + 1:
         one = trace_stage_depth(config, setup, spec, pipe, full)
         two = trace_stage_depth(config, setup, spec, pipe, full)
-        return _extend(one, two, full, full, 1, spec), two
+        return extend_parallel(one, two, full, full, 1, spec), two
     one = trace_stage_depth(config, setup, spec, pipe, lo)
     two = trace_stage_depth(config, setup, spec, pipe, lo + 1)
-    return _extend(one, two, lo, full, 1, spec), two
+    return extend_parallel(one, two, lo, full, 1, spec), two

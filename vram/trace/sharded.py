@@ -75,7 +75,7 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-def _mp_policy(setup: TrainingSetup) -> Any:
+def mixed_precision_policy(setup: TrainingSetup) -> Any:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if setup.precision is Precision.BF16_MIXED:
@@ -108,7 +108,7 @@ def shard(built: Built, setup: TrainingSetup, mesh: Any) -> list[Any]:
 
     from vram.stacks.resolve import resolve
 
-    policy = _mp_policy(setup)
+    policy = mixed_precision_policy(setup)
     reshard = fsdp2_reshards_after_forward(setup)
     own = separate_units(built) if resolve(setup).run.fsdp_embedding_units else None
     modules = [block for _, blocks in built.layer_lists for block in blocks]
@@ -120,7 +120,7 @@ def shard(built: Built, setup: TrainingSetup, mesh: Any) -> list[Any]:
     return states
 
 
-def _fsdp_params(states: list[Any]) -> Iterator[Any]:
+def fsdp_params_of(states: list[Any]) -> Iterator[Any]:
     for state in states:
         group = state._get_fsdp_state()._fsdp_param_group
         if group is not None:
@@ -180,7 +180,7 @@ class ShardedTracker(HostScalarTracker):
 
 
 @contextmanager
-def _tracking_resizes(tracker: ShardedTracker) -> Iterator[None]:
+def tracking_resizes(tracker: ShardedTracker) -> Iterator[None]:
     """`UntypedStorage.resize_` is not an aten op a dispatch mode sees (FSDPMemTracker patches
     it the same way: torch/distributed/_tools/mem_tracker.py@v2.13.0 _track_resize)."""
     original = torch.UntypedStorage.resize_
@@ -199,7 +199,7 @@ def _tracking_resizes(tracker: ShardedTracker) -> Iterator[None]:
 
 
 @contextmanager
-def _muting_propagation(tracker: ShardedTracker) -> Iterator[None]:
+def muting_propagation(tracker: ShardedTracker) -> Iterator[None]:
     """DTensor's sharding propagation makes global-shape fake tensors under the fake mode
     already active (torch/distributed/tensor/_sharding_prop.py@v2.13.0
     _propagate_tensor_meta_non_cached: `detect_fake_mode() or FakeTensorMode()`), so the mode
@@ -224,7 +224,7 @@ def _muting_propagation(tracker: ShardedTracker) -> Iterator[None]:
 
 
 @contextmanager
-def _regions(tracker: ShardedTracker) -> Iterator[None]:
+def fsdp_regions(tracker: ShardedTracker) -> Iterator[None]:
     """Label what FSDP2's unshard (all-gather and copy-out) and its gradient reduction
     allocate (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py@v2.13.0 unshard,
     wait_for_unshard, post_backward)."""
@@ -321,7 +321,7 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
             params_trainable = sum(p.numel() for p in built.model.parameters()
                                    if p.requires_grad)
             states = shard(built, setup, mesh)
-            fsdp_params = list(_fsdp_params(states))
+            fsdp_params = list(fsdp_params_of(states))
             train = [p for p in built.model.parameters() if p.requires_grad]
             optimizer = make_optimizer(setup, train, tracker.exclude)
             if optimizer is None:
@@ -336,7 +336,7 @@ def trace_sharded_depth(config: dict[str, Any], setup: TrainingSetup,
 
             tracker.classifier = classifier(tracker, weight_keys, fsdp_params, [], optimizer)
             install_labels(built, tracker, label_before_hooks=True)
-            with _tracking_resizes(tracker), _regions(tracker), _muting_propagation(tracker):
+            with tracking_resizes(tracker), fsdp_regions(tracker), muting_propagation(tracker):
                 run_steps(built, setup, tracker, optimizer)
     return RawTrace(
         n_layers=n_layers, peaks=dict(tracker.peaks), timeline=tracker.timeline,

@@ -111,7 +111,7 @@ def _depth_tracer(setup: TrainingSetup) -> Callable[[dict[str, Any], TrainingSet
     return trace_depth
 
 
-def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
+def downsample_timeline(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
     """At most MAX_POINTS points; each kept point is the highest of its window (peak kept)."""
     if len(timeline) <= MAX_POINTS:
         chosen = timeline
@@ -122,7 +122,7 @@ def _downsample(timeline: list[tuple[int, int, str]]) -> list[TimelinePoint]:
     return [TimelinePoint(event=e, live_bytes=b, phase=ph) for e, b, ph in chosen]
 
 
-def _top(peak: SegmentPeak) -> list[LiveTensor]:
+def live_tensors(peak: SegmentPeak) -> list[LiveTensor]:
     return [LiveTensor(what=w, bytes=b, bucket=k) for w, b, k in peak.top]
 
 
@@ -157,7 +157,7 @@ def _setup_notes(setup: TrainingSetup) -> tuple[str, ...]:
 SHARDED_START_PERIODS = 3
 
 
-def _bucket_max(snapshots: list[dict[str, int]]) -> dict[str, int]:
+def bucket_maxima(snapshots: list[dict[str, int]]) -> dict[str, int]:
     """The most each bucket held at any segment's peak (all gradients exist at the step)."""
     names = {name for snap in snapshots for name in snap}
     return {name: max(snap.get(name, 0) for snap in snapshots) for name in sorted(names)}
@@ -197,11 +197,11 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
         return TraceResult(
             peak_at=" / ".join(peak_key),
             buckets=dict(peak.buckets), allocated_peak_bytes=peak.live, phase=peak.phase,
-            bucket_max=_bucket_max([dict(p.buckets) for p in raw.peaks.values()]),
-            paged_bytes=raw.paged_bytes, timeline=_downsample(raw.timeline),
+            bucket_max=bucket_maxima([dict(p.buckets) for p in raw.peaks.values()]),
+            paged_bytes=raw.paged_bytes, timeline=downsample_timeline(raw.timeline),
             timeline_n_layers=target, n_layers=target, n_layers_traced=(target,),
             extrapolated=False, params_total=raw.params_total,
-            params_trainable=raw.params_trainable, top_tensors=_top(peak), notes=notes,
+            params_trainable=raw.params_trainable, top_tensors=live_tensors(peak), notes=notes,
         )
     # Blocks of alternating kinds (Gemma 2: sliding, then global attention) repeat with a
     # period; the trace extends whole periods, not single blocks. It starts from two periods:
@@ -234,13 +234,13 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
     return TraceResult(
         peak_at=" / ".join(best_key),
         buckets=buckets, allocated_peak_bytes=best_live, phase=b.phase,
-        bucket_max=_bucket_max(extended),
+        bucket_max=bucket_maxima(extended),
         paged_bytes=line(one.paged_bytes, two.paged_bytes),
-        timeline=_downsample(two.timeline), timeline_n_layers=hi, n_layers=full,
+        timeline=downsample_timeline(two.timeline), timeline_n_layers=hi, n_layers=full,
         n_layers_traced=(lo, hi), extrapolated=True,
         params_total=line(one.params_total, two.params_total),
         params_trainable=line(one.params_trainable, two.params_trainable),
-        top_tensors=_top(b),
+        top_tensors=live_tensors(b),
         notes=(f"traced {lo} and {hi} blocks in {one.seconds + two.seconds:.1f} s; "
                f"extended linearly to {full}", *notes),
     )
