@@ -223,7 +223,13 @@ class FitReport(BaseModel):
         return self.cheapest_per_hour
 
 
-def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
+def largest_count(gpu: Gpu) -> int:
+    """The most GPUs of this type the catalog search considers: a node, or 8 nodes of a
+    datacenter GPU."""
+    return gpu.max_per_node * (MAX_NODES if gpu.segment == "datacenter" else 1)
+
+
+def setup_on(setup: TrainingSetup, count: int) -> TrainingSetup:
     """The same run on `count` GPUs: keep the user's sharding, or shard fully (ZeRO-3/FSDP)."""
     if count == setup.n_gpus:
         return setup
@@ -239,7 +245,7 @@ def _setup_for(setup: TrainingSetup, count: int) -> TrainingSetup:
 def _counts(gpu: Gpu, setup: TrainingSetup) -> list[int]:
     """The GPU counts tried, fewest first: those the setup's parallel layout runs on (a
     multiple of `gpu_step`: tp=4 is not run on 2 GPUs), at least 2 for a multi-GPU setup."""
-    largest = gpu.max_per_node * (MAX_NODES if gpu.segment == "datacenter" else 1)
+    largest = largest_count(gpu)
     step = gpu_step(setup)
     counts = [c for c in GPU_COUNTS if c <= largest and c % step == 0]
     if setup.n_gpus > 1:
@@ -334,7 +340,7 @@ def fit(model: ModelSpec, setup: TrainingSetup, gpus: Sequence[Gpu] | None = Non
         known = setup.context_mib is None and gpu.cuda_context_mib is not None
         for count in _counts(gpu, setup):
             if count not in runs:
-                run = _setup_for(setup, count)
+                run = setup_on(setup, count)
                 runs[count] = (run, band_of(model, run))
             run, band = runs[count]
             if first is not None and band.point + context > gpu.memory_bytes:
@@ -462,7 +468,7 @@ def class_fit(model: ModelSpec, setup: TrainingSetup, report: FitReport,
         if below is None or below < capacity:
             return ClassFit(**base, reason="steps", below_count=below)
     assert below is not None
-    run = estimate(model, _setup_for(setup, below))
+    run = estimate(model, setup_on(setup, below))
     context = context_difference(card, setup)
     unsplit = (run.bucket(BucketName.ACTIVATIONS).bytes + run.bucket(BucketName.OVERHEAD).bytes
                + context)

@@ -65,7 +65,7 @@ def _fit_reference(model, setup, catalog):  # type: ignore[no-untyped-def]
     band's high bound is within the memory, on the GPU's own CUDA context (the context term
     out of the band where the GPU's is measured), borderline where the band straddles it and
     the estimate itself fits."""
-    from vram.gpus import _counts, _setup_for, context_difference, runs_precision
+    from vram.gpus import _counts, context_difference, runs_precision, setup_on
     fits, misses, borderline = [], [], []
     for gpu in catalog:
         if not runs_precision(gpu, setup.precision):
@@ -73,7 +73,7 @@ def _fit_reference(model, setup, catalog):  # type: ignore[no-untyped-def]
         first = best = straddles = None
         known = setup.context_mib is None and gpu.cuda_context_mib is not None
         for count in _counts(gpu, setup):
-            run = _setup_for(setup, count)
+            run = setup_on(setup, count)
             est = estimate(model.model_copy(), run)
             shift = context_difference(gpu, setup)
             peak = est.device_peak_bytes + shift

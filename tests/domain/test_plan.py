@@ -8,14 +8,14 @@ import statistics
 import pytest
 
 import vram
-from vram.gpus import load_gpus
+from vram.gpus import load_gpus, setup_on
 from vram.plan.calibration import calibrate, check_runs, read_runs
 from vram.plan.flops import (
     attention_flops_per_token_forward,
     flops_per_token,
     matmul_params_per_token,
 )
-from vram.plan.hardware import find_gpu, setup_on
+from vram.plan.hardware import find_gpu
 from vram.plan.levers import LEVERS, applied
 from vram.plan.planner import _apply_all
 from vram.plan.report import plan_json, plan_text

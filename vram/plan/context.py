@@ -22,10 +22,10 @@ from functools import cache
 from typing import Any
 
 from vram.errors import VramError
-from vram.gpus import load_gpus
+from vram.gpus import load_gpus, setup_on
 from vram.model.spec import ModelSpec
 from vram.paths import data_dir
-from vram.plan.hardware import Estimator, find_gpu, setup_on
+from vram.plan.hardware import Estimator, find_gpu
 from vram.plan.levers import applied
 from vram.plan.solve import Proof, max_seq_len
 from vram.plan.throughput import HOST_LINK_BYTES_PER_S

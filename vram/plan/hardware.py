@@ -14,7 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from vram.errors import VramError
-from vram.gpus import MAX_NODES, Gpu, _setup_for
+from vram.gpus import Gpu
 from vram.model.architecture import ModelSpec
 from vram.result import Estimate
 from vram.setup import TrainingSetup
@@ -44,16 +44,6 @@ def find_gpu(gpu_id: str, gpus: Sequence[Gpu], field: str = "gpu") -> Gpu:
             return gpu
     allowed = ", ".join(g.id for g in gpus)
     raise VramError(f"{field}: unknown GPU {gpu_id!r}; allowed: {allowed}")
-
-
-def setup_on(setup: TrainingSetup, n_gpus: int) -> TrainingSetup:
-    """The same run on `n_gpus` GPUs (the person's sharding, else ZeRO-3), as fit() does."""
-    return _setup_for(setup, n_gpus)
-
-
-def largest_count(gpu: Gpu) -> int:
-    """The most GPUs of this type the catalog search considers (fit()'s limit)."""
-    return gpu.max_per_node * (MAX_NODES if gpu.segment == "datacenter" else 1)
 
 
 class Estimator:

@@ -18,10 +18,10 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from vram.errors import InputError
-from vram.gpus import Gpu, load_gpus
+from vram.gpus import Gpu, largest_count, load_gpus, setup_on
 from vram.model.architecture import ModelSpec
 from vram.plan.calibration import MfuTable, default_mfu_table
-from vram.plan.hardware import Estimator, Hardware, find_gpu, largest_count, setup_on
+from vram.plan.hardware import Estimator, Hardware, find_gpu
 from vram.plan.levers import (
     LEVERS,
     MORE_GPUS,

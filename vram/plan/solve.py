@@ -13,7 +13,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vram.plan.hardware import Estimator, setup_on
+from vram.gpus import setup_on
+from vram.plan.hardware import Estimator
 from vram.setup import MAX_MICRO_BATCH, MAX_SEQ_LEN, TrainingSetup
 from vram.setup.layout import gpu_step
 
