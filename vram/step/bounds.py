@@ -22,7 +22,6 @@ that a run fits a given memory (`judge`).
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -324,10 +323,14 @@ class FitVerdict:
         return self.verdict.value
 
 
+#: The standard normal distribution.
+STANDARD_NORMAL = NormalDist()
+
+
 @cache
 def _z(rate: float) -> float:
     """How many standard deviations a `rate` band's edge lies from its middle."""
-    return NormalDist().inv_cdf((1.0 + rate) / 2.0)
+    return STANDARD_NORMAL.inv_cdf((1.0 + rate) / 2.0)
 
 
 def fit_probability(low: int, point: int, high: int, memory: int, rate: float) -> float:
@@ -336,8 +339,7 @@ def fit_probability(low: int, point: int, high: int, memory: int, rate: float) -
     spread = (point - low if memory < point else high - point) / _z(rate)
     if spread <= 0:
         return 1.0 if memory >= point else 0.0
-    # the standard normal's distribution function, Phi(x) = (1 + erf(x / sqrt 2)) / 2
-    return 0.5 * (1.0 + math.erf((memory - point) / spread / math.sqrt(2.0)))
+    return STANDARD_NORMAL.cdf((memory - point) / spread)
 
 
 def judge(low: int, point: int, high: int, memory: int, rate: float) -> FitVerdict:
