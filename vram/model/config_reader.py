@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vram.errors import ConfigError
@@ -92,16 +93,12 @@ class ConfigReader:
 NON_FINITE_KEYS = frozenset({"time_step_limit"})
 
 
-class _NonFinite(float):
-    """A NaN or Infinity as read, kept apart until its key is known (`_check_non_finite`)."""
+@dataclass(frozen=True)
+class _NonFinite:
+    """JSON's NaN, Infinity or -Infinity as read, kept apart until its key is known
+    (`_check_non_finite`)."""
 
-    name: str = ""
-
-
-def _mark_constant(name: str) -> float:
-    value = _NonFinite(name.replace("Infinity", "inf"))
-    value.name = name
-    return value
+    name: str
 
 
 def _check_non_finite(value: object, key: str = "") -> object:
@@ -113,7 +110,7 @@ def _check_non_finite(value: object, key: str = "") -> object:
         return [_check_non_finite(v, key) for v in value]
     if isinstance(value, _NonFinite):
         if key in NON_FINITE_KEYS and value.name != "NaN":
-            return float(value)
+            return float(value.name.replace("Infinity", "inf"))
         raise ConfigError(key or "config.json", f"{value.name} is not a valid number")
     return value
 
@@ -127,7 +124,7 @@ def read_config_text(text: str | bytes) -> dict[str, Any]:
             f"{MAX_CONFIG_BYTES:,} bytes)"
         )
     try:
-        data = _check_non_finite(json.loads(text, parse_constant=_mark_constant))
+        data = _check_non_finite(json.loads(text, parse_constant=_NonFinite))
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ConfigError("config.json", f"not valid JSON ({str(exc)[:80]})") from None
     except ConfigError:
