@@ -52,13 +52,9 @@ def _shape(r: ConfigReader) -> tuple[int, int, int, int]:
 def _gpt2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
     h, n_heads, inter, n_layers = _shape(r)
     head_dim = h // n_heads
-    linears = (
-        fused_qkv(h, n_heads, n_heads, head_dim, "attn.c_attn", True),
-        Linear(name="attn.c_proj", role=Role.O, d_in=h, d_out=h, bias=True),
-        *plain_mlp(h, inter, True, ("mlp.c_fc", "mlp.c_proj")),
-    )
     stack = LayerStack(
-        name="decoder", count=n_layers, linears=linears, other_params=2 * 2 * h, n_norms=2,
+        name="decoder", count=n_layers, linears=block_linears(h, n_heads, n_heads, inter),
+        other_params=2 * 2 * h, n_norms=2,
         norm_kind=NormKind.LAYER, n_heads=n_heads, n_kv_heads=n_heads, head_dim=head_dim,
         mlp_kind=MlpKind.PLAIN, intermediate_size=inter,
         # eager_attention_forward: softmax in the scores' dtype, then `.type(value.dtype)`
@@ -67,14 +63,35 @@ def _gpt2(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
         act_saved=act_saved(r, "activation_function", "gelu_new"),
         act_pow_fp32=act_pow_fp32(r, "activation_function", "gelu_new"),
     )
+    return model_with_positions(name, model_type, r, h, stack, gpt2_positions(r))
+
+
+def block_linears(h: int, n_heads: int, n_kv: int, inter: int) -> tuple[Linear, ...]:
+    """A GPT-2 block's nn.Linear layers, with biases: c_attn (q, k, v fused), c_proj, and the
+    MLP's c_fc and c_proj (GPT-BigCode's too, with `n_kv` shared heads)."""
+    return (
+        fused_qkv(h, n_heads, n_kv, h // n_heads, "attn.c_attn", True),
+        Linear(name="attn.c_proj", role=Role.O, d_in=h, d_out=h, bias=True),
+        *plain_mlp(h, inter, True, ("mlp.c_fc", "mlp.c_proj")),
+    )
+
+
+def gpt2_positions(r: ConfigReader) -> int:
+    """The learned positions (wpe's rows): GPT2Config's n_positions, 1,024 by default."""
+    return r.int("n_positions", "max_position_embeddings", default=1024)
+
+
+def model_with_positions(name: str, model_type: str, r: ConfigReader, h: int,
+                         stack: LayerStack, n_positions: int, **extra: int) -> ModelSpec:
+    """A GPT-2-shaped model around `stack`: learned token and position embeddings (wte, wpe),
+    a final ln_f, the head tied to wte unless the config unties it."""
     vocab = r.int("vocab_size")
-    n_positions = r.int("n_positions", "max_position_embeddings", default=1024)
     return ModelSpec(
         name=name, family=model_type, hidden_size=h, vocab_size=vocab, stacks=(stack,),
         embedding_params=vocab * h, embedding_extra_params=n_positions * h,
         extra_params=2 * h,  # ln_f
         tied_embeddings=r.bool("tie_word_embeddings", True),
-        max_position_embeddings=n_positions,
+        max_position_embeddings=n_positions, **extra,
     )
 
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
-from vram.model.families.base import act_saved, fused_qkv, plain_mlp
-from vram.model.spec import LayerStack, Linear, MlpKind, ModelSpec, NormKind, Role
+from vram.model.families.base import act_saved
+from vram.model.families.gpt2 import block_linears, gpt2_positions, model_with_positions
+from vram.model.spec import LayerStack, MlpKind, ModelSpec, NormKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,27 +34,16 @@ def _gpt_bigcode(name: str, model_type: str, r: ConfigReader) -> ModelSpec:
     head_dim = h // n_heads
     n_kv = 1 if r.bool("multi_query", True) else n_heads
     inter = r.int("n_inner", default=4 * h)  # GPTBigCodeBlock: 4·h when n_inner is None
-    linears = (
-        fused_qkv(h, n_heads, n_kv, head_dim, "attn.c_attn", True),
-        Linear(name="attn.c_proj", role=Role.O, d_in=h, d_out=h, bias=True),
-        *plain_mlp(h, inter, True, ("mlp.c_fc", "mlp.c_proj")),
-    )
     stack = LayerStack(
-        name="decoder", count=r.int("n_layer", "num_hidden_layers"), linears=linears,
+        name="decoder", count=r.int("n_layer", "num_hidden_layers"),
+        linears=block_linears(h, n_heads, n_kv, inter),
         other_params=2 * 2 * h, n_norms=2, norm_kind=NormKind.LAYER, n_heads=n_heads,
         n_kv_heads=n_kv, head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter,
         attn_dropout=r.float("attn_pdrop", 0.1), hidden_dropout=r.float("resid_pdrop", 0.1),
         act_saved=act_saved(r, "activation_function", "gelu_pytorch_tanh"),
     )
-    vocab = r.int("vocab_size")
-    n_positions = r.int("n_positions", "max_position_embeddings", default=1024)
-    return ModelSpec(
-        name=name, family=model_type, hidden_size=h, vocab_size=vocab, stacks=(stack,),
-        embedding_params=vocab * h, embedding_extra_params=n_positions * h,
-        extra_params=2 * h,  # ln_f
-        tied_embeddings=r.bool("tie_word_embeddings", True),
-        max_position_embeddings=n_positions,
-        # GPTBigCodeModel.bias: torch.tril(torch.ones((max_positions, max_positions),
-        # dtype=torch.bool)), a non-persistent buffer moved to the GPU with the model
-        buffer_bytes=n_positions * n_positions,
-    )
+    n_positions = gpt2_positions(r)
+    # GPTBigCodeModel.bias: torch.tril(torch.ones((max_positions, max_positions),
+    # dtype=torch.bool)), a non-persistent buffer moved to the GPU with the model
+    return model_with_positions(name, model_type, r, h, stack, n_positions,
+                                buffer_bytes=n_positions * n_positions)
