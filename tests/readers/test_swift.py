@@ -123,7 +123,7 @@ def test_config_file_env_mapping() -> None:
 
 
 def test_detection() -> None:
-    for name in EXAMPLES:
+    for name in [*EXAMPLES, "multi-gpu-fsdp2_lora-train.sh"]:
         text = (SWIFT / name).read_text()
         assert looks_like_command(text) == name.endswith(".sh"), name
     yaml = parse_mapping((SWIFT / "yaml-deepspeed-sft.yaml").read_text())
@@ -208,7 +208,7 @@ def refused(text: str, key: str, fragment: str) -> None:
     ("swift sft config.yaml", "swift", "read that file instead"),
     (f"{QWEN} --lora_rank \x00", "file", "control character"),
     (f"{QWEN} --system '" + "a " * 40_000 + "'", "file", "longer than 64,000"),
-    ("accelerate launch swift/cli/sft.py --model Qwen/Qwen2.5-7B-Instruct", "file", "mapping"),
+    ("accelerate launch train.py --model Qwen/Qwen2.5-7B-Instruct", "file", "mapping"),
 ])
 def test_bad_input_is_one_line_naming_the_key(text: str, key: str, fragment: str) -> None:
     refused(text, key, fragment)
@@ -241,3 +241,37 @@ def test_unexpanded_gpu_count_asks_for_gpus() -> None:
     assert "--gpus N" in next(i.reason for i in loaded.report.ignored
                               if i.key == "NPROC_PER_NODE")
     assert load_training_config(f"NPROC_PER_NODE=$N {QWEN}", gpus=4).setup.n_gpus == 4
+
+
+def test_a_launcher_running_ms_swifts_script() -> None:
+    """examples/train/multi-gpu/fsdp2_lora/train.sh: `accelerate launch --config_file X
+    swift/cli/sft.py ...`; accelerate's own config (the process count, FSDP) is not read."""
+    loaded = load("multi-gpu-fsdp2_lora-train.sh")
+    check(loaded, dict(method="lora", n_gpus=1, grad_ckpt=False, sharding="none",
+                       seq_len=2048, lora_rank=8))
+    assert any("its config file is not read" in note for note in loaded.report.notes)
+    assert any("--gpus N" in note for note in loaded.report.notes)
+    assert not any("device_map" in note for note in loaded.report.notes)
+    torchrun = load_training_config(
+        "NPROC_PER_NODE=2 torchrun --nproc_per_node=4 --nnodes 2 swift/cli/sft.py "
+        "--model Qwen/Qwen2.5-7B-Instruct --deepspeed zero3")
+    assert (torchrun.setup.n_gpus, torchrun.setup.sharding) == (8, "zero3")
+    assert any("instead of NPROC_PER_NODE=2" in n for n in torchrun.report.notes)
+    single = load_training_config("CUDA_VISIBLE_DEVICES=0,1 python swift/cli/sft.py "
+                                  "--model Qwen/Qwen2.5-7B-Instruct")
+    assert single.setup.n_gpus == 1
+    assert any("device_map" in note for note in single.report.notes)
+
+
+def test_rlhf_grpo_step_sees_prompt_and_completion() -> None:
+    loaded = load_training_config(
+        "swift rlhf --rlhf_type grpo --model Qwen/Qwen2.5-7B-Instruct --max_length 1024 "
+        "--num_generations 8 --use_vllm true")
+    assert loaded.setup.seq_len == 1024 + 512  # max_completion_length default 512
+    recorded = {row.key for row in loaded.report.mapped}
+    assert {"rlhf_type", "num_generations", "use_vllm"} <= recorded
+    dpo = load_training_config("swift rlhf --rlhf_type dpo --model Qwen/Qwen2.5-7B-Instruct "
+                               "--max_length 2048 --max_completion_length 256")
+    assert dpo.setup.seq_len == 2048
+    assert "max_completion_length" in {row.key for row in dpo.report.mapped}
+    assert not any("spelling" in i.reason for i in dpo.report.ignored)

@@ -82,16 +82,22 @@ _DEEPSPEED = {"zero0": ("ddp", "none"), "zero1": ("zero1", "none"), "zero2": ("z
               "zero3_offload": ("zero3", "params+optimizer")}
 _QUANT_METHODS = ("bnb", "hqq", "eetq", "quanto", "fp8")
 _MAX_JSON_CHARS = 64_000
+#: `swift rlhf` keys that are recorded (rlhf_args.py: reference and reward models, generation).
+_RL_KEYS = ("max_completion_length", "num_generations", "use_vllm", "vllm_mode",
+            "vllm_gpu_memory_utilization", "beta", "rpo_alpha", "ref_model", "reward_funcs",
+            "reward_model", "loss_type", "epsilon", "num_iterations", "temperature",
+            "teacher_model")
 
 
 def read_command(command: SwiftCommand, *, base_dir: Path | None = None) -> ReadResult:
     """A parsed launch script."""
     return read(command.data, base_dir=base_dir, notes=command.notes,
-                subcommand=command.subcommand)
+                subcommand=command.subcommand, launched=command.distributed_launcher)
 
 
 def read(data: dict[str, Any], *, base_dir: Path | None = None,
-         notes: list[str] | tuple[str, ...] = (), subcommand: str = "sft") -> ReadResult:
+         notes: list[str] | tuple[str, ...] = (), subcommand: str = "sft",
+         launched: bool = False) -> ReadResult:
     """ms-swift flags (and `ENV`), as its config file or a parsed launch script holds them."""
     flags = dict(data)
     env = flags.pop("ENV", None) or {}
@@ -111,13 +117,11 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None,
     for note in notes:
         m.note(note)
     model_ref, slug = resolve_model(m, "model")
-    if subcommand == "rlhf":
-        kind = m.str_key("rlhf_type") or "dpo"
-        m.record("rlhf_type", kind, f"{kind}: recorded; the policy step is estimated, reference "
-                 f"and reward models and generation are not (rlhf_args.py{AT}: default dpo)")
-    n_gpus = map_environment(m, env)
+    n_gpus = map_environment(m, env, launched=launched)
     method = _method(m)
     _batch(m, n_gpus)
+    if subcommand == "rlhf":
+        _rlhf(m)
     _precision(m, method)
     _attention(m)
     _checkpointing(m)
@@ -323,6 +327,25 @@ def _batch(m: Mapper, n_gpus: int) -> None:
     if m.has("packing_length"):
         m.record("packing_length", m.int_key("packing_length", high=MAX_SEQ_LEN),
                  "packed length (vram takes max_length)")
+
+
+def _rlhf(m: Mapper) -> None:
+    """`swift rlhf`: the policy's step; for GRPO, PPO and GKD `max_length` is the prompt's
+    (template_args.py) and the step sees prompt + completion."""
+    kind = (m.str_key("rlhf_type") or "dpo").lower()
+    m.record("rlhf_type", kind, f"{kind}: recorded; the policy step is estimated, reference "
+             f"and reward models and generation are not (swift/arguments/rlhf_args.py{AT}: "
+             "default dpo)")
+    if kind in ("grpo", "ppo", "gkd"):
+        completion = m.int_key("max_completion_length", high=MAX_SEQ_LEN) or 512
+        prompt = int(m.fields["seq_len"])
+        m.set("seq_len", prompt + completion, "max_length + max_completion_length",
+              f"{prompt}+{completion}", f"max_completion_length default 512 (swift/arguments/"
+              f"rlhf_args.py{AT}); the policy's step sees prompt + completion")
+    for key in _RL_KEYS:
+        if m.has(key) and not (key == "max_completion_length" and kind in ("grpo", "ppo",
+                                                                         "gkd")):
+            m.record(key, m.get(key), "RL setting (recorded, not modelled)")
 
 
 def _precision(m: Mapper, method: str) -> None:

@@ -28,6 +28,16 @@ from vram.io.readers.safe_yaml import MAX_TEXT_BYTES
 TRAINING_COMMANDS = ("sft", "pt", "rlhf")
 #: Words that may stand before `swift` and only change how it is started.
 _WRAPPERS = frozenset({"nohup", "env", "exec", "time"})
+#: ms-swift's entry scripts, as its multi-GPU examples start them with a launcher
+#: (`accelerate launch ... swift/cli/sft.py --model ...`).
+_SCRIPT = re.compile(r"(?:^|/)swift/cli/(sft|pt|rlhf)\.py$")
+_LAUNCHERS = frozenset({"accelerate", "torchrun", "python", "python3", "deepspeed"})
+#: Launchers that start one process per GPU (a plain `python` starts one).
+_DISTRIBUTED = frozenset({"accelerate", "torchrun", "deepspeed", "torch.distributed.run",
+                          "torch.distributed.launch"})
+#: A launcher's flags that set the process count -> the variable ms-swift's own launch reads.
+_LAUNCHER_COUNTS = {"nproc_per_node": "NPROC_PER_NODE", "nnodes": "NNODES",
+                    "num_processes": "NPROC_PER_NODE", "num_gpus": "NPROC_PER_NODE"}
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.DOTALL)
 _REFERENCE = re.compile(r"^\$(?:([A-Za-z_][A-Za-z0-9_]*)|\{([A-Za-z_][A-Za-z0-9_]*)\})$")
 #: A token that ends the command: a separator, a pipe, a redirection.
@@ -57,14 +67,26 @@ class SwiftCommand:
     #: Flags as ms-swift's config file holds them, with `ENV` for the environment.
     data: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    #: Whether a launcher that starts one process per GPU runs it (accelerate, torchrun).
+    distributed_launcher: bool = False
 
 
 def looks_like_command(text: str | bytes) -> bool:
-    """Whether the text holds a `swift sft|pt|rlhf` command line."""
+    """Whether the text holds a `swift sft|pt|rlhf` command line (or a launcher running
+    `swift/cli/sft.py`)."""
     sample = text[:MAX_TEXT_BYTES]
     if isinstance(sample, bytes):
         sample = sample.decode("utf-8", errors="replace")
-    return _COMMAND.search(sample) is not None
+    if _COMMAND.search(sample) is not None:
+        return True
+    for line in re.sub(r"\\\r?\n", " ", sample).splitlines():
+        words = line.split()
+        while words and (_ASSIGNMENT.match(words[0]) or words[0] in _WRAPPERS):
+            words = words[1:]
+        if words and words[0].rsplit("/", 1)[-1] in _LAUNCHERS and any(
+                _SCRIPT.search(word) for word in words):
+            return True
+    return False
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -210,10 +232,28 @@ def _split_command(words: list[str]) -> list[str]:
     return words
 
 
-def _training_command(words: list[str]) -> tuple[dict[str, str], str, list[str]] | None:
-    """(prefix assignments, subcommand, the words after it) when the line runs `swift`."""
+@dataclass
+class _Command:
+    env: dict[str, str]
+    subcommand: str
+    flags: list[str]
+    #: The launcher's words before `swift/cli/sft.py` (empty for `swift sft`).
+    launcher: list[str]
+
+
+def _training_command(words: list[str]) -> _Command | None:
+    """The command when the line runs `swift sft|pt|rlhf` or a launcher runs its script."""
     env: dict[str, str] = {}
+    start: int | None = None
     for index, word in enumerate(words):
+        if start is not None:
+            script = _SCRIPT.search(word)
+            if script is not None:
+                return _Command(env, script.group(1), _split_command(words[index + 1:]),
+                                words[start:index])
+            if _END.match(word):
+                return None
+            continue
         assignment = _ASSIGNMENT.match(word)
         if assignment is not None:
             env[assignment.group(1)] = assignment.group(2)
@@ -222,11 +262,29 @@ def _training_command(words: list[str]) -> tuple[dict[str, str], str, list[str]]
         elif word == "swift" and index + 1 < len(words):
             sub = words[index + 1].replace("_", "-")
             if sub in TRAINING_COMMANDS:
-                return env, sub, _split_command(words[index + 2:])
+                return _Command(env, sub, _split_command(words[index + 2:]), [])
             return None
+        elif word.rsplit("/", 1)[-1] in _LAUNCHERS:
+            start = index
         else:
             return None
     return None
+
+
+def _launcher_counts(launcher: list[str], env: dict[str, str], notes: list[str]) -> None:
+    """`torchrun --nproc_per_node 4`, `accelerate launch --num_processes 4`: the count that
+    `swift sft` would take from NPROC_PER_NODE (which only `swift` itself reads)."""
+    for index, word in enumerate(launcher):
+        name, _, inline = word.lstrip("-").replace("-", "_").partition("=")
+        variable = _LAUNCHER_COUNTS.get(name) if word.startswith("--") else None
+        value = inline or (launcher[index + 1] if index + 1 < len(launcher) else "")
+        if variable is None or not value:
+            continue
+        before = f" (instead of {variable}={env[variable]}, which only `swift` reads)" if (
+            variable in env and env[variable] != value) else ""
+        env[variable] = value
+        notes.append(f"{word.split('=', 1)[0]} {value} of {launcher[0]} read as {variable}"
+                     + before)
 
 
 def parse_command(text: str | bytes) -> SwiftCommand:
@@ -266,12 +324,19 @@ def parse_command(text: str | bytes) -> SwiftCommand:
         if found is not None:
             others += 1
             continue
-        env, sub, rest = command
         notes: list[str] = []
-        data = _flags(rest, variables, notes)
-        data["ENV"] = {name: _value(value, variables, notes, name)
-                       for name, value in {**exported, **env}.items()}
-        found = SwiftCommand(subcommand=sub, data=data, notes=notes)
+        env = {**exported, **command.env}
+        if command.launcher:
+            own_config = any(w.startswith(("--config_file", "--config-file"))
+                             for w in command.launcher)
+            notes.append(f"started by `{shown_name(' '.join(command.launcher), 120)}`"
+                         + (": its config file is not read" if own_config else ""))
+            _launcher_counts(command.launcher, env, notes)
+        data = _flags(command.flags, variables, notes)
+        data["ENV"] = {name: _value(value, variables, notes, name) for name, value in env.items()}
+        distributed = any(w.rsplit("/", 1)[-1] in _DISTRIBUTED for w in command.launcher)
+        found = SwiftCommand(subcommand=command.subcommand, data=data, notes=notes,
+                             distributed_launcher=distributed)
     if found is None:
         raise TrainingConfigError("file", "no `swift sft`, `swift pt` or `swift rlhf` command "
                                   "found (a YAML/JSON config is read as such)")

@@ -52,8 +52,9 @@ def _count(m: Mapper, name: str, value: Any, high: int) -> int:
     return number
 
 
-def map_environment(m: Mapper, env: dict[str, Any]) -> int:
-    """Map `env`; returns the GPU count of the run (1 without torchrun)."""
+def map_environment(m: Mapper, env: dict[str, Any], *, launched: bool = False) -> int:
+    """Map `env`; returns the GPU count of the run (1 without torchrun). `launched`: a
+    launcher that starts a process per GPU runs ms-swift's script (accelerate, torchrun)."""
     known = {*(name for name, _ in _BOUNDS), *_VIDEO, *_TOKEN_BUDGETS, *_ALLOC,
              "NPROC_PER_NODE", "NNODES", "CUDA_VISIBLE_DEVICES"}
     values: dict[str, Any] = {}
@@ -71,7 +72,7 @@ def map_environment(m: Mapper, env: dict[str, Any]) -> int:
             m.ignore(key, "does not change training memory (launch, logging, hub)")
         else:
             m.ignore(key, "not an environment variable vram reads for ms-swift")
-    n_gpus = _launch(m, values)
+    n_gpus = _launch(m, values, launched)
     _vision(m, values)
     for name in _ALLOC:
         if name in values:
@@ -79,7 +80,7 @@ def map_environment(m: Mapper, env: dict[str, Any]) -> int:
     return n_gpus
 
 
-def _launch(m: Mapper, env: dict[str, Any]) -> int:
+def _launch(m: Mapper, env: dict[str, Any], launched: bool) -> int:
     per_node = _count(m, "NPROC_PER_NODE", env["NPROC_PER_NODE"], MAX_GPUS) if (
         "NPROC_PER_NODE" in env) else None
     nodes = _count(m, "NNODES", env["NNODES"], MAX_GPUS) if "NNODES" in env else 1
@@ -88,7 +89,9 @@ def _launch(m: Mapper, env: dict[str, Any]) -> int:
     if visible is not None:
         m.record("CUDA_VISIBLE_DEVICES", visible, f"{len(devices)} GPU(s) visible")
     if per_node is None and "NNODES" not in env:
-        if len(devices) > 1:
+        if launched:
+            m.note("the launcher's process count was not found: give the GPU count (--gpus N)")
+        elif len(devices) > 1:
             m.note(f"{len(devices)} GPUs visible and no NPROC_PER_NODE: ms-swift splits the "
                    f"model over them (device_map; swift/cli/main.py{AT} starts one process), "
                    "which vram does not model: estimated as one GPU holding it all")
