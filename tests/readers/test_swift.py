@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from vram.errors import TrainingConfigError
+from vram.errors import TrainingConfigError, VramError
 from vram.io.readers import LoadedTrainingConfig, infer_format, load_training_config
 from vram.io.readers.safe_yaml import parse_mapping
 from vram.io.readers.swift_command import looks_like_command, parse_command
@@ -275,3 +277,23 @@ def test_rlhf_grpo_step_sees_prompt_and_completion() -> None:
     assert dpo.setup.seq_len == 2048
     assert "max_completion_length" in {row.key for row in dpo.report.mapped}
     assert not any("spelling" in i.reason for i in dpo.report.ignored)
+
+
+_PIECES = st.sampled_from([
+    "swift sft", " ", "\n", "\\\n", "--model", "Qwen/Qwen2.5-7B-Instruct", "--lora_rank",
+    "--tuner_type", "lora", "full", "'", '"', "$(", ")", "`", "$x", "x=2", "NPROC_PER_NODE=",
+    "MAX_PIXELS=", "4", "#", ";", "|", "&", "2>&1", "--max_length", "99999999999", "=", "{",
+    "}", "--deepspeed", "zero3", "export ", "torchrun --nproc_per_node", "swift/cli/sft.py",
+    "\t", "\r\n", "é", "--",
+])
+
+
+@given(st.lists(_PIECES, max_size=40).map("".join))
+@settings(max_examples=300, deadline=None)
+def test_any_script_text_reads_or_says_why_in_one_line(text: str) -> None:
+    try:
+        loaded = load_training_config("swift sft " + text)
+    except VramError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert loaded.format == "ms-swift"
