@@ -35,6 +35,7 @@ from vram.io.readers.common import (
     TRANSFORMERS,
     map_hf_optimizer,
     map_reentrant,
+    map_torch_compile,
     resolve_model,
 )
 from vram.io.readers.mapper import Mapper, shown
@@ -138,10 +139,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None,
     else:
         m.default("loss", "standard", f"use_liger_kernel False ({TRAIN_ARGS}): full logits, "
                   f"upcast to fp32 ({TRANSFORMERS})")
-    if m.has("torch_compile"):
-        m.set("compile", m.bool_key("torch_compile"), "torch_compile")
-    else:
-        m.default("compile", False, f"torch_compile False ({TRAINING_ARGS})")
+    map_torch_compile(m)
     _max_pixels_flag(m)
     return m.finish(model_ref, slug)
 
@@ -221,9 +219,10 @@ def _method(m: Mapper) -> str:
     else:
         m.default("lora_dropout", 0.05, f"lora_dropout 0.05 ({TUNER_ARGS})")
     _targets(m)
-    for key_ in ("use_dora", "use_rslora", "target_regex"):
+    for key_ in ("use_dora", "use_rslora", "target_regex", "lora_dtype", "target_parameters"):
         if m.has(key_):
-            m.record(key_, m.get(key_), "not modelled (plain LoRA on target_modules)")
+            m.record(key_, m.get(key_), "not modelled (plain LoRA on target_modules, PEFT's "
+                     "fp32 adapters)")
     _freezing(m, kind)
     return method
 
@@ -431,6 +430,9 @@ def _distributed(m: Mapper, base_dir: Path | None) -> bool:
             m.set("grad_ckpt", True, "fsdp", fsdp, f"{source} activation_checkpointing")
             m.set("ckpt_reentrant", False, "fsdp", fsdp, "FSDP's checkpoint wrapper")
         sharded = True
+    for key in ("device_map", "max_memory"):
+        if m.has(key):
+            m.record(key, m.get(key), "the model split over GPUs by hand: not modelled")
     if m.has("sequence_parallel_size"):
         size = m.int_key("sequence_parallel_size", high=MAX_GPUS)
         m.set("cp", size, "sequence_parallel_size", size)
