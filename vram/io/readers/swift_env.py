@@ -9,7 +9,8 @@ prefixes, or its config file's `ENV` mapping) -> setup.
   `qwen_vl_utils` through `swift/model/models/qwen.py@3602360a` `patch_qwen_vl_utils`
   (`get_env_args`, `swift/utils/utils.py@3602360a`); for qwen_vl_utils >= 0.0.14
   `compat_qwen_vl_utils` turns each into a token budget `VALUE // (patch · merge)²`, the same
-  pixels. Unset, qwen_vl_utils' own bounds hold (Qwen2.5-VL 12,845,056 and 3,136, its
+  pixels. Unset, qwen_vl_utils' own bounds hold (`vision_process.py` IMAGE_MAX_TOKEN_NUM 16,384
+  and IMAGE_MIN_TOKEN_NUM 4 tokens of 28² px for Qwen2.5-VL: 12,845,056 and 3,136, its
   processor's too), which the setup leaves to the model.
 - `FPS`, `FPS_MAX_FRAMES`, `FPS_MIN_FRAMES`, `VIDEO_MIN_PIXELS`, `VIDEO_TOTAL_PIXELS`: how a
   video is sampled; the frames a sample holds come from the data (`--video-frames`).
