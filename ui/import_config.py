@@ -1,5 +1,5 @@
-""""Import a training config" in the sidebar: read an axolotl, torchtune, LLaMA-Factory or
-TRL file (upload or paste), fill the controls from it, and show what each key set.
+""""Import a training config" in the sidebar: read an axolotl, torchtune, LLaMA-Factory, TRL
+or ms-swift file (upload or paste), fill the controls from it, and show what each key set.
 
 `state_from_loaded` is pure (no Streamlit): it turns a read config into widget values, snapping
 a number that no control offers to the nearest one and saying so. The state then goes into the
@@ -101,9 +101,9 @@ def panel() -> None:
 
 
 def _contents() -> None:
-    st.caption("axolotl, torchtune, LLaMA-Factory or TRL (YAML/JSON). Read as data only; "
-               "nothing in it is run or fetched.")
-    st.file_uploader("Config file", type=["yaml", "yml", "json"], key="import_file")
+    st.caption("axolotl, torchtune, LLaMA-Factory, TRL or ms-swift (YAML/JSON), or an ms-swift "
+               "`swift sft` script. Read as data only; nothing in it is run or fetched.")
+    st.file_uploader("Config file", type=["yaml", "yml", "json", "sh"], key="import_file")
     st.text_area("…or paste it", key="import_text", height=120)
     st.selectbox("Format", ("auto", *FORMATS), key="import_format")
     st.button("Import", key="import_go", on_click=_on_import)

@@ -7,7 +7,7 @@
     >>> vram.estimate_peaks(model, result.setup)  # the same peaks, no breakdown (sweeps)
     >>> vram.fit(model, result.setup).cheapest
     >>> vram.plan(model, result.setup, hardware=vram.Hardware(gpu="rtx-4090"), tokens=1e9)
-    >>> loaded = vram.load_training_config("qlora.yml")  # axolotl, torchtune, LLaMA-Factory, TRL
+    >>> loaded = vram.load_training_config("qlora.yml")  # axolotl, torchtune, LF, TRL, ms-swift
 """
 
 from vram.errors import CatalogError, ConfigError, VramError

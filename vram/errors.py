@@ -58,7 +58,8 @@ class FileWriteError(FileReadError):
 
 
 class TrainingConfigError(VramError):
-    """A training config (axolotl, torchtune, LLaMA-Factory, TRL) has a key that cannot be used."""
+    """A training config (axolotl, torchtune, LLaMA-Factory, TRL, ms-swift) has a key that cannot
+    be used."""
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key

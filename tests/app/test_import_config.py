@@ -106,3 +106,18 @@ def test_a_null_key_is_named_in_the_import_panel(app: AppTest) -> None:
     _import(app, "base_model: llama-3.1-8b\n~: 1\nsequence_len: 1024\n")
     assert not app.exception
     assert any("~ (null): a key must be text" in shown(e.value) for e in app.error)
+
+
+def test_a_pasted_ms_swift_script_is_read_not_run(app: AppTest, tmp_path: Path) -> None:
+    """ms-swift's examples/train/packing/qwen2_5_vl.sh, pasted, plus a command substitution
+    that must never run."""
+    marker = tmp_path / "ran"
+    text = (CONFIGS / "ms-swift/packing-qwen2_5_vl.sh").read_text()
+    _import(app, text.replace("--lora_rank 8", f"--lora_rank 8 --system $(touch {marker})"))
+    assert not app.exception and not marker.exists()
+    state = app.session_state
+    assert state["model"] == "qwen2.5-vl-7b"
+    assert (state["method"], state["seq"], state["gpus"], state["maxpx"]) == (
+        "lora", 8192, 4, 1_003_520)
+    report = "\n".join(shown(m.value) for m in app.sidebar.markdown)
+    assert "- **MAX_PIXELS** = 1003520: " in report

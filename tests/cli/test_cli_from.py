@@ -115,3 +115,19 @@ def test_abbreviated_flags_override_too() -> None:
     dests = explicit_dests(parser, ["estimate", "--from", "x.yml", "--bat", "4",
                                     "--seq=8192", "--json"])
     assert {"micro_batch", "seq_len", "from_file", "json"} <= dests
+
+
+def test_from_an_ms_swift_script(capsys: pytest.CaptureFixture[str]) -> None:
+    """A `swift sft` launch script is read (never run): its environment sets the GPU count."""
+    path = str(CONFIGS / "ms-swift/multi-gpu-deepspeed-train_zero3.sh")
+    code, out, _ = run(capsys, "estimate", "--from", path, "--json")
+    assert code == 0
+    payload = json.loads(out)
+    assert payload["from"]["format"] == "ms-swift"
+    setup = payload["setup"]
+    assert (setup["n_gpus"], setup["sharding"], setup["method"]) == (2, "zero3", "lora")
+    code, out, _ = run(capsys, "estimate", "--from", path, "--format", "ms-swift", "--gpus",
+                       "4", "--json")
+    assert code == 0 and json.loads(out)["setup"]["n_gpus"] == 4
+    code, _, err = run(capsys, "estimate", "--from", path, "--format", "trl")
+    assert code == 2 and err.count("\n") == 1

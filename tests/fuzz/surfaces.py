@@ -473,9 +473,10 @@ def run_upload(content: bytes, what: object = "") -> None:
     assert app.error or app.metric, what  # either an estimate or a message naming why
 
 
-#: Real training configs (axolotl, torchtune, LLaMA-Factory, TRL) that the import surface mutates.
+#: Real training configs (axolotl, torchtune, LLaMA-Factory, TRL, ms-swift and its launch
+#: scripts) that the import surface mutates.
 TRAINING_CONFIGS = sorted(p for p in (ROOT / "tests" / "data" / "configs").rglob("*")
-                          if p.suffix in {".yaml", ".yml", ".json"})
+                          if p.suffix in {".yaml", ".yml", ".json", ".sh"})
 
 
 def import_bytes(rng: random.Random) -> tuple[str, bytes]:

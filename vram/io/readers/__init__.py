@@ -1,10 +1,12 @@
-"""Read the training config a user already has: axolotl, torchtune, LLaMA-Factory, TRL.
+"""Read the training config a user already has: axolotl, torchtune, LLaMA-Factory, TRL,
+ms-swift (its config file or its `swift sft ...` launch script).
 
     >>> loaded = vram.load_training_config("examples/llama-3/qlora.yml")
     >>> loaded.model.name, loaded.setup.method, loaded.setup.seq_len
     >>> print("\\n".join(loaded.report.lines()))
 
-Files are parsed as data only (YAML's safe subset, size- and alias-capped; see `safe_yaml`).
+Files are parsed as data only (YAML's safe subset, size- and alias-capped; see `safe_yaml`);
+a launch script is read as text and never run (`swift_command`).
 A DeepSpeed JSON that the config names is read only when it lies beside the config and
 `allow_file_reads` is on; nothing is fetched. A key the file leaves out takes the tool's own
 default at the version each reader names, and the report lists it with its source.
@@ -20,11 +22,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from vram.errors import FileReadError, TrainingConfigError, VramError, shown_name
 from vram.files import read_limited
-from vram.io.readers import axolotl, llamafactory, torchtune, trl
+from vram.io.readers import axolotl, llamafactory, swift, torchtune, trl
 from vram.io.readers.detect import infer_format
 from vram.io.readers.mapper import setup_from_fields, split_fields
 from vram.io.readers.report import FORMATS, Format, MappingReport, ReadResult
 from vram.io.readers.safe_yaml import MAX_TEXT_BYTES, parse_mapping
+from vram.io.readers.swift_command import looks_like_command, parse_command
 from vram.model.architecture import ModelSpec
 from vram.model.catalog import load_model
 from vram.setup import TrainingSetup
@@ -81,6 +84,8 @@ def read_training_config(data: Mapping[str, Any], *, format: Format | None = Non
         return llamafactory.read(plain, base_dir=base_dir)
     if fmt == "trl":
         return trl.read(plain, base_dir=base_dir)
+    if fmt == "ms-swift":
+        return swift.read(plain, base_dir=base_dir)
     raise TrainingConfigError("format", f"{format!r}: one of {', '.join(FORMATS)}")
 
 
@@ -99,6 +104,18 @@ def _source_text(source: str | Path) -> tuple[str | bytes, Path | None]:
         except FileReadError as exc:
             raise TrainingConfigError("file", f"{exc.path}: {exc.reason}") from None
     return source, None
+
+
+def _read_text(text: str | bytes, *, format: Format | None, overrides: Sequence[str],
+               base_dir: Path | None, file_name: str | None) -> ReadResult:
+    """A YAML/JSON config, or an ms-swift launch script (its `swift sft` line tells it)."""
+    if format in (None, "ms-swift") and looks_like_command(text):
+        if overrides:
+            raise TrainingConfigError("overrides", "key=value overrides are for torchtune "
+                                      "recipes; use flags for other formats")
+        return swift.read_command(parse_command(text), base_dir=base_dir)
+    return read_training_config(parse_mapping(text), format=format, overrides=overrides,
+                                base_dir=base_dir, file_name=file_name)
 
 
 #: What a model reference that names no catalog entry gets when no file may be looked at.
@@ -124,8 +141,8 @@ def load_training_config(source: str | Path, *, format: Format | None = None,
     else:
         text, path = (str(source), None)
     base_dir = path.parent if (path is not None and allow_file_reads) else None
-    result = read_training_config(parse_mapping(text), format=format, overrides=overrides,
-                                  base_dir=base_dir, file_name=path.name if path else None)
+    result = _read_text(text, format=format, overrides=overrides, base_dir=base_dir,
+                        file_name=path.name if path else None)
     extra = {"n_gpus": gpus} if gpus is not None else {}
     try:
         setup = setup_from_fields(result.fields, extra)

@@ -22,8 +22,9 @@ from vram.setup import TrainingSetup
 
 def add_from_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_file", metavar="FILE",
-                        help="a training config to read: axolotl, torchtune, LLaMA-Factory or "
-                             "TRL YAML/JSON (other flags override it)")
+                        help="a training config to read: axolotl, torchtune, LLaMA-Factory, "
+                             "TRL or ms-swift YAML/JSON, or an ms-swift launch script (`swift "
+                             "sft ...`, read, never run); other flags override it")
     parser.add_argument("--format", choices=FORMATS,
                         help="the config's tool (default: inferred from its keys)")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",

@@ -1,5 +1,5 @@
-"""Keys that axolotl, LLaMA-Factory and TRL share because all three run Transformers' Trainer,
-and the model reference every reader resolves against the catalog."""
+"""Keys that axolotl, LLaMA-Factory, TRL and ms-swift share because all four run Transformers'
+Trainer, and the model reference every reader resolves against the catalog."""
 
 from __future__ import annotations
 
@@ -77,6 +77,14 @@ def map_reentrant(m: Mapper, key: str, default: bool | None, source: str) -> Non
               f"{key}.use_reentrant", value)
     elif default is not None:
         m.default("ckpt_reentrant", default, source)
+
+
+def map_torch_compile(m: Mapper) -> None:
+    """`torch_compile`, TrainingArguments' switch, off unless the file turns it on."""
+    if m.has("torch_compile"):
+        m.set("compile", m.bool_key("torch_compile"), "torch_compile")
+    else:
+        m.default("compile", False, f"torch_compile False ({TRAINING_ARGS})")
 
 
 def check_one_of(m: Mapper, *keys: str) -> None:

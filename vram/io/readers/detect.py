@@ -1,4 +1,5 @@
-"""Which tool a training config is for, from its keys."""
+"""Which tool a training config is for, from its keys (an ms-swift launch script is told
+by its `swift sft` line: `swift_command.looks_like_command`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ _MARKERS: dict[Format, tuple[str, ...]] = {
             "max_seq_length", "dataset_name", "num_train_epochs", "lora_target_modules",
             "gradient_checkpointing_kwargs", "optim", "bf16", "attn_implementation",
             "num_generations", "dataset_mixture", "torch_dtype"),
+    # ms-swift's config file (`swift sft config.yaml`): its own flag names and `ENV`.
+    "ms-swift": ("tuner_type", "train_type", "quant_bits", "quant_method", "attn_impl",
+                 "target_modules", "freeze_vit", "freeze_aligner", "freeze_llm", "ENV",
+                 "model_author", "model_name", "split_dataset_ratio", "sequence_parallel_size",
+                 "vit_lr", "aligner_lr", "load_from_cache_file", "padding_free", "system"),
 }
 
 
@@ -31,5 +37,5 @@ def infer_format(data: dict[str, Any]) -> Format:
     if top == 0 or top == second:
         raise TrainingConfigError(
             "format", "cannot tell which tool this config is for; give --format "
-            "axolotl, torchtune, llamafactory or trl")
+            "axolotl, torchtune, llamafactory, trl or ms-swift")
     return best

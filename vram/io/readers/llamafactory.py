@@ -22,6 +22,7 @@ from vram.io.readers.common import (
     TRANSFORMERS,
     check_one_of,
     map_hf_optimizer,
+    map_torch_compile,
     map_training_args_batch,
     resolve_model,
 )
@@ -67,10 +68,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None) -> ReadResult:
     _precision(m, method)
     _attention(m)
     _loss(m, stage)
-    if m.has("torch_compile"):
-        m.set("compile", m.bool_key("torch_compile"), "torch_compile")
-    else:
-        m.default("compile", False, f"torch_compile False ({TRAINING_ARGS})")
+    map_torch_compile(m)
     map_vision(m)
     uses_deepspeed = map_deepspeed(m, "deepspeed", base_dir)
     if map_fsdp(m) and uses_deepspeed:

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Format = Literal["axolotl", "torchtune", "llamafactory", "trl"]
-FORMATS: tuple[Format, ...] = ("axolotl", "torchtune", "llamafactory", "trl")
+Format = Literal["axolotl", "torchtune", "llamafactory", "trl", "ms-swift"]
+FORMATS: tuple[Format, ...] = ("axolotl", "torchtune", "llamafactory", "trl", "ms-swift")
 
 
 class _Frozen(BaseModel):

@@ -21,6 +21,7 @@ from vram.io.readers.common import (
     check_one_of,
     map_hf_optimizer,
     map_reentrant,
+    map_torch_compile,
     map_training_args_batch,
     resolve_model,
 )
@@ -86,10 +87,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None,
         m.set("attention", mapped or attention, "attn_implementation", attention,
               "" if mapped else "not modelled")
     _loss(m, kind)
-    if m.has("torch_compile"):
-        m.set("compile", m.bool_key("torch_compile"), "torch_compile")
-    else:
-        m.default("compile", False, f"torch_compile False ({TRAINING_ARGS})")
+    map_torch_compile(m)
     if m.bool_key("activation_offloading"):
         m.set("offload", "activations", "activation_offloading", True)
     uses_deepspeed = map_deepspeed(m, "deepspeed", base_dir)

@@ -20,8 +20,9 @@ data, not the config: `--images` gives it.
   processor), the script its many forks (Video-R1, VLM-R1, ...) keep.
 - ms-swift's `MAX_PIXELS` environment variable becomes a token budget,
   `IMAGE_MAX_TOKEN_NUM = MAX_PIXELS // (patch · merge)²` (`swift/model/models/qwen.py@3602360a`
-  `compat_qwen_vl_utils`): ms-swift takes no config file here, so give it as `--max-pixels`
-  (and `VIDEO_MAX_PIXELS` as `--video-max-pixels`).
+  `compat_qwen_vl_utils`), the same pixels: the ms-swift reader takes it, `MIN_PIXELS` and
+  `VIDEO_MAX_PIXELS` from a launch script's prefixes or its config file's `ENV`
+  (`swift_env`), and its `--max_pixels` flag (`swift`).
 """
 
 from __future__ import annotations
