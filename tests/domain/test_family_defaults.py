@@ -101,6 +101,21 @@ def test_internvit_6b_counts_and_keeps_its_q_k_norms() -> None:
     assert kept > estimate(without, setup).bucket_bytes["activations"]
 
 
+def test_smolvlm_reads_as_idefics3s_tower_under_its_own_type() -> None:
+    # SmolVLM2 is transformers' Idefics3 (modular_smolvlm.py) under its own model types
+    config = json.loads((MODELS / "smolvlm2-500m-video-instruct.json").read_text())
+    vision = dict(config["vision_config"])  # type: ignore[call-overload]
+    as_idefics3 = {**config, "model_type": "idefics3",
+                   "vision_config": {**vision, "model_type": "idefics3_vision"}}
+    smol, idefics = load_model(config), load_model(as_idefics3)
+    assert smol.family == "smolvlm" and smol.n_params == idefics.n_params == 507_482_304
+    assert smol.vision == idefics.vision
+    setup = TrainingSetup(method="full", precision="bf16-mixed", seq_len=2048,
+                          images_per_sample=1, image_height=512, image_width=512)
+    assert estimate(smol, setup).allocated_peak_bytes == estimate(
+        idefics, setup).allocated_peak_bytes
+
+
 def test_a_nemotron_config_without_its_block_list_names_the_key() -> None:
     config = _config("nemotron_h")
     config.pop("layers_block_type")

@@ -348,5 +348,6 @@ def llama4(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
 TOWERS: dict[str, Callable[[ConfigReader, ConfigReader, int], VisionSpec]] = {
     "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "qwen3_5": qwen3_vl, "gemma3": gemma3,
     "paligemma": paligemma, "llava": llava, "internvl": internvl, "idefics3": idefics3,
+    "smolvlm": idefics3,
     "mistral3": mistral3, "mllama": mllama, "llama4": llama4,
 }
