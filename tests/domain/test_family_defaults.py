@@ -81,7 +81,39 @@ def test_every_new_catalog_config_counts_exactly() -> None:
                     assert load_model(MODELS / f"{row['slug']}.json").n_params == int(
                         row["params"]), row["slug"]
                     checked += 1
-    assert checked == 35
+    assert checked == 47
+
+
+def test_internvit_6b_counts_and_keeps_its_q_k_norms() -> None:
+    # InternVL3-78B's InternViT-6B: a 3200-wide RMSNorm on q and one on k in each of 45 blocks
+    # (transformers' count 78,408,318,336 = InternVL2.5-78B's published safetensors total)
+    config = json.loads((MODELS / "internvl3-78b-hf.json").read_text())
+    vision = dict(config["vision_config"])  # type: ignore[call-overload]
+    plain = {**config, "vision_config": {**vision, "use_qk_norm": False}}
+    with_norms, without = load_model(config), load_model(plain)
+    assert with_norms.n_params == 78_408_318_336
+    assert with_norms.n_params - without.n_params == 45 * 2 * 3200
+    assert with_norms.vision is not None and without.vision is not None
+    assert with_norms.vision.blocks[0].qk_norm and not without.vision.blocks[0].qk_norm
+    setup = TrainingSetup(method="lora", precision="bf16-mixed", seq_len=1024,
+                          images_per_sample=1, image_height=448, image_width=448)
+    kept = estimate(with_norms, setup).bucket_bytes["activations"]
+    assert kept > estimate(without, setup).bucket_bytes["activations"]
+
+
+def test_smolvlm_reads_as_idefics3s_tower_under_its_own_type() -> None:
+    # SmolVLM2 is transformers' Idefics3 (modular_smolvlm.py) under its own model types
+    config = json.loads((MODELS / "smolvlm2-500m-video-instruct.json").read_text())
+    vision = dict(config["vision_config"])  # type: ignore[call-overload]
+    as_idefics3 = {**config, "model_type": "idefics3",
+                   "vision_config": {**vision, "model_type": "idefics3_vision"}}
+    smol, idefics = load_model(config), load_model(as_idefics3)
+    assert smol.family == "smolvlm" and smol.n_params == idefics.n_params == 507_482_304
+    assert smol.vision == idefics.vision
+    setup = TrainingSetup(method="full", precision="bf16-mixed", seq_len=2048,
+                          images_per_sample=1, image_height=512, image_width=512)
+    assert estimate(smol, setup).allocated_peak_bytes == estimate(
+        idefics, setup).allocated_peak_bytes
 
 
 def test_a_nemotron_config_without_its_block_list_names_the_key() -> None:

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from vram import load_model
 from vram.model.processor import (
     Processor,
     ProcessorKind,
@@ -87,6 +88,24 @@ def test_idefics3_splitting() -> None:
     hf = Idefics3ImageProcessorPil()
     ours = Processor(kind=ProcessorKind.SPLIT, patch=14, size=364, tokens=169,
                      longest_edge=4 * 364, max_tiles=17, can_crop=True, crops_by_default=True)
+    for h, w in SIZES:
+        tiles, _, _ = hf.get_number_of_image_patches(h, w)
+        assert image_tokens(ours, h, w).tiles == max(1, tiles), (h, w)
+
+
+def test_smolvlm_splitting_over_its_checkpoints_tile() -> None:
+    """SmolVLM2's processor is Idefics3's; SmolVLM2-500M's preprocessor_config.json sets the
+    longest edge to 2048 and the tile to 512, which vram reads as 4 x `image_size`."""
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import (
+        SmolVLMImageProcessorPil,
+    )
+
+    hf = SmolVLMImageProcessorPil(size={"longest_edge": 2048},
+                                  max_image_size={"longest_edge": 512})
+    vision = load_model("smolvlm2-500m-video-instruct").vision
+    assert vision is not None
+    ours = vision.processor
+    assert (ours.size, ours.longest_edge, ours.tokens) == (512, 2048, 64)
     for h, w in SIZES:
         tiles, _, _ = hf.get_number_of_image_patches(h, w)
         assert image_tokens(ours, h, w).tiles == max(1, tiles), (h, w)

@@ -228,7 +228,7 @@ def _inputs(model_type: str, config: dict[str, Any], vision: dict[str, Any], hf:
         return _qwen(hf, vision, batch, seq, media)
     token = _token(hf, "image_token_id", "image_token_index")
     size = image.height
-    if model_type == "idefics3":
+    if model_type in ("idefics3", "smolvlm"):
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         with unset_fake_temporarily():  # Idefics3 drops all-zero padding images by value

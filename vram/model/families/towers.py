@@ -31,7 +31,8 @@ QWEN3_VIDEO_PIXELS = (128 * 32 * 32, 768 * 32 * 32)
 
 
 def _block(name: str, count: int, linears: tuple[Linear, ...], *, h: int, heads: int,
-           inter: int, mlp: MlpKind, norm: NormKind, act: int = 1, extra: int = 0) -> LayerStack:
+           inter: int, mlp: MlpKind, norm: NormKind, act: int = 1, extra: int = 0,
+           qk_norm: bool = False) -> LayerStack:
     """One stack of tower blocks: pre-norm attention and MLP, two norms, no causal mask; a
     fused `qkv` is split into views (`LayerStack.qkv_view_kept`), and Qwen's blocks attend per
     image or window and concatenate (`attention_output_copied`)."""
@@ -41,7 +42,7 @@ def _block(name: str, count: int, linears: tuple[Linear, ...], *, h: int, heads:
         name=name, count=count, linears=linears, other_params=norm_params + extra, n_norms=2,
         norm_kind=norm, n_heads=heads, n_kv_heads=heads, head_dim=h // heads, mlp_kind=mlp,
         intermediate_size=inter, causal=False, act_saved=act,
-        qkv_view_kept=fused, attention_output_copied=fused)
+        qkv_view_kept=fused, attention_output_copied=fused, qk_norm=qk_norm)
 
 
 def _qkvo(h: int, names: tuple[str, str, str, str], bias: bool, o_bias: bool,
@@ -230,8 +231,10 @@ def internvl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
     """InternVL: InternViT tiles of `image_size` (448) with a class token; blocks of LayerNorm,
     q/k/v (biased per `attention_bias`), `projection_layer`, fc1/fc2 and layer-scale vectors;
     a 0.5 pixel shuffle (4h wide tokens), then LayerNorm, linear_1, GELU, linear_2
-    (internvl/modeling_internvl.py InternVLMultiModalProjector)."""
+    (internvl/modeling_internvl.py InternVLMultiModalProjector). InternViT-6B adds full-width
+    q/k RMSNorms (`use_qk_norm`)."""
     h, inter = v.int("hidden_size"), v.int("intermediate_size")
+    qk_norm = v.bool("use_qk_norm", False)
     size, patch = _image(v)
     ratio = r.float("downsample_ratio", 0.5)
     wide = int(h / ratio ** 2)
@@ -246,7 +249,8 @@ def internvl(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
                             crops_by_default=True),
         blocks=(_block("vision", v.int("num_hidden_layers"), linears, h=h,
                        heads=v.int("num_attention_heads"), inter=inter, mlp=MlpKind.PLAIN,
-                       norm=norm, act=act_saved(v, default="gelu"), extra=2 * h),),
+                       norm=norm, act=act_saved(v, default="gelu"),
+                       extra=2 * h + (2 * h if qk_norm else 0), qk_norm=qk_norm),),
         windows=(0,), width=h, pixel_values_per_token=3 * patch ** 2,
         projector=_projector(_mlp2(wide, text_h, text_h), norm=NormKind.LAYER,
                              act_width=text_h))
@@ -344,5 +348,6 @@ def llama4(v: ConfigReader, r: ConfigReader, text_h: int) -> VisionSpec:
 TOWERS: dict[str, Callable[[ConfigReader, ConfigReader, int], VisionSpec]] = {
     "qwen2_5_vl": qwen2_5_vl, "qwen3_vl": qwen3_vl, "qwen3_5": qwen3_vl, "gemma3": gemma3,
     "paligemma": paligemma, "llava": llava, "internvl": internvl, "idefics3": idefics3,
+    "smolvlm": idefics3,
     "mistral3": mistral3, "mllama": mllama, "llama4": llama4,
 }

@@ -78,12 +78,16 @@ def qwen3_vl(v: ConfigReader) -> tuple[int, int]:
 
 def internvit(v: ConfigReader) -> int:
     """InternVLVisionModel: class token, positions, biased patch conv; blocks with layer-scale
-    vectors (`lambda_1`, `lambda_2`), q/k/v biased per `attention_bias`, a biased output."""
+    vectors (`lambda_1`, `lambda_2`), q/k/v biased per `attention_bias`, a biased output, and
+    full-width q/k RMSNorms per `use_qk_norm` (InternViT-6B; modeling_internvl.py@v5.24.0
+    InternVLVisionAttention `q_norm`, `k_norm`)."""
     h, inter, n = v.int("hidden_size"), v.int("intermediate_size"), v.int("num_hidden_layers")
     image, patch, c = _image(v)
     bias = v.bool("attention_bias", False)
     norm = 2 * h if v.str("norm_type", "layer_norm") == "layer_norm" else h
+    qk_norms = 2 * h if v.bool("use_qk_norm", False) else 0
     block = 2 * h + 3 * h * h + (3 * h if bias else 0) + h * h + h + 2 * h * inter + inter + h
+    block += qk_norms
     total = h + ((image // patch) ** 2 + 1) * h + c * patch * patch * h + h
     total += n * (block + 2 * norm)
     return total + (0 if v.bool("use_mean_pooling", True) else norm)

@@ -44,7 +44,8 @@ _TIED_DEFAULT = {"gemma3": True, "paligemma": True, "mistral3": True, "internvl"
 
 #: The language model's model_type when `text_config` does not name one.
 _TEXT_TYPE = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3_5_text",
-              "internvl": "qwen2", "llava": "llama", "idefics3": "llama", "mistral3": "mistral",
+              "internvl": "qwen2", "llava": "llama", "idefics3": "llama", "smolvlm": "llama",
+              "mistral3": "mistral",
               "gemma3": "gemma3_text", "llama4": "llama4_text", "paligemma": "gemma",
               "mllama": "mllama_text_model"}
 #: Language models whose transformers model type names a text model vram reads as another.
@@ -107,7 +108,9 @@ def _mllama(v: ConfigReader, r: ConfigReader, text_h: int) -> tuple[int, int]:
 _TOWERS: dict[str, Callable[[ConfigReader, ConfigReader, int], tuple[int, int]]] = {
     "qwen2_5_vl": _qwen2_5_vl, "qwen3_vl": _qwen3_vl, "qwen3_5": _qwen3_vl, "gemma3": _gemma3,
     "paligemma": _paligemma, "llava": _llava, "internvl": _internvl, "idefics3": _idefics3,
-    "mistral3": _mistral3, "llama4": _llama4, "mllama": _mllama,
+    # SmolVLM2: Idefics3's tower and connector under its own type (smolvlm/modular_smolvlm.py
+    # @v5.24.0 builds SmolVLMVisionTransformer and SmolVLMConnector from Idefics3's)
+    "smolvlm": _idefics3, "mistral3": _mistral3, "llama4": _llama4, "mllama": _mllama,
 }
 VLM_TYPES = tuple(_TOWERS)
 
