@@ -403,5 +403,7 @@ class ModelSpec(BaseModel):
 
     @property
     def is_encoder_decoder(self) -> bool:
-        return len(self.stacks) > 1
+        """A decoder that cross-attends to an encoder's stack (T5); a decoder whose layers come
+        in several shapes (Gemma 3's local and global layers) is not one."""
+        return any(stack.cross_attention for stack in self.stacks)
 
