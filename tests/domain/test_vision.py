@@ -112,6 +112,29 @@ def test_qlora_quantizes_the_tower_linears() -> None:
     assert "weights.vision" in weights  # norms, the patch embedding, biases: not quantized
 
 
+
+#: The two Qwen3-VL rows of benchmarks/trace_grid_vlm.txt that once missed the trace.
+QWEN3_VL_ROWS = {
+    "full": {"method": "full", "precision": "bf16-true"},
+    "qlora": {"method": "qlora", "precision": "bf16-mixed", "lora_targets": "all-linear",
+              "freeze_vision": True},
+}
+
+
+@pytest.mark.parametrize(("row", "per_token"), [("full", 6), ("qlora", 4)])
+def test_qwen3_vl_language_model_keeps_its_q_and_k_norms(row: str, per_token: int) -> None:
+    """Qwen3-VL's text attention norms q and k per head (Qwen3VLTextAttention q_norm/k_norm,
+    transformers 5.24.0 modeling_qwen3_vl.py L496-499, L513-514); each RMSNorm keeps its fp32
+    input, and with its weight trained the normalized bf16 copy (Qwen3VLTextRMSNorm.forward
+    L432-437): 4·(q + kv) + 2·(q + kv) a token under full bf16-true, 4·(q + kv) with the norms
+    frozen. Qwen3-VL-4B: q = 32·128, kv = 8·128, 36 layers, 4,096 tokens. Without the term the
+    grid's rows were -12.3 % (full) and -6.6 % (QLoRA) of the traced activations."""
+    est = _est("qwen3-vl-4b", images_per_sample=1, image_height=1024, image_width=1024,
+               seq_len=4096, framework="hf-trainer", **QWEN3_VL_ROWS[row])
+    items = {item.key: item.bytes for item in est.bucket("activations").items}
+    q, kv = 32 * 128, 8 * 128
+    assert items["activations.decoder.qk_norm"] == 4096 * 36 * per_token * (q + kv)
+
 @pytest.mark.parametrize(("model", "size", "tokens", "tiles"), [
     ("gemma-3-4b", (1080, 1920), 256, 1),  # fixed 256, pan & scan off by default
     ("paligemma2-3b-pt-448", (1080, 1920), 1024, 1),
