@@ -3,11 +3,13 @@
 `torch.cuda.max_memory_reserved()` exceeds the allocated peak by the caching allocator's
 fragmentation; nvidia-smi adds the CUDA context (driver state, loaded kernels, cuBLAS
 workspace: 0.3 to 1.3 GiB depending on driver, CUDA version and GPU; the Hugging Face
-performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffers.
+performance guide measures 1,343 MiB on a V100 with CUDA 11.2) and NCCL's buffers
+(`vram.memory.nccl`).
 """
 
 from __future__ import annotations
 
+from vram.memory.nccl import nccl_items
 from vram.memory.optimizer import OptimizerState
 from vram.result import LineItem
 from vram.setup import TrainingSetup
@@ -17,10 +19,6 @@ from vram.units import MIB
 #: 1.3 GiB without (HF's perf guide measures 1,343 MiB on a V100), plus cuBLAS/cuDNN workspaces.
 #: 1 GiB sits between, on the side of caution for a fit verdict.
 CUDA_CONTEXT_BYTES = 1024 * MIB
-
-#: NCCL's per-process channel buffers for one communicator on one node.
-NCCL_BYTES = 512 * MIB
-
 
 def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
     """Reserved − allocated: blocks cached but not in use at the peak.
@@ -42,11 +40,6 @@ def cuda_context_bytes(setup: TrainingSetup | None = None) -> int:
     return CUDA_CONTEXT_BYTES
 
 
-def nccl_bytes(setup: TrainingSetup) -> int:
-    """NCCL buffers appear only with more than one GPU."""
-    return NCCL_BYTES if setup.n_gpus > 1 else 0
-
-
 def slack_item(slack: int) -> LineItem:
     return LineItem.assemble("overhead.allocator", "caching-allocator slack (fragmentation)",
                              "reserved − allocated", {}, slack,
@@ -56,17 +49,13 @@ def slack_item(slack: int) -> LineItem:
 def fixed_overhead_items(setup: TrainingSetup, paged: int,
                           state: OptimizerState) -> tuple[LineItem, ...]:
     """The overhead beside the allocator's slack (which follows the peak): the CUDA context,
-    NCCL's buffers and paged optimizer state."""
+    NCCL's buffers (a line per communicator, `vram.memory.nccl`) and paged optimizer state."""
     items = [
         LineItem(key="overhead.context", label="CUDA context, kernels and cuBLAS workspace",
                  formula="constant", inputs={}, bytes=cuda_context_bytes(setup),
                  source="nvidia-smi after a 1-element tensor (HF perf docs: 0.3–1.3 GiB)"),
     ]
-    nccl = nccl_bytes(setup)
-    if nccl:
-        items.append(LineItem(
-            key="overhead.nccl", label="NCCL communication buffers", formula="constant",
-            inputs={"gpus": setup.n_gpus}, bytes=nccl, source="NCCL default buffers"))
+    items.extend(nccl_items(setup))
     if paged:
         items.append(LineItem(
             key="overhead.paged", label="paged optimizer state (unified memory, on the GPU)",
