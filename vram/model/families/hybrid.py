@@ -173,7 +173,7 @@ def falcon_h1(r: ConfigReader) -> tuple[LayerStack, ...]:
                  state=r.int("mamba_d_state"), kernel=r.int("mamba_d_conv"),
                  conv_bias=r.bool("mamba_conv_bias", True),
                  proj_bias=r.bool("mamba_proj_bias", False), norm=r.bool("mamba_rms_norm", False),
-                 chunk=r.int("mamba_chunk_size", default=256))
+                 chunk=r.int("mamba_chunk_size", default=256), scaled_input=True)
     inter = r.int("intermediate_size")
     ffn = mlp(h, inter, bias=r.bool("mlp_bias", False), prefix="feed_forward.")
     shape = _shape(heads, Mixer.MAMBA2, inter, parallel_ssm=True)
