@@ -45,7 +45,7 @@ ROWS: list[tuple[str, str, bool, int]] = [
     ("nemotron-h", "full", False, 1024), ("nemotron-h", "lora", False, 512),
     ("nemotron-h", "lora", True, 2048), ("nemotron-h", "qlora", False, 1024),
     ("granite4-h", "full", True, 1024), ("granite4-h", "lora", False, 512),
-    ("granite4-h", "full", False, 512),
+    ("granite4-h", "full", False, 512), ("granite4-h", "lora", True, 512),
     ("falcon-h1", "full", False, 512), ("falcon-h1", "lora", True, 1024),
     ("falcon-h1", "qlora", True, 512),
     ("lfm2-conv", "full", True, 2048), ("lfm2-conv", "lora", False, 1024),

@@ -144,6 +144,10 @@ class FallbackSaved(BaseModel):
     #: The inputs of the Linears inside the mixer (out_proj's, x_proj's, ...), when they keep
     #: their inputs.
     linear_inputs: int = 0
+    #: fp32 elements per token the fallback's forward and backward allocate beyond what it
+    #: keeps, at their fullest moments.
+    forward_fp32: int = 0
+    backward_fp32: int = 0
 
 
 class LayerStack(BaseModel):

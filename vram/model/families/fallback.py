@@ -57,7 +57,13 @@ def mamba2_chunk_scan_torch(d: int, heads: int, groups: int, state: int, chunk: 
     of x·dt and C·states (3d), the chunk states and the inter-chunk einsum's copy (2·d·N / C,
     one chunk more per sequence), the decays (2H). Trained: the norm's normalized input, D's
     padded x (fp32 d each) and dt for A (fp32 H); out_proj's input (d) and, for Falcon-H1,
-    in_proj's scaled input (`in_scaled`: h, `hidden_states * self.ssm_in_multiplier`)."""
+    in_proj's scaled input (`in_scaled`: h, `hidden_states * self.ssm_in_multiplier`). The
+    forward's fullest moment is in `segment_sum` (L111-128): the masked `[.., C, C]` copy of A
+    and its cumsum, 2·C·H (the mixer alone, Granite 4's default at s512: 139.6 MB above what it
+    keeps, 2.08 x C·H·T·4). The backward's fullest moment, at `M = G · L`: M's gradient and
+    the gradients it sends to G and L (3·C·H), while the Y_diag einsum's copy of M is already
+    freed: 2·C·H (the mixer alone, Nemotron-H's default at s512: 65.7 MB forward, 1.96 x
+    C·H·T·4, and 88.1 MB backward, 2.6 x, of which this counts 2)."""
     conv = d + 2 * groups * state
     gate = 0 if norm else d
     return FallbackSaved(
@@ -67,7 +73,8 @@ def mamba2_chunk_scan_torch(d: int, heads: int, groups: int, state: int, chunk: 
         padded_fp32=3 * chunk * heads + 5 * heads * state + 3 * d + 2 * d * state // chunk
         + 2 * heads,
         sequence=conv * (kernel - 1), sequence_fp32=d * state,
-        trained_fp32=(2 * d if norm else d) + heads, linear_inputs=d + in_scaled)
+        trained_fp32=(2 * d if norm else d) + heads, linear_inputs=d + in_scaled,
+        forward_fp32=2 * chunk * heads, backward_fp32=2 * chunk * heads)
 
 
 def selective_scan_torch(d: int, state: int, rank: int, kernel: int) -> FallbackSaved:
@@ -81,12 +88,16 @@ def selective_scan_torch(d: int, state: int, rank: int, kernel: int) -> Fallback
     kept by the next step's `discrete_A · state` (d·N, T − 1 of them), dt and u in fp32 (2d),
     the dt/B/C norms' fp32 inputs (rank + 2N) and rstds (3), B.float() (N). Trained: the
     norms' normalized inputs (rank + 2N); x_proj's, dt_proj's and out_proj's inputs
-    (2d + rank)."""
+    (2d + rank). The loop's backward: each step's `discrete_A[:, :, i]` and `deltaB_u[:, :, i]`
+    send a whole `[b, d, T, N]` fp32 `select_backward` gradient, summed into one gradient per
+    tensor: two sums and one step's gradient in flight from the last step's backward on, while
+    every earlier step's state is still kept (3·d·N; the trace: three `select_backward`
+    tensors at the peak of Jamba's Mamba layer's backward)."""
     return FallbackSaved(
         token=6 * d + d * state + state,
         token_fp32=3 * d * state + 2 * d + 3 * state + rank + 3,
         sequence=d * (kernel - 1) + d * state, sequence_fp32=d - d * state,
-        trained=rank + 2 * state, linear_inputs=2 * d + rank)
+        trained=rank + 2 * state, linear_inputs=2 * d + rank, backward_fp32=3 * d * state)
 
 
 def short_conv_torch(h: int, kernel: int) -> FallbackSaved:
