@@ -123,6 +123,33 @@ class Mixer(StrEnum):
     NONE = "none"  # an MLP or MoE block alone (Nemotron-H's `mlp` / `moe` layers)
 
 
+class FallbackSaved(BaseModel):
+    """Elements transformers' PyTorch fallback of a hybrid mixer keeps for its backward, beyond
+    its input projection's input (`vram.model.families.fallback`): per token, per token of the
+    sequence padded to a multiple of `chunk`, per sequence, and the terms that need the
+    mixer's weights trained or its Linears keeping their inputs. Each in the compute dtype and
+    in fp32."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token: int = 0
+    token_fp32: int = 0
+    chunk: int = 1
+    padded_fp32: int = 0
+    sequence: int = 0
+    sequence_fp32: int = 0
+    #: When the mixer's own weights (norm, `D`, `A_log`) train: a full fine-tune.
+    trained: int = 0
+    trained_fp32: int = 0
+    #: The inputs of the Linears inside the mixer (out_proj's, x_proj's, ...), when they keep
+    #: their inputs.
+    linear_inputs: int = 0
+    #: fp32 elements per token the fallback's forward and backward allocate beyond what it
+    #: keeps, at their fullest moments.
+    forward_fp32: int = 0
+    backward_fp32: int = 0
+
+
 class LayerStack(BaseModel):
     """`count` identical layers."""
 
@@ -227,6 +254,9 @@ class LayerStack(BaseModel):
     #: Elements per token the mixer's fused kernel allocates while it runs, beyond what it
     #: saves: (forward, forward fp32, backward, backward fp32) (`vram.model.families.workspace`).
     mixer_workspace: tuple[int, int, int, int] = (0, 0, 0, 0)
+    #: What transformers' PyTorch fallback of the mixer keeps instead of the kernel's saved set
+    #: (`mixer_kernels` false: `vram.model.families.fallback`).
+    mixer_fallback: FallbackSaved = FallbackSaved()
     #: q, k and v are views of one fused projection's output, and v (kept by the attention
     #: kernel, or the eager matmul) keeps that whole output alive beside the rotated copies of
     #: q and k (Qwen2.5-VL / Qwen3-VL vision blocks: `qkv(x).reshape(...).unbind(0)`).

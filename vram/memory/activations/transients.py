@@ -31,10 +31,12 @@ def forward_working_set_per_token(c: LayerContext, a: AttentionLayout) -> int:
 def mixer_workspace_per_token(c: LayerContext, *, backward: bool) -> int:
     """A linear-attention or Mamba-2 mixer's fused kernel: its chunk states and the other
     tensors it allocates while it runs, beyond what it saves (`LayerStack.mixer_workspace`,
-    read from fla's and mamba_ssm's source: `vram.model.families.workspace`). transformers'
-    PyTorch fallback (`mixer_kernels` False) allocates other tensors, not modelled."""
+    read from fla's and mamba_ssm's source: `vram.model.families.workspace`). Without the
+    kernels (`mixer_kernels` False), what transformers' PyTorch fallback's backward allocates
+    (`FallbackSaved.forward_fp32`, `backward_fp32`: Mamba-2's `segment_sum`, Jamba's loop)."""
     if not c.profile.mixer_kernels:
-        return 0
+        fallback = c.stack.mixer_fallback
+        return FP32 * (fallback.backward_fp32 if backward else fallback.forward_fp32)
     fwd, fwd_fp32, bwd, bwd_fp32 = c.stack.mixer_workspace
     return c.e * bwd + FP32 * bwd_fp32 if backward else c.e * fwd + FP32 * fwd_fp32
 

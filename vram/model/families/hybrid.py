@@ -43,14 +43,17 @@ from vram.model.families.parts import (
 )
 from vram.model.spec import LayerStack, Mixer, MlpKind, ModelSpec, Role
 
-#: Why a hybrid's estimate is approximate: its mixers keep what their GPU kernels save and
-#: allocate (read from fla's, mamba_ssm's and causal-conv1d's source, `docs/hybrid-layers.md`;
-#: the workspace when `mixer_kernels` says they run), but no GPU measurement holds that to a
-#: number, and transformers' PyTorch fallback (what a CPU trace runs) keeps other tensors.
+#: Why a hybrid's estimate is approximate: with the kernels (`mixer_kernels`, every stack's
+#: default) its mixers keep what fla's, mamba_ssm's and causal-conv1d's kernels save and
+#: allocate, read from their source (`docs/hybrid-layers.md`), and no GPU measurement holds that
+#: to a number. Without them the estimate counts transformers' PyTorch fallback, held to the
+#: exact trace (`benchmarks/trace_grid_hybrid.txt`); the note stays because the spec is built
+#: before the setup says which runs.
 MIXER_NOTE = ("{family}: its {mixer} layers keep what their GPU kernels save and allocate (from "
-              "the kernels' source; transformers' PyTorch fallback keeps more and is not "
-              "modelled); no measurement checks them, so activations and the peak are "
-              "approximate (parameters, weights, gradients and optimizer state are exact).")
+              "the kernels' source); no measurement checks them, so activations and the peak "
+              "are approximate (parameters, weights, gradients and optimizer state are exact). "
+              "Without the kernels (mixer_kernels false) transformers' PyTorch fallback runs, "
+              "which keeps several times more; that is modelled and held to the exact trace.")
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +176,7 @@ def falcon_h1(r: ConfigReader) -> tuple[LayerStack, ...]:
                  state=r.int("mamba_d_state"), kernel=r.int("mamba_d_conv"),
                  conv_bias=r.bool("mamba_conv_bias", True),
                  proj_bias=r.bool("mamba_proj_bias", False), norm=r.bool("mamba_rms_norm", False),
-                 chunk=r.int("mamba_chunk_size", default=256))
+                 chunk=r.int("mamba_chunk_size", default=256), scaled_input=True)
     inter = r.int("intermediate_size")
     ffn = mlp(h, inter, bias=r.bool("mlp_bias", False), prefix="feed_forward.")
     shape = _shape(heads, Mixer.MAMBA2, inter, parallel_ssm=True)

@@ -15,6 +15,13 @@ from dataclasses import dataclass, field
 from vram.errors import ConfigError
 from vram.model.config_reader import ConfigReader
 from vram.model.families.base import gated_mlp
+from vram.model.families.fallback import (
+    gated_delta_rule_torch,
+    mamba2_chunk_scan_torch,
+    plus,
+    selective_scan_torch,
+    short_conv_torch,
+)
 from vram.model.families.workspace import (
     Workspace,
     gated_delta_rule,
@@ -22,7 +29,7 @@ from vram.model.families.workspace import (
     selective_scan,
     selective_scan_states,
 )
-from vram.model.spec import LayerStack, Linear, Mixer, MlpKind, NormKind, Role
+from vram.model.spec import FallbackSaved, LayerStack, Linear, Mixer, MlpKind, NormKind, Role
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -38,11 +45,13 @@ class Part:
     saved: tuple[int, int] = (0, 0)
     #: What the mixer's kernel allocates while it runs (`LayerStack.mixer_workspace`).
     workspace: Workspace = (0, 0, 0, 0)
+    #: What transformers' PyTorch fallback of the mixer keeps (`LayerStack.mixer_fallback`).
+    fallback: FallbackSaved = field(default_factory=FallbackSaved)
 
     def __add__(self, other: Part) -> Part:
         return Part(self.linears + other.linears, self.other_params + other.other_params,
                     (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]),
-                    _sum4(self.workspace, other.workspace))
+                    _sum4(self.workspace, other.workspace), plus(self.fallback, other.fallback))
 
 
 def _sum4(a: Workspace, b: Workspace) -> Workspace:
@@ -174,21 +183,23 @@ def gated_deltanet(r: ConfigReader, h: int, *, split: bool) -> Part:
     else:
         projections = (linear(p + "in_proj_qkvz", Role.MIXER_IN, h, conv_dim + nv * dv),
                        linear(p + "in_proj_ba", Role.AUX, h, 2 * nv))
-    other = conv_dim * r.int("linear_conv_kernel_dim") + 2 * nv + dv
+    kernel = r.int("linear_conv_kernel_dim")
+    other = conv_dim * kernel + 2 * nv + dv
     # causal_conv1d saves its input (conv_dim); fla's ChunkGatedDeltaRuleFunction saves q, k, v
     # (conv_dim), beta (nv), A (64 per value head: chunk_fwd.py L385) in the compute dtype and
     # g (nv), q/k rstd (2·nk) in fp32; the gated norm keeps its input and z, out_proj its input
     saved = (2 * conv_dim + 65 * nv + 3 * nv * dv, 2 * nv + 2 * nk)
     return Part((*projections, linear(p + "out_proj", Role.MIXER_OUT, nv * dv, h)), other,
-                saved, gated_delta_rule(nv, dk, dv))
+                saved, gated_delta_rule(nv, dk, dv), gated_delta_rule_torch(nk, nv, dk, dv, kernel))
 
 
 def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel: int,
            conv_bias: bool, proj_bias: bool, norm: bool, chunk: int,
-           prefix: str = "mamba.") -> Part:
+           prefix: str = "mamba.", scaled_input: bool = False) -> Part:
     """A Mamba-2 mixer (GraniteMoeHybridMambaLayer, NemotronHMamba2Mixer, FalconH1Mixer):
     `in_proj` h -> 2d + 2GN + H, a depthwise conv over d + 2GN, `dt_bias`, `A_log`, `D` per
-    head, an optional gated RMSNorm of width d, `out_proj`."""
+    head, an optional gated RMSNorm of width d, `out_proj`; `scaled_input`: in_proj reads
+    a scaled copy of the layer's input (Falcon-H1's `ssm_in_multiplier`)."""
     conv_dim = d_inner + 2 * groups * state
     other = conv_dim * kernel + (conv_dim if conv_bias else 0) + 3 * heads
     d_in_proj = 2 * d_inner + 2 * groups * state + heads
@@ -199,7 +210,9 @@ def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel:
     return Part((linear(prefix + "in_proj", Role.MIXER_IN, h, d_in_proj, proj_bias),
                  linear(prefix + "out_proj", Role.MIXER_OUT, d_inner, h, proj_bias)),
                 other + (d_inner if norm else 0), saved,
-                mamba2_split_conv1d_scan(d_inner, heads, groups, state, chunk))
+                mamba2_split_conv1d_scan(d_inner, heads, groups, state, chunk),
+                mamba2_chunk_scan_torch(d_inner, heads, groups, state, chunk, kernel, norm=norm,
+                                        in_scaled=h if scaled_input else 0))
 
 
 def mamba1(r: ConfigReader, h: int) -> Part:
@@ -209,7 +222,8 @@ def mamba1(r: ConfigReader, h: int) -> Part:
     d = r.int("mamba_expand") * h
     n, rank = r.int("mamba_d_state"), r.int("mamba_dt_rank")
     bias = r.bool("mamba_proj_bias", False)
-    other = d * r.int("mamba_d_conv") + (d if r.bool("mamba_conv_bias", True) else 0)
+    kernel = r.int("mamba_d_conv")
+    other = d * kernel + (d if r.bool("mamba_conv_bias", True) else 0)
     # transformers' JambaMambaMixer.forward calls causal_conv1d_fn and
     # selective_scan_fn, not mamba_inner_fn: the conv saves its input, a view that keeps in_proj's
     # whole output (2d); SelectiveScanFn (selective_scan_interface.py L63-66) saves u (the conv
@@ -221,7 +235,8 @@ def mamba1(r: ConfigReader, h: int) -> Part:
                  linear("mamba.x_proj", Role.AUX, d, rank + 2 * n),
                  linear("mamba.dt_proj", Role.AUX, rank, d, True),
                  linear("mamba.out_proj", Role.MIXER_OUT, d, h, bias)),
-                other + d * n + d + rank + 2 * n, saved, selective_scan(d, n))
+                other + d * n + d + rank + 2 * n, saved, selective_scan(d, n),
+                selective_scan_torch(d, n, rank, kernel))
 
 
 def short_conv(h: int, kernel: int, bias: bool) -> Part:
@@ -231,7 +246,7 @@ def short_conv(h: int, kernel: int, bias: bool) -> Part:
     # input C·y (h each)
     return Part((linear("conv.in_proj", Role.MIXER_IN, h, 3 * h, bias),
                  linear("conv.out_proj", Role.MIXER_OUT, h, h, bias)),
-                h * kernel + (h if bias else 0), (6 * h, 0))
+                h * kernel + (h if bias else 0), (6 * h, 0), fallback=short_conv_torch(h, kernel))
 
 
 def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> LayerStack:
@@ -246,7 +261,7 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
         shared_expert_width=shape.shared_expert_width, qk_norm=shape.qk_norm,
         mixer=shape.mixer, parallel_ssm=shape.parallel_ssm,
         attention_window=shape.attention_window, mixer_saved=part.saved,
-        mixer_workspace=part.workspace,
+        mixer_workspace=part.workspace, mixer_fallback=part.fallback,
         attention_sinks=shape.attention_sinks, act_xielu=shape.act_xielu,
         attn_dropout=shape.attn_dropout, hidden_dropout=shape.hidden_dropout,
         norm_scales_in_fp32=shape.norm_scales_in_fp32, softmax_upcast=shape.softmax_upcast,
