@@ -289,6 +289,10 @@ class VisionSpec(BaseModel):
     #: so every layer gets an explicit mask, the global ones too (Gemma 3's
     #: `create_masks_for_vision_model` from `token_type_ids`).
     lm_mask_with_images: bool = False
+    #: The language model reads `use_cache` from its own text config and leaves it on, so a
+    #: stack that turns off the top-level one only gets a KV cache in each training forward
+    #: (`vram.memory.text_cache`).
+    text_cache: bool = False
 
     @property
     def depth(self) -> int:
