@@ -293,6 +293,11 @@ class VisionSpec(BaseModel):
     #: stack that turns off the top-level one only gets a KV cache in each training forward
     #: (`vram.memory.text_cache`).
     text_cache: bool = False
+    #: The tower is a `PreTrainedModel` whose `get_input_embeddings` is its patch embedding, so
+    #: transformers' checkpointing (`enable_input_require_grads` on every such submodule,
+    #: modeling_utils.py@v5.24.0 L2147-2177, L3190-3198) makes its output require grad: a
+    #: frozen tower without adapters still builds its graph and runs a backward.
+    input_hooked: bool = False
 
     @property
     def depth(self) -> int:
