@@ -43,6 +43,13 @@ def test_qwen3_vl_qlora_bf16_mixed_caches_fp32_k_and_v() -> None:
     assert _cache("qwen3-vl-4b") == CACHE_BYTES
 
 
+def test_gemma3_sliding_layers_hold_the_whole_sequence() -> None:
+    """A sliding layer keeps a view of its last window of a `torch.cat` of all the tokens: the
+    whole storage stays (a tiny Gemma 3 in train mode: a (1, 2, 15, 16) view over 64 tokens).
+    Gemma 3 4B: 34 layers × 4,096 × 4 kv heads × (4 + 4) × 256; Gemma's k_norm casts back."""
+    assert _cache("gemma-3-4b") == 34 * 4096 * 4 * (4 + 4) * 256 == 1_140_850_688
+
+
 def test_the_cache_is_alive_at_the_end_of_the_forward_not_at_the_loss(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The model's output holds it through the loss's forward (the end-of-forward moment);

@@ -49,17 +49,18 @@ def cached_kv_bytes(stack: LayerStack, setup: TrainingSetup, profile: StackProfi
 
 
 def text_cache_bytes(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> int:
-    """Σ attention layers × cached tokens × kv heads × (K bytes × head_dim + V bytes ×
-    v_head_dim), a sliding-window layer caching its window only."""
+    """Σ attention layers × tokens × kv heads × (K bytes × head_dim + V bytes × v_head_dim).
+    A sliding-window layer too: it keeps a slice of the whole `torch.cat` of its states, which
+    holds the whole storage (cache_utils.py@v5.24.0 DynamicSlidingWindowLayer.update
+    L242-247)."""
     if not builds_text_cache(model, setup, profile):
         return 0
+    tokens = setup.micro_batch * setup.seq_len
     total = 0
     for stack in model.stacks:
         if stack.mixer is not Mixer.ATTENTION or stack.cross_attention:
             continue
         k, v = cached_kv_bytes(stack, setup, profile)
-        window = stack.attention_window or setup.seq_len
-        tokens = setup.micro_batch * min(setup.seq_len, window)
         width_bytes = k * stack.head_dim + v * (stack.v_head_dim or stack.head_dim)
         total += stack.count * tokens * stack.n_kv_heads * width_bytes
     return total
