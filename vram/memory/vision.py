@@ -31,7 +31,7 @@ from vram.model.processor import ImageTokens, Processor, image_tokens, largest_s
 from vram.model.spec import FUSED_PARTS, LayerStack, ModelSpec, Role, VisionSpec
 from vram.result import LineItem, VisionTokens
 from vram.setup import ALL_LINEAR, Method, TrainingSetup
-from vram.stacks.profile import StackProfile
+from vram.stacks.profile import StackProfile, runs_transformers_code
 from vram.stacks.resolve import resolve
 from vram.units import FP32_BYTES as FP32
 
@@ -221,7 +221,8 @@ def _vision_plan(model: ModelSpec, setup: TrainingSetup,
     method = Method.FULL if trains else setup.method
     roles = [_roles(stack, setup) for stack in spec.blocks]
     projector_roles = _roles(spec.projector, setup)
-    keeps = trains or any(bool(r) for r in roles) or bool(projector_roles)
+    hooked = hooked_tower(spec, setup, profile)
+    keeps = trains or any(bool(r) for r in roles) or bool(projector_roles) or hooked
     profile = tower_profile(spec, profile)
     n = profile.precision
     pixels = LineItem.assemble(
@@ -266,9 +267,35 @@ def _vision_plan(model: ModelSpec, setup: TrainingSetup,
         inputs={"tokens": basis, "projectors": spec.projector.count,
                 "per_token_bytes": projector.bytes_per_token},
         bytes=basis * spec.projector.count * projector.bytes_per_token, source=TOWER_SOURCE))
+    if hooked and setup.method is not Method.FULL:  # a trained embedding's output is no leaf
+        saved.append(_embedding_leaf(model, setup, lm_tokens, n.frozen_weights))
     recompute = largest if setup.grad_ckpt else 0
     backward = tower_tokens * (recompute + transient)
     return VisionPlan(media, True, tower_tokens, lm_tokens, tuple(saved), pixels, backward)
+
+
+def hooked_tower(spec: VisionSpec, setup: TrainingSetup, profile: StackProfile) -> bool:
+    """transformers' checkpointing makes the tower's patch embedding output require grad
+    (`VisionSpec.input_hooked`), so a frozen tower without adapters keeps what a frozen layer
+    keeps for a backward that reaches no parameter (traced: Mistral 3's 24 Pixtral block
+    inputs). Only where the model code is transformers' own."""
+    return setup.grad_ckpt and spec.input_hooked and runs_transformers_code(profile)
+
+
+def _embedding_leaf(model: ModelSpec, setup: TrainingSetup, lm_tokens: int,
+                    embedding_bytes: int) -> LineItem:
+    """The same hook on the language model's frozen embedding makes its output a leaf that
+    requires grad; autograd's AccumulateGrad holds it until the backward reaches it. A text
+    model's first layer keeps that tensor anyway; here the images are scattered into a copy
+    (`masked_scatter`), which the first layer keeps instead."""
+    tokens = setup.micro_batch * setup.seq_len
+    return LineItem.assemble(
+        key="activations.vision.embedding_leaf",
+        label="the language embedding's output (a leaf requiring grad)",
+        formula="tokens × h × embedding bytes", inputs={"tokens": tokens, "h": model.hidden_size,
+                                                        "image_tokens": lm_tokens},
+        bytes=tokens * model.hidden_size * embedding_bytes,
+        source="transformers/modeling_utils.py@v5.24.0 L2153-2154 output.requires_grad_(True)")
 
 
 def vision_tokens(vision: VisionPlan | None, setup: TrainingSetup,

@@ -319,6 +319,15 @@ class VisionSpec(BaseModel):
     #: so every layer gets an explicit mask, the global ones too (Gemma 3's
     #: `create_masks_for_vision_model` from `token_type_ids`).
     lm_mask_with_images: bool = False
+    #: The language model reads `use_cache` from its own text config and leaves it on, so a
+    #: stack that turns off the top-level one only gets a KV cache in each training forward
+    #: (`vram.memory.text_cache`).
+    text_cache: bool = False
+    #: The tower is a `PreTrainedModel` whose `get_input_embeddings` is its patch embedding, so
+    #: transformers' checkpointing (`enable_input_require_grads` on every such submodule,
+    #: modeling_utils.py@v5.24.0 L2147-2177, L3190-3198) makes its output require grad: a
+    #: frozen tower without adapters still builds its graph and runs a backward.
+    input_hooked: bool = False
 
     @property
     def depth(self) -> int:

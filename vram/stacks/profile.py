@@ -55,6 +55,8 @@ class StackProfile:
     all_linear_by_module_name: bool
     keeps_logits: bool
     keeps_previous_graph: bool
+    #: A VLM's language model fills a KV cache in the forward (see `StackRow`).
+    leaves_text_cache_on: bool
     #: bitsandbytes dequantizes to fp16 and casts to the compute dtype: two full copies.
     dequantizes_via_fp16: bool
     casts_output_to_fp32: bool
@@ -128,6 +130,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         quantizes_expert_banks=row.quantizes_expert_banks,
         all_linear_by_module_name=row.all_linear_by_module_name,
         keeps_logits=row.keeps_logits,
+        leaves_text_cache_on=row.leaves_text_cache_on,
         keeps_previous_graph=row.keeps_previous_graph,
         # Quantized from fp16, an fp16 compute dtype needs no second copy.
         dequantizes_via_fp16=(row.quantizes_from_fp16 and qlora

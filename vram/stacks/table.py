@@ -88,6 +88,10 @@ class StackRow(BaseModel):
     #: 'all-linear' reaches PEFT as the names of the model's nn.Linear modules (the stack lists
     #: them), not as PEFT's own 'all-linear', which on transformers 5 also names the experts.
     all_linear_by_module_name: bool
+    #: The stack turns the KV cache off on the model's top-level config only, so a
+    #: vision-language model's language model, which reads its own `text_config.use_cache`,
+    #: still fills a cache in each training forward (`vram.memory.text_cache`).
+    leaves_text_cache_on: bool
     #: Runs tensor parallel (`tp`).
     runs_tensor_parallel: bool
     #: Runs pipeline parallel (`pp`).

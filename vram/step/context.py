@@ -11,6 +11,7 @@ from operator import attrgetter
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart
 from vram.memory.optimizer import steps_in_backward
+from vram.memory.text_cache import text_cache_items
 from vram.memory.vision import VisionPlan
 from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
@@ -101,6 +102,9 @@ class StepContext:
     vision_plan: VisionPlan | None = None
     vision: list[Alive] = field(default_factory=list)
     pixels: list[Alive] = field(default_factory=list)
+    #: The KV cache a VLM's language model fills in the forward, alive until the loss's
+    #: forward ends (`vram.memory.text_cache`).
+    text_cache: list[Alive] = field(default_factory=list)
 
 HEAD_SOURCE = "see vram.memory.head.head_activations"
 
@@ -130,6 +134,7 @@ def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
         vision_plan=vision,
         vision=[*vision.saved, vision.pixels] if vision else [],
         pixels=[vision.pixels] if vision else [],
+        text_cache=list(text_cache_items(model, setup, profile_for(setup))),
     )
 
 

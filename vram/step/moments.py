@@ -67,17 +67,19 @@ def _last_layer_forward(c: StepContext) -> list[Moment]:
                   formula="heads × s × (q·kᵀ + masked scores [+ probabilities, checkpointed])",
                   inputs={"tokens": plan.tokens}, bytes=plan.forward_transient_bytes,
                   source="eager/math attention materializes s × s scores"),
-        *c.previous, *c.vision])]
+        *c.previous, *c.vision, *c.text_cache])]
 
 
 def _forward_end(c: StepContext) -> Moment:
-    """The end of the forward: every saved activation, the head's output and what it keeps."""
+    """The end of the forward: every saved activation, the head's output and what it keeps,
+    and a VLM language model's KV cache (the model's output holds it through the loss's
+    forward; the backward starts without it, so the loss moment has none)."""
     plan = c.plan
     return Moment(Phase.FORWARD, MomentId.FORWARD_END, c.accumulated_bytes, [
         *c.forward_layers, *c.working[Stage.FORWARD],
         ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                   inputs=c.head_inputs, bytes=plan.head_saved_bytes, source=HEAD_SOURCE),
-        *c.previous, *c.vision])
+        *c.previous, *c.vision, *c.text_cache])
 
 
 def _output_cast(c: StepContext) -> list[Moment]:
@@ -90,7 +92,7 @@ def _output_cast(c: StepContext) -> list[Moment]:
         ItemDraft(key="activations.head", label=plan.head.label, formula=plan.head.formula,
                   inputs=c.head_inputs, bytes=plan.head_cast_bytes,
                   source="lightning/fabric/wrappers.py _FabricModule.forward convert_output"),
-        *c.previous, *c.vision])]
+        *c.previous, *c.vision, *c.text_cache])]
 
 
 def _loss(c: StepContext) -> Moment:

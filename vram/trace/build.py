@@ -246,7 +246,6 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
         raise TraceUnsupported("config: no model_type")
     # Quantization configs describe checkpoints, not the architecture.
     cfg_dict.pop("quantization_config", None)
-    cfg_dict["use_cache"] = False
     if kind == "classifier":
         cfg_dict["num_labels"] = 2
     if kind == "seq2seq" and cfg_dict.get("decoder_start_token_id") is None:
@@ -256,6 +255,9 @@ def _instantiate(config: dict[str, Any], setup: TrainingSetup, kind: str) -> nn.
     except (ValueError, KeyError) as exc:
         raise TraceUnsupported(
             f"model_type {model_type!r}: transformers cannot build it ({exc})") from exc
+    # as the Trainer does (transformers/trainer.py@v5.24.0 L645-646): on the built top-level
+    # config only, so a VLM's text config keeps its own (a flat Qwen2.5-VL config's too)
+    hf_config.use_cache = False
     if kind == "vlm":
         if setup.attention is Attention.FLASH:
             raise TraceUnsupported("attention: flash is not traced for vision-language models")

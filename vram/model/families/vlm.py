@@ -42,6 +42,24 @@ APPROXIMATE_VISION = {
 #: transformers 5.24.0 configuration classes' `tie_word_embeddings` defaults.
 _TIED_DEFAULT = {"gemma3": True, "paligemma": True, "mistral3": True, "internvl": True}
 
+#: Types whose wrapper reads `use_cache` from the top-level config and passes it down, so the
+#: language model never reads its own: idefics3/modeling_idefics3.py@v5.24.0 L621,
+#: smolvlm/modeling_smolvlm.py@v5.24.0 L511 (`merge_with_config_defaults` on the wrapper's
+#: forward). The others' language models read `text_config.use_cache` (traced: a Trainer-style
+#: top-level `use_cache=False` and no checkpointing still build a DynamicCache for Qwen3-VL,
+#: Gemma 3, LLaVA, Mistral 3, PaliGemma, InternVL; benchmarks/VLM_TRACE_NOTES.md).
+_CACHE_FROM_TOP = frozenset({"idefics3", "smolvlm"})
+
+#: Types whose tower's `get_input_embeddings` is its patch embedding (`VisionSpec.input_hooked`):
+#: pixtral/modeling_pixtral.py@v5.24.0 L398-399 (Mistral 3), siglip/modeling_siglip.py L853
+#: (Gemma 3, PaliGemma), clip/modeling_clip.py L905 (LLaVA), internvl/modeling_internvl.py
+#: L452, idefics3/modeling_idefics3.py L424, smolvlm/modeling_smolvlm.py L330,
+#: qwen2_5_vl/modeling_qwen2_5_vl.py L389 (`_input_embed_layer = "patch_embed"`). Qwen3-VL's,
+#: Qwen3.5's, mllama's and Llama 4's towers name none (`PreTrainedModel.get_input_embeddings`,
+#: modeling_utils.py@v5.24.0 L969-1000, finds no `embed_tokens`).
+_HOOKED_TOWERS = frozenset({"mistral3", "gemma3", "paligemma", "llava", "internvl", "idefics3",
+                            "smolvlm", "qwen2_5_vl"})
+
 #: The language model's model_type when `text_config` does not name one.
 _TEXT_TYPE = {"qwen2_5_vl": "qwen2", "qwen3_vl": "qwen3", "qwen3_5": "qwen3_5_text",
               "internvl": "qwen2", "llava": "llama", "idefics3": "llama", "smolvlm": "llama",
@@ -126,6 +144,14 @@ def _text_config(model_type: str, config: Mapping[str, Any]) -> dict[str, Any]:
     return text
 
 
+def _text_use_cache(r: ConfigReader) -> bool:
+    """The language model's own `use_cache` (True in every text config class's defaults; a
+    flat config's top-level keys are its text config's)."""
+    given = r.config.get("text_config")
+    text = given if isinstance(given, Mapping) else r.config
+    return bool(text.get("use_cache", True))
+
+
 @dataclass(frozen=True, slots=True)
 class VisionLanguage:
     """The family of one vision-language model type; `text` reads its language model."""
@@ -144,7 +170,9 @@ class VisionLanguage:
                                     APPROXIMATE_VISION.get(model_type, "")) if n)
         return lm.model_copy(update={
             "family": model_type, "vision_params": tower, "projector_params": projector,
-            "vision": TOWERS[model_type](v, r, lm.hidden_size),
+            "vision": TOWERS[model_type](v, r, lm.hidden_size).model_copy(update={
+                "text_cache": model_type not in _CACHE_FROM_TOP and _text_use_cache(r),
+                "input_hooked": model_type in _HOOKED_TOWERS}),
             "tied_embeddings": tied, "approximate": bool(note), "approximate_why": note})
 
 
