@@ -88,6 +88,11 @@ class StackRow(BaseModel):
     #: 'all-linear' reaches PEFT as the names of the model's nn.Linear modules (the stack lists
     #: them), not as PEFT's own 'all-linear', which on transformers 5 also names the experts.
     all_linear_by_module_name: bool
+    #: Under LoRA/QLoRA (a frozen embedding) the embedding's output requires grad only when
+    #: the run checkpoints (`enable_input_require_grads`), so without checkpointing what runs
+    #: before the first trainable tensor keeps nothing (`vram.memory.activations.lead`).
+    #: False: counted as requiring grad in every run (every layer keeps).
+    input_grad_only_with_ckpt: bool
     #: Runs tensor parallel (`tp`).
     runs_tensor_parallel: bool
     #: Runs pipeline parallel (`pp`).
