@@ -31,7 +31,8 @@ from vram.stacks.profile import StackProfile
 #: those that write its output.
 _MIXING_IN = frozenset({Role.Q, Role.K, Role.V, Role.QKV, Role.MIXER_IN})
 _MIXING_OUT = frozenset({Role.O, Role.MIXER_OUT})
-_MLP = frozenset({Role.GATE, Role.UP, Role.GATE_UP, Role.DOWN, Role.ROUTER})
+_MLP_IN = frozenset({Role.GATE, Role.UP, Role.GATE_UP})
+_MLP = _MLP_IN | {Role.DOWN, Role.ROUTER}
 
 @dataclass(frozen=True, slots=True)
 class FrozenLead:
@@ -122,15 +123,39 @@ def _kept_fractions(stack: LayerStack, roles: set[Role]) -> dict[str, tuple[int,
     return kept
 
 
-def _first_layer_terms(layer: LayerActivations, stack: LayerStack,
-                       roles: set[Role]) -> tuple[Term, ...]:
+def _first_adapters_masks(stack: LayerStack, reach: LoraReach, profile: StackProfile,
+                          roles: set[Role]) -> int:
+    """Per token, the LoRA dropout masks of the first layer's first adapters: their input needs
+    no gradient, so their dropout keeps no mask (1 byte × d_in each, counted in `lora_term`;
+    LitGPT's fused qkv drops once for all its slices)."""
+    first = next((group for group in (_MIXING_IN, _MIXING_OUT, _MLP_IN, frozenset({Role.DOWN}))
+                  if roles & group), frozenset())
+    if first is _MIXING_IN and stack.parallel_residual:
+        first = first | _MLP_IN  # the MLP reads the layer's input too
+    masks, fused_seen = 0, False
+    for linear in stack.linears:
+        parts = {linear.role, *FUSED_PARTS.get(linear.role, frozenset())}
+        if linear.is_bank or not module_adapted(linear, reach, profile) or not parts & first:
+            continue
+        if profile.adapts_fused_slices and linear.role in (Role.Q, Role.K, Role.V):
+            if fused_seen:
+                continue
+            fused_seen = True
+        masks += linear.d_in
+    return masks
+
+
+def _first_layer_terms(layer: LayerActivations, stack: LayerStack, roles: set[Role],
+                       masks: int) -> tuple[Term, ...]:
     """The first trainable layer's terms, less what runs before its first adapter
-    (`_kept_fractions`)."""
+    (`_kept_fractions`) and its first adapters' dropout masks (`masks` per token)."""
     fractions = _kept_fractions(stack, roles) if stack.n_norms else {}
     kept: list[Term] = []
     for term in layer.terms:
         numerator, denominator = fractions.get(term.key, (1, 1))
         per_token = term.bytes_per_token * max(numerator, 0) // denominator
+        if term.key == "lora":
+            per_token -= min(masks, per_token)
         if per_token:
             kept.append(replace(term, bytes_per_token=per_token))
     return tuple(kept)
@@ -145,13 +170,16 @@ def keeping_layers(model: ModelSpec, setup: TrainingSetup, profile: StackProfile
     lead = frozen_lead(model, setup, profile)
     if lead is None:
         return layers, layers[model.stacks.index(model.first_stack)]
-    roles = _adapted_roles(model.stacks[lead.first], lora_reach(model, setup, profile), profile)
+    reach = lora_reach(model, setup, profile)
+    stack = model.stacks[lead.first]
+    roles = _adapted_roles(stack, reach, profile)
+    masks = _first_adapters_masks(stack, reach, profile, roles) if setup.lora_dropout > 0 else 0
     kept: list[LayerActivations] = []
     first = layers[lead.first]
-    for index, (layer, stack) in enumerate(zip(layers, model.stacks, strict=True)):
+    for index, layer in enumerate(layers):
         count = layer.count - lead.before[index]
         if index == lead.first:
-            terms = _first_layer_terms(layer, stack, roles)
+            terms = _first_layer_terms(layer, stack, roles, masks)
             if terms != layer.terms:
                 first = replace(layer, stack=f"first adapted {layer.stack}", count=1,
                                 terms=terms)
