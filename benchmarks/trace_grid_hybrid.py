@@ -6,10 +6,13 @@
 The CPU trace runs transformers' PyTorch fallback of every hybrid mixer (no fla, mamba_ssm or
 causal-conv1d), and `against_trace` estimates with `mixer_kernels` false: the fallback's saved
 set (`vram.model.families.fallback`). Each type's default config (`tests/data/families/`), cut
-to a few layers with an adapted attention layer first: without checkpointing nothing before the
-first LoRA adapter needs a gradient, so a mixer there keeps nothing (PEFT refuses `out_proj` on
-the Mamba types, so the LoRA rows target q_proj, v_proj; the Gated DeltaNet rows `all-linear`).
-Jamba's fallback loops over every token in Python: its rows are one Mamba layer at 256 tokens.
+to a few layers with an adapted attention layer first, and the `-default` / `-first` rows in
+the type's default order, where Mamba-2, MoE, Gated DeltaNet or convolution layers come before
+the first attention: without checkpointing nothing before the first LoRA adapter needs a
+gradient, so those layers keep nothing (`vram.memory.activations.lead`; PEFT refuses `out_proj`
+on the Mamba types, so the LoRA rows target q_proj, v_proj; the `qwen3.5-gdn` rows
+`all-linear`). Jamba's fallback loops over every token in Python: its rows are one Mamba layer
+at 256 tokens, or its default order cut to 6 layers at 128.
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "full_attention", "conv", "conv", "conv"], "full_attn_idxs": [0]}),
     "jamba": ("jamba", {"num_hidden_layers": 2, "attn_layer_period": 2, "attn_layer_offset": 0,
                         "expert_layer_period": 2, "expert_layer_offset": 1}),
+    # each type's default layer order: the layers before the first adapted attention keep
+    # nothing under LoRA without checkpointing (`vram.memory.activations.lead`)
+    "nemotron-h-default": ("nemotron_h", {}),  # Mamba-2, MoE, attention, MLP
+    "qwen3.5-default": ("qwen3_5_text", {"num_hidden_layers": 4, "layer_types": [
+        "linear_attention", "linear_attention", "linear_attention", "full_attention"]}),
+    "lfm2-conv-first": ("lfm2", {"num_hidden_layers": 4, "layer_types": [
+        "conv", "conv", "full_attention", "conv"], "full_attn_idxs": [2]}),
+    "jamba-default": ("jamba", {"num_hidden_layers": 6, "expert_layer_period": 2,
+                                "expert_layer_offset": 1}),  # attention at layer 4 of 8
 }
 
 #: (family, method, grad_ckpt, seq_len): full / LoRA / QLoRA, checkpointing on and off.
@@ -51,6 +63,10 @@ ROWS: list[tuple[str, str, bool, int]] = [
     ("lfm2-conv", "full", True, 2048), ("lfm2-conv", "lora", False, 1024),
     ("lfm2-conv", "qlora", False, 2048), ("lfm2-conv", "full", False, 512),
     ("jamba", "full", False, 256), ("jamba", "lora", False, 256),
+    ("nemotron-h-default", "lora", False, 512), ("nemotron-h-default", "qlora", False, 512),
+    ("nemotron-h-default", "lora", True, 512), ("falcon-h1", "lora", False, 512),
+    ("qwen3.5-default", "lora", False, 512), ("lfm2-conv-first", "lora", False, 1024),
+    ("jamba-default", "lora", False, 128),
 ]
 
 

@@ -254,7 +254,9 @@ def test_lora_base_loaded_in_16_bits_halves_the_frozen_weights() -> None:
     the hf-trainer default keeps the frozen base at 2 B/param and casts no weight; an fp32 base
     (`lora_base_16bit=False`, e.g. `from_config` at the fp32 default) keeps 4 B/param and
     autocast's 16-bit copies. LitGPT's bf16-mixed keeps the fp32 module. On the fake-tensor
-    trace (Llama 3.2 1B, seq 512) the 16-bit base peaks at 4.23 GiB, the estimate 4.22 GiB."""
+    trace (Llama 3.2 1B, seq 512) the 16-bit base peaks at 4.23 GiB, the estimate 4.21 GiB (4.22
+    before layer 0's input norm kept nothing: `vram.memory.activations.lead`; one layer alone
+    traces within +1.8 MB, each further layer 1.4 MB above the estimate's)."""
     base = {"method": "lora", "precision": "bf16-mixed", "seq_len": 512}
     model = vram.load_model("llama-3.2-1b")
 
@@ -264,8 +266,8 @@ def test_lora_base_loaded_in_16_bits_halves_the_frozen_weights() -> None:
     default = vram.estimate(model, TrainingSetup.model_validate(base))
     fp32 = vram.estimate(model, TrainingSetup.model_validate({**base, "lora_base_16bit": False}))
     assert 2 * linears(default) == linears(fp32)
-    assert round(default.allocated_peak_bytes / 2**30, 2) == 4.22
-    assert round(fp32.allocated_peak_bytes / 2**30, 2) == 8.82  # the trace: 8.82 GiB
+    assert round(default.allocated_peak_bytes / 2**30, 2) == 4.21
+    assert round(fp32.allocated_peak_bytes / 2**30, 2) == 8.81  # the trace: 8.82 GiB
     litgpt = TrainingSetup.model_validate({**base, "framework": "litgpt"})
     assert linears(vram.estimate(model, litgpt)) == linears(fp32)
     # Pure bf16 and full fine-tuning do not read the knob.

@@ -215,6 +215,9 @@ class LayerStack(BaseModel):
     #: Post-LayerNorm blocks (a norm after each residual add, the original Transformer's
     #: order): a layer's backward runs both norms' backward before its attention's.
     post_norm: bool = False
+    #: The layer normalizes its input before anything else (pre-norm). False: BERT's
+    #: post-LayerNorm order (`LayerNorm(x + attention(x))`), which `post_norm` stacks share.
+    input_norm: bool = True
     #: Dropout in training: on attention probabilities and on the residual branches.
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
@@ -270,6 +273,9 @@ class LayerStack(BaseModel):
     #: This stack holds the model's first layer where that is not the first stack (a family
     #: that groups its layers by kind: `vram.model.families.parts.by_kind`).
     holds_first_layer: bool = False
+    #: The model's layer indices of this stack's layers, where a family interleaves its kinds
+    #: (`vram.model.families.parts.by_kind`); empty: the stacks run one after another.
+    positions: tuple[int, ...] = ()
 
     @property
     def params_per_layer(self) -> int:

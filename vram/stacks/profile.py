@@ -65,6 +65,11 @@ class StackProfile:
     #: Hybrid layers run fla's / mamba_ssm's / causal-conv1d's kernels, not transformers'
     #: PyTorch fallback (`mixer_kernels`).
     mixer_kernels: bool
+    #: The layers' input (the embedding's output) requires grad: a full fine-tune trains the
+    #: embedding; under LoRA/QLoRA only where the stack calls `enable_input_require_grads`
+    #: (`StackRow.input_grad_only_with_ckpt`). False: what runs before the first trainable
+    #: tensor keeps nothing (`vram.memory.activations.lead`).
+    input_requires_grad: bool
     #: The dtype of each kind of tensor in this run.
     precision: PrecisionPolicy
     #: FSDP2 (`fully_shard`) shards the run (see `vram.sharding.fsdp2`).
@@ -137,6 +142,8 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
                               and precision.sixteen_bit is not Dtype.FP16),
         casts_output_to_fp32=row.casts_output_to_fp32,
         resizes_images_before_processor=row.resizes_images_before_processor,
+        input_requires_grad=(not setup.trains_adapters or setup.grad_ckpt
+                             or not row.input_grad_only_with_ckpt),
         precision=precision,
         fsdp2=resolved.fsdp2,
         seq_split=setup.tp if setup.tp > 1 and run.sequence_parallel else 1,

@@ -92,6 +92,11 @@ class StackRow(BaseModel):
     #: vision-language model's language model, which reads its own `text_config.use_cache`,
     #: still fills a cache in each training forward (`vram.memory.text_cache`).
     leaves_text_cache_on: bool
+    #: Under LoRA/QLoRA (a frozen embedding) the embedding's output requires grad only when
+    #: the run checkpoints (`enable_input_require_grads`), so without checkpointing what runs
+    #: before the first trainable tensor keeps nothing (`vram.memory.activations.lead`).
+    #: False: counted as requiring grad in every run (every layer keeps).
+    input_grad_only_with_ckpt: bool
     #: Runs tensor parallel (`tp`).
     runs_tensor_parallel: bool
     #: Runs pipeline parallel (`pp`).

@@ -52,14 +52,19 @@ class LayerActivations:
     #: An MoE layer whose expert banks train: per token, what its backward holds beyond what the
     #: layer saved when the gate/up bank's gradient is written (see `moe_bank_backward`).
     moe: MoeBackward | None = None
+    #: Layers of this stack before the first trainable one, which keep nothing and are not
+    #: in `count` (`vram.memory.activations.lead`).
+    before_first_trainable: int = 0
     #: Each term's texts as an estimate's line item: (key, label, formula). Made once per
     #: layer (its plan is remembered), not on every estimate that writes the terms out.
     item_texts: tuple[tuple[str, str, str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        lead = self.before_first_trainable
+        frozen = f" ({lead} before the first adapter keep nothing)" if lead else ""
         object.__setattr__(self, "item_texts", tuple(
             (f"activations.{self.stack}.{term.key}",
-             f"{term.label} × {self.count} {self.stack} layers",
+             f"{term.label} × {self.count} {self.stack} layers{frozen}",
              f"tokens × layers × ({term.formula})") for term in self.terms))
 
     @property

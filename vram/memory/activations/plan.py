@@ -13,6 +13,7 @@ from vram.memory.activations.kernel import (
     mask_bytes_per_sequence,
 )
 from vram.memory.activations.layer import LayerActivations, layer_activations
+from vram.memory.activations.lead import keeping_layers
 from vram.memory.head import HeadActivations, head_activations
 from vram.model.spec import LayerStack, ModelSpec
 from vram.setup import Offload, TrainingSetup
@@ -109,7 +110,9 @@ def selective_kept_per_token(model: ModelSpec, stack: LayerStack, setup: Trainin
 def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
                     profile: StackProfile) -> PlanPerToken:
     n = profile.precision
-    layers = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
+    every = [layer_activations(model, stack, setup, profile) for stack in model.stacks]
+    # what keeps its saved set: not what runs before the first trainable tensor (`lead`)
+    layers, first = keeping_layers(model, setup, profile, every)
     checkpointed = stored = 0
     if setup.grad_ckpt:
         # each layer's input: the residual stream, split by sequence parallel
@@ -126,14 +129,13 @@ def _plan_per_token(model: ModelSpec, setup: TrainingSetup,
     any_fixed = any(layer.fixed_bytes for layer in layers)
     stored_fixed = 0 if setup.grad_ckpt else sum(layer.fixed_bytes * layer.count
                                                   for layer in layers)
-    first = layers[model.stacks.index(model.first_stack)]
     moe = next((layer.moe for layer in layers if layer.moe is not None), None)
     return PlanPerToken(
         dense_first_layer=first if moe is not None and first.moe is None else None,
         stored_fixed=stored_fixed, any_fixed=any_fixed,
         layers=layers, layer_max=max(layer.bytes_per_token for layer in layers),
         backward_transient=max(layer.backward_transient_per_token for layer in layers),
-        forward_transient=max(layer.forward_transient_per_token for layer in layers),
+        forward_transient=max(layer.forward_transient_per_token for layer in every),
         backward_peak_in_attention=max(
             layers, key=lambda layer: layer.bytes_per_token + layer.backward_transient_per_token,
         ).backward_peak_in_attention,

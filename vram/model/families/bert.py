@@ -32,7 +32,7 @@ def _bert(name: str, r: ConfigReader) -> ModelSpec:
         head_dim=head_dim, mlp_kind=MlpKind.PLAIN, intermediate_size=inter, causal=False,
         attn_dropout=r.float("attention_probs_dropout_prob", 0.1),  # BertConfig defaults
         hidden_dropout=r.float("hidden_dropout_prob", 0.1), mlp_inner_dropout=True,
-        softmax_upcast=False,
+        softmax_upcast=False, input_norm=False,  # BertLayer: LayerNorm after each residual add
     )
     vocab = r.int("vocab_size")
     max_pos = r.int("max_position_embeddings", default=512)

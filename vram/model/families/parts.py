@@ -272,10 +272,13 @@ def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> 
 def by_kind(kinds: list[str], build: Callable[[str, int], LayerStack]) -> tuple[LayerStack, ...]:
     """One stack per kind of layer, in order of first appearance with the last layer's kind
     last (the stack that produces the output); the first layer's stack says so when it is not
-    the first (`LayerStack.holds_first_layer`)."""
+    the first (`LayerStack.holds_first_layer`), and each stack lists its layers' indices
+    (`LayerStack.positions`)."""
     order = list(dict.fromkeys(kinds))
     order.remove(kinds[-1])
-    stacks = [build(kind, kinds.count(kind)) for kind in (*order, kinds[-1])]
+    stacks = [build(kind, kinds.count(kind)).model_copy(update={"positions": tuple(
+        index for index, each in enumerate(kinds) if each == kind)})
+        for kind in (*order, kinds[-1])]
     first = (*order, kinds[-1]).index(kinds[0])
     if first:
         stacks[first] = stacks[first].model_copy(update={"holds_first_layer": True})
