@@ -1,0 +1,55 @@
+"""Hold the hybrids' closed form with the mixer kernels to the trace that emulates them
+(issue 22).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/trace_grid_kernels.py [--out FILE]
+        [--only FIELD=V1,V2 ...]
+
+With `mixer_kernels` true the closed form counts what fla's `chunk_gated_delta_rule`,
+mamba_ssm's `mamba_split_conv1d_scan_combined` and causal-conv1d's `causal_conv1d_fn` save and
+allocate (`vram.model.families.parts`, `workspace`), and the CPU trace runs stand-in autograd
+Functions with the same saved sets and workspace (`vram.trace.mixer_kernels`) in place of
+transformers' PyTorch fallback. Both read the same kernel source independently: this checks
+the closed form's kernel terms against that reading, and around them every tensor of the
+layer that is not the kernel's. It is not a GPU measurement. The families and configs are
+`trace_grid_hybrid.py`'s (Jamba's Mamba-1 is not emulated: not in this grid).
+"""
+
+from __future__ import annotations
+
+from benchmarks.trace_grid import Row, against_trace, covering_main
+from benchmarks.trace_grid_hybrid import config_of
+from vram import TrainingSetup
+
+#: (family, method, grad_ckpt, seq_len): LoRA / full, checkpointing on and off.
+ROWS: list[tuple[str, str, bool, int]] = [
+    ("qwen3.5-gdn", "lora", False, 512), ("qwen3.5-gdn", "full", False, 512),
+    ("qwen3.5-gdn", "lora", True, 1024), ("qwen3.5-default", "lora", False, 512),
+    ("nemotron-h", "lora", False, 512), ("nemotron-h", "full", True, 1024),
+    ("nemotron-h-default", "lora", True, 512),
+    ("granite4-h", "full", True, 1024), ("granite4-h", "lora", False, 512),
+    ("falcon-h1", "full", False, 512), ("falcon-h1", "lora", True, 1024),
+    ("lfm2-conv", "lora", False, 1024), ("lfm2-conv", "full", True, 2048),
+]
+
+
+def compare(family: str, fields: dict[str, object]) -> Row:
+    targets = "all-linear" if family == "qwen3.5-gdn" else "q_proj,v_proj"
+    setup = TrainingSetup(framework="hf-trainer", lora_targets=targets, lora_rank=16,
+                          **fields)  # type: ignore[arg-type]
+    errors, phase_match, seconds = against_trace(config_of(family), setup, mixer_kernels=True)
+    return Row(family, fields, errors, phase_match, seconds)
+
+
+def grid() -> list[tuple[str, dict[str, object]]]:
+    return [(family, {"method": method, "optimizer": "adamw", "precision": "bf16-true",
+                      "micro_batch": 1, "seq_len": seq, "grad_ckpt": ckpt,
+                      "attention": "sdpa"})
+            for family, method, ckpt, seq in ROWS]
+
+
+def main() -> None:
+    covering_main(grid(), compare, len(ROWS))
+
+
+if __name__ == "__main__":
+    main()
