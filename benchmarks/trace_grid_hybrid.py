@@ -11,7 +11,8 @@ the type's default order, where Mamba-2, MoE, Gated DeltaNet or convolution laye
 the first attention: without checkpointing nothing before the first LoRA adapter needs a
 gradient, so those layers keep nothing (`vram.memory.activations.lead`; PEFT refuses `out_proj`
 on the Mamba types, so the LoRA rows target q_proj, v_proj; the `qwen3.5-gdn` rows
-`all-linear`). Jamba's fallback loops over every token in Python: its rows are one Mamba layer
+`all-linear`). With `mixer_kernels` true the trace emulates the kernels instead
+(`vram.trace.mixer_kernels`): `trace_grid_kernels.py` holds the closed form to that. Jamba's fallback loops over every token in Python: its rows are one Mamba layer
 at 256 tokens, or its default order cut to 6 layers at 128.
 """
 
