@@ -16,9 +16,11 @@ layer that is not the kernel's. It is not a GPU measurement. The families and co
 
 from __future__ import annotations
 
-from benchmarks.trace_grid import Row, against_trace, covering_main
-from benchmarks.trace_grid_hybrid import config_of
-from vram import TrainingSetup
+import functools
+
+from benchmarks.trace_grid import covering_main
+from benchmarks.trace_grid_hybrid import compare as compare_hybrid
+from benchmarks.trace_grid_hybrid import grid
 
 #: (family, method, grad_ckpt, seq_len): LoRA / full, checkpointing on and off.
 ROWS: list[tuple[str, str, bool, int]] = [
@@ -32,23 +34,12 @@ ROWS: list[tuple[str, str, bool, int]] = [
 ]
 
 
-def compare(family: str, fields: dict[str, object]) -> Row:
-    targets = "all-linear" if family == "qwen3.5-gdn" else "q_proj,v_proj"
-    setup = TrainingSetup(framework="hf-trainer", lora_targets=targets, lora_rank=16,
-                          **fields)  # type: ignore[arg-type]
-    errors, phase_match, seconds = against_trace(config_of(family), setup, mixer_kernels=True)
-    return Row(family, fields, errors, phase_match, seconds)
-
-
-def grid() -> list[tuple[str, dict[str, object]]]:
-    return [(family, {"method": method, "optimizer": "adamw", "precision": "bf16-true",
-                      "micro_batch": 1, "seq_len": seq, "grad_ckpt": ckpt,
-                      "attention": "sdpa"})
-            for family, method, ckpt, seq in ROWS]
+#: the hybrid grid's comparison, with the kernels emulated in the trace
+compare = functools.partial(compare_hybrid, mixer_kernels=True)
 
 
 def main() -> None:
-    covering_main(grid(), compare, len(ROWS))
+    covering_main(grid(ROWS), compare, len(ROWS))
 
 
 if __name__ == "__main__":
