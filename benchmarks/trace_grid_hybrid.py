@@ -50,6 +50,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "conv", "conv", "full_attention", "conv"], "full_attn_idxs": [2]}),
     "jamba-default": ("jamba", {"num_hidden_layers": 6, "expert_layer_period": 2,
                                 "expert_layer_offset": 1}),  # attention at layer 4 of 8
+    "qwen3-next": ("qwen3_next", {"num_hidden_layers": 4, "layer_types": [
+        "full_attention", "linear_attention", "linear_attention", "linear_attention"]}),
 }
 
 #: (family, method, grad_ckpt, seq_len): full / LoRA / QLoRA, checkpointing on and off.

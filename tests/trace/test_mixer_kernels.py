@@ -38,18 +38,18 @@ def _config(model_type: str, changes: dict[str, Any]) -> dict[str, Any]:
     return {**config, **changes}
 
 
-def _closed(model_type: str, changes: dict[str, Any], mixer: Mixer) -> int:
+def _closed(model_type: str, changes: dict[str, Any], mixer: Mixer, s: int = S) -> int:
     spec = load_model(_config(model_type, changes))
     stack = next(s for s in spec.stacks if s.mixer is mixer)
-    setup = TrainingSetup(method="lora", precision="bf16-true", micro_batch=1, seq_len=S,
+    setup = TrainingSetup(method="lora", precision="bf16-true", micro_batch=1, seq_len=s,
                           lora_targets="q_proj,v_proj", mixer_kernels=True)
     term = mixer_term(layer_context(spec, stack, setup, profile_for(setup)))
     assert term is not None
-    return term.bytes_per_token * S
+    return term.bytes_per_token * s
 
 
 def _emulated_saved(model_type: str, changes: dict[str, Any], cls_name: str,
-                    layer_idx: int) -> int:
+                    layer_idx: int, s: int = S) -> int:
     from transformers import AutoConfig
 
     config = _config(model_type, changes)
@@ -60,7 +60,7 @@ def _emulated_saved(model_type: str, changes: dict[str, Any], cls_name: str,
     with torch.device("meta"):
         mixer = getattr(modeling, cls_name)(cfg, layer_idx=layer_idx)
     mixer = mixer.to_empty(device="cpu").to(torch.bfloat16).train().requires_grad_(False)
-    x = torch.zeros(1, S, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
+    x = torch.zeros(1, s, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     skip = {p.untyped_storage().data_ptr() for p in mixer.parameters()}
     skip.add(x.untyped_storage().data_ptr())
     seen: dict[int, int] = {}
@@ -103,6 +103,21 @@ def test_short_conv_out_proj_input_gap() -> None:
     closed = _closed("lfm2", changes, Mixer.SHORT_CONV)
     emulated = _emulated_saved("lfm2", changes, "Lfm2ShortConv", 0)
     assert closed - emulated == S * 2560 * 2
+
+
+def test_selective_scan_saved_set() -> None:
+    """Jamba's Mamba-1 (d 8,192, N 16, rank 256): causal-conv1d's and `SelectiveScanFn`'s saves
+    agree with the closed form but for: out_proj's and dt_proj's inputs, which frozen Linears
+    do not keep and the closed form counts (d + rank bf16 a token); the three dt/B/C norms'
+    fp32 rstd (3 x 4 bytes a token); the chunk states `x`, one whole 2,048-token chunk at s128
+    where the closed form counts 2N·d/2048 fp32 a token; and A, D, delta_bias in fp32, which do
+    not grow with tokens. (s128: CPU bf16 matmuls of this width are slow.)"""
+    d, n, rank, s = 8192, 16, 256, 128
+    closed = _closed("jamba", {}, Mixer.MAMBA1, s)
+    emulated = _emulated_saved("jamba", {}, "JambaMambaMixer", 0, s)
+    states = 4 * d * 2 * n * 1 - s * 4 * 2 * n * d // 2048
+    constants = 4 * (d * n + d + d)
+    assert emulated - closed == s * (-2 * (d + rank) + 3 * 4) + states + constants
 
 
 def test_kernel_grid_row_within_tolerance() -> None:

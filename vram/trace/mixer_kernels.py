@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from vram.model.families.workspace import FLA_CHUNK, FLA_NK
+from vram.model.families.workspace import FLA_CHUNK, FLA_NK, SCAN_CHUNK
 
 NOTE = ("mixer kernels emulated: saved set and workspace from fla v0.5.2 "
-        "(chunk_gated_delta_rule), mamba_ssm v2.3.2.post1 (mamba_split_conv1d_scan_combined), "
+        "(chunk_gated_delta_rule), mamba_ssm v2.3.2.post1 (mamba_split_conv1d_scan_combined, "
+        "selective_scan_fn), "
         "causal-conv1d v1.6.1.post4 (causal_conv1d_fn); not a GPU measurement")
 
 #: model type -> the module-level functions of its modeling file that are swapped.
@@ -41,10 +42,8 @@ PATCHED: dict[str, tuple[str, ...]] = {
     "qwen3_5_moe": ("causal_conv1d_fn", "torch_chunk_gated_delta_rule"),
     "lfm2": ("causal_conv1d_fn",),
     "lfm2_moe": ("causal_conv1d_fn",),
+    "jamba": ("causal_conv1d_fn", "mamba_selective_scan"),
 }
-#: Hybrid types whose kernels the trace does not emulate yet (Jamba's Mamba-1
-#: `selective_scan_fn`): it traces transformers' fallback and says so.
-NOT_EMULATED = frozenset({"jamba"})
 
 
 def _grad(ctx: Any, i: int, like: torch.Tensor | None) -> torch.Tensor | None:
@@ -231,10 +230,55 @@ def mamba2_split_conv1d_scan_combined(
     return out
 
 
+class SelectiveScan(torch.autograd.Function):
+    """mamba_ssm's `SelectiveScanFn` (ops/selective_scan_interface.py@e9594ce1 L20-66), Mamba-1
+    with z as Jamba calls it: u, delta, B, C and z are made contiguous where their last dim's
+    stride is not 1; the CUDA forward returns out and out_z [B, d, T] in u's dtype and the chunk
+    states x [B, d, ceil(T/2048), 2N] in fp32 (csrc/selective_scan/selective_scan.cpp L304-313);
+    saved (L63-66): u, delta, A, B, C, D, z, delta_bias, x, out. The backward (L440-463)
+    allocates du, ddelta, dz in the inputs' dtype and, B and C varying, dB and dC in fp32."""
+
+    @staticmethod
+    def forward(ctx: Any, u: torch.Tensor, delta: torch.Tensor,  # type: ignore[override]
+                a: torch.Tensor, b_in: torch.Tensor, c_in: torch.Tensor, d_skip: torch.Tensor,
+                z: torch.Tensor, delta_bias: torch.Tensor | None) -> torch.Tensor:
+        u, delta, b_in, c_in, z = (t if t.stride(-1) == 1 else t.contiguous()
+                                   for t in (u, delta, b_in, c_in, z))
+        batch, d, t = u.shape
+        chunks = -(-t // SCAN_CHUNK)
+        out = u.new_empty((batch, d, t))
+        states = u.new_empty((batch, d, chunks, 2 * a.shape[1]), dtype=torch.float32)
+        out_z = u.new_empty((batch, d, t))
+        ctx.save_for_backward(u, delta, a, b_in, c_in, d_skip, z, delta_bias, states, out)
+        return out_z
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        u, delta, a, b_in, c_in, d_skip, z, delta_bias, _, _ = ctx.saved_tensors
+        du, ddelta, dz = torch.empty_like(u), torch.empty_like(delta), torch.empty_like(z)
+        d_b = b_in.new_empty(b_in.shape, dtype=torch.float32)
+        d_c = c_in.new_empty(c_in.shape, dtype=torch.float32)
+        grads = (du, ddelta, _grad(ctx, 2, a), d_b.to(b_in.dtype), d_c.to(c_in.dtype),
+                 _grad(ctx, 5, d_skip), dz, _grad(ctx, 7, delta_bias))
+        del d_b, d_c
+        return tuple(g if ctx.needs_input_grad[i] else None for i, g in enumerate(grads))
+
+
+def selective_scan_fn(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                      C: torch.Tensor, D: torch.Tensor, z: torch.Tensor,
+                      delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                      return_last_state: bool = False, **kwargs: Any) -> torch.Tensor:
+    """transformers' `mamba_selective_scan` (Jamba) as mamba_ssm's kernel runs it (training:
+    no last state)."""
+    out: torch.Tensor = SelectiveScan.apply(u, delta, A, B, C, D, z, delta_bias)
+    return out
+
+
 REPLACEMENTS: dict[str, Any] = {
     "causal_conv1d_fn": causal_conv1d_fn,
     "torch_chunk_gated_delta_rule": chunk_gated_delta_rule,
     "mamba2_split_conv1d_scan_combined": mamba2_split_conv1d_scan_combined,
+    "mamba_selective_scan": selective_scan_fn,
 }
 
 
@@ -249,16 +293,8 @@ def _modeling(model_type: str) -> str:
 
 
 def trace_note(model_type: str, on: bool) -> str | None:
-    """The trace's note on the hybrid mixers' kernels: emulated, or (a hybrid type the trace
-    does not emulate) the fallback traced in their place; None when nothing is said."""
-    if not on:
-        return None
-    if _modeling(model_type) in PATCHED:
-        return NOTE
-    if _modeling(model_type) in NOT_EMULATED:
-        return (f"mixer kernels not emulated for {model_type}: the trace runs transformers' "
-                "PyTorch fallback of its mixers, the estimate the kernels'")
-    return None
+    """The trace's note when it emulates this model type's mixer kernels, else None."""
+    return NOTE if on and _modeling(model_type) in PATCHED else None
 
 
 @contextlib.contextmanager
