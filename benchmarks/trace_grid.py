@@ -151,16 +151,17 @@ def compare(family: str, fields: dict[str, object]) -> Row:
     return Row(family, fields, errors, phase_match, seconds)
 
 
-def against_trace(config: dict[str, Any], setup: TrainingSetup,
+def against_trace(config: dict[str, Any], setup: TrainingSetup, *, mixer_kernels: bool = False,
                   ) -> tuple[dict[str, float], bool, float]:
     """Trace one step of `config` under `setup` and compare the closed form with it: each
     state bucket with the trace's largest, the activations at the trace's peak moment, the
-    allocated peak; whether the peak phase agrees; the trace's seconds."""
+    allocated peak; whether the peak phase agrees; the trace's seconds. `mixer_kernels`: the
+    hybrid layers' kernels, emulated in the trace (`vram.trace.mixer_kernels`)."""
     from vram.trace import trace_step
 
-    # the CPU trace runs transformers' PyTorch fallback of the hybrid layers, not the fused
-    # kernels (fla, mamba_ssm, causal-conv1d): the estimate it is held to is the fallback's
-    setup = setup.model_copy(update={"mixer_kernels": False})
+    # the CPU trace runs transformers' PyTorch fallback of the hybrid layers unless the fused
+    # kernels (fla, mamba_ssm, causal-conv1d) are emulated: the estimate is held to the same
+    setup = setup.model_copy(update={"mixer_kernels": mixer_kernels})
     start = time.perf_counter()
     traced = trace_step(config, setup)
     seconds = time.perf_counter() - start

@@ -12,7 +12,9 @@ the first attention: without checkpointing nothing before the first LoRA adapter
 gradient, so those layers keep nothing (`vram.memory.activations.lead`; PEFT refuses `out_proj`
 on the Mamba types, so the LoRA rows target q_proj, v_proj; the `qwen3.5-gdn` rows
 `all-linear`). Jamba's fallback loops over every token in Python: its rows are one Mamba layer
-at 256 tokens, or its default order cut to 6 layers at 128.
+at 256 tokens, or its default order cut to 6 layers at 128. With `mixer_kernels` true the
+trace emulates the kernels instead (`vram.trace.mixer_kernels`): `trace_grid_kernels.py`
+holds the closed form to that.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "conv", "conv", "full_attention", "conv"], "full_attn_idxs": [2]}),
     "jamba-default": ("jamba", {"num_hidden_layers": 6, "expert_layer_period": 2,
                                 "expert_layer_offset": 1}),  # attention at layer 4 of 8
+    "qwen3-next": ("qwen3_next", {"num_hidden_layers": 4, "layer_types": [
+        "full_attention", "linear_attention", "linear_attention", "linear_attention"]}),
 }
 
 #: (family, method, grad_ckpt, seq_len): full / LoRA / QLoRA, checkpointing on and off.
@@ -76,19 +80,20 @@ def config_of(family: str) -> dict[str, Any]:
     return {**config, **changes}
 
 
-def compare(family: str, fields: dict[str, object]) -> Row:
+def compare(family: str, fields: dict[str, object], *, mixer_kernels: bool = False) -> Row:
     targets = "all-linear" if family == "qwen3.5-gdn" else "q_proj,v_proj"
     setup = TrainingSetup(framework="hf-trainer", lora_targets=targets, lora_rank=16,
                           **fields)  # type: ignore[arg-type]
-    errors, phase_match, seconds = against_trace(config_of(family), setup)
+    errors, phase_match, seconds = against_trace(config_of(family), setup,
+                                                 mixer_kernels=mixer_kernels)
     return Row(family, fields, errors, phase_match, seconds)
 
 
-def grid() -> list[tuple[str, dict[str, object]]]:
+def grid(rows: list[tuple[str, str, bool, int]] = ROWS) -> list[tuple[str, dict[str, object]]]:
     return [(family, {"method": method, "optimizer": "adamw", "precision": "bf16-true",
                       "micro_batch": 1, "seq_len": seq, "grad_ckpt": ckpt,
                       "attention": "sdpa"})
-            for family, method, ckpt, seq in ROWS]
+            for family, method, ckpt, seq in rows]
 
 
 def main() -> None:

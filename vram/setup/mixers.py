@@ -25,5 +25,6 @@ MixerKernels = Annotated[bool | None, Field(strict=True), Knob(
             ("false", "transformers' PyTorch fallback")),
     help="linear-attention, Mamba and short-conv layers run the fused kernels (fla, mamba_ssm, "
          "causal-conv1d installed: their chunk states counted as workspace) or transformers' "
-         "PyTorch fallback (what a CPU trace runs; its extra tensors are not modelled)",
+         "PyTorch fallback (its own saved set and transients); the CPU trace runs the fallback, "
+         "or with the kernels stand-ins that keep and allocate what the kernels do",
 )]

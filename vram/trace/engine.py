@@ -16,11 +16,13 @@ import torch
 from torch import nn
 
 from vram.setup import Loss, TrainingSetup
+from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built
 from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
+from vram.trace.mixer_kernels import emulated_mixer_kernels
 from vram.trace.moe import cuda_grouped_mm
 from vram.trace.tracker import SegmentPeak, StorageTracker
 
@@ -140,7 +142,9 @@ def run_steps(built: Built, setup: TrainingSetup, tracker: HostScalarTracker,
     """Two steps (forward, loss, backward, optimizer step, zero_grad), recorded by `tracker`."""
     vocab = max(built.vocab, 2)
     with (tracker, cuda_attention(setup.attention.value), cuda_dropout(), cuda_autocast(),
-          cuda_grouped_mm()):
+          cuda_grouped_mm(),
+          emulated_mixer_kernels(str(getattr(built.hf.config, "model_type", "")),
+                                 profile_for(setup).mixer_kernels)):
         batch, seq = setup.micro_batch, setup.seq_len
         extra: dict[str, Any] = {}
         if built.inputs is not None:  # a VLM's micro-batch: ids with image tokens, pixels

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vram.setup import Offload, Optimizer, Sharding, TrainingSetup
+from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
 from vram.trace.build import TraceUnsupported, build, depth, layer_period, with_depth
 from vram.trace.engine import (
@@ -39,6 +40,7 @@ from vram.trace.engine import (
     swappable,
     wrap_in_backward,
 )
+from vram.trace.mixer_kernels import trace_note
 from vram.trace.optim import TRACE_OPTIMIZERS, in_backward, make_optimizer, state_tensors
 from vram.trace.report import LiveTensor, TimelinePoint, TraceResult
 from vram.trace.tracker import SegmentPeak
@@ -183,6 +185,8 @@ def trace_step(config: dict[str, Any], setup: TrainingSetup, *,
         raise TraceUnsupported(f"n_layers (--layers): {n_layers}; the config has {full} "
                                f"layers: 1 to {full}")
     notes = _setup_notes(setup)
+    mixer_note = trace_note(str(config.get("model_type", "")), profile_for(setup).mixer_kernels)
+    notes = (*notes, mixer_note) if mixer_note else notes
     tracer = _depth_tracer(setup)
     period = layer_period(config)
     periods = SHARDED_START_PERIODS if traces_fsdp2(setup) else 2
