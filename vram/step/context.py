@@ -11,7 +11,7 @@ from operator import attrgetter
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart
 from vram.memory.optimizer import steps_in_backward
-from vram.memory.text_cache import text_cache_items
+from vram.memory.text_cache import config_leaves_text_cache_on, text_cache_items
 from vram.memory.vision import VisionPlan
 from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
@@ -134,7 +134,8 @@ def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
         vision_plan=vision,
         vision=[*vision.saved, vision.pixels] if vision else [],
         pixels=[vision.pixels] if vision else [],
-        text_cache=list(text_cache_items(model, setup, profile_for(setup))),
+        text_cache=list(text_cache_items(model, setup, profile_for(setup)))
+        if config_leaves_text_cache_on(model) else [],
     )
 
 
