@@ -15,7 +15,7 @@ import pytest
 
 from vram import TrainingSetup, estimate, load_model
 from vram.errors import ConfigError
-from vram.model.spec import Mixer
+from vram.model.spec import Mixer, MixerSaved
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "families"
 MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
@@ -57,9 +57,13 @@ def test_hybrid_layers_keep_their_mixer_not_attention() -> None:
     assert kinds == {"linear_attention": Mixer.GATED_DELTANET, "full_attention": Mixer.ATTENTION}
     assert [s.count for s in spec.stacks] == [36, 12]
     deltanet = spec.stacks[0]
-    # fla saves 2·conv_dim + 65·nv + 3·nv·dv elements per token (conv input, q/k/v, A, beta,
-    # the gated norm's input and gate, out_proj's input): 16,384 + 2,080 + 12,288
-    assert deltanet.mixer_saved == (2 * 8192 + 65 * 32 + 3 * 32 * 128, 2 * 32 + 2 * 16)
+    # per token, bf16: the conv's input and fla's q/k/v (2·conv_dim), A and beta (65·nv), z
+    # (nv·dv): 16,384 + 2,080 + 4,096; fp32: g (nv), q/k rstd (2·nk), the gated norm's input,
+    # z and SiLU(z) (3·nv·dv) and rstd (nv); trained: the norm's normalized input, g's softplus
+    # (fp32 nv); out_proj's input when it trains
+    assert deltanet.mixer_saved == MixerSaved(
+        token=2 * 8192 + 65 * 32 + 32 * 128, token_fp32=2 * 32 + 2 * 16 + 3 * 32 * 128 + 32,
+        trained=32 * 128, trained_fp32=32, linear_inputs=32 * 128)
 
 
 def test_a_vlm_counts_its_vision_tower_and_projector() -> None:

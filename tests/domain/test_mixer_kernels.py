@@ -17,7 +17,7 @@ from vram import TrainingSetup, load_model
 from vram.memory.activations.context import layer_context
 from vram.memory.activations.layer import layer_activations
 from vram.memory.activations.transients import mixer_workspace_per_token
-from vram.model.spec import LayerStack, Mixer, ModelSpec
+from vram.model.spec import LayerStack, Mixer, MixerSaved, ModelSpec
 from vram.stacks.profile import profile_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,13 +110,18 @@ def test_jamba_keeps_what_selective_scan_fn_saves() -> None:
     spec = load_model(config)
     mamba = _stack(spec, Mixer.MAMBA1)
     # in_proj's output 2d (the conv's saved view), the conv output, delta, z's and the output's
-    # copies, out_proj's input: 7d = 57,344; B and C 32; dt 256. fp32: the dt/B/C norms' inputs
-    # (288) and the scan's chunk states 8,192·32/2,048 = 128
-    assert mamba.mixer_saved == (57_632, 416)
+    # copies: 6d = 49,152; B and C 32. fp32: the dt/B/C norms' inputs (288) and rstd (3); the
+    # scan's chunk states d·2N = 262,144 per started 2,048-token chunk. Trained: the norms'
+    # normalized inputs (288); x_proj's, dt_proj's and out_proj's inputs (2d + rank = 16,640)
+    assert mamba.mixer_saved == MixerSaved(
+        token=49_184, token_fp32=291, chunk=2048, chunk_fp32=262_144, trained=288,
+        linear_inputs=16_640)
     # backward: du, ddelta, dz (3d = 24,576), dB and dC in fp32 (32)
     assert mamba.mixer_workspace == (0, 0, 24_576, 32)
     setup = _setup(True)
     kept = next(t for t in layer_activations(spec, mamba, setup, profile_for(setup)).terms
                 if t.key == "mixer")
-    assert kept.bytes_per_token * S == (2 * 57_632 + 4 * 416) * S == 478_937_088
+    # LoRA: Jamba's Linears keep no inputs of their own; s = 4096 starts two chunks
+    assert kept.bytes_per_token * S == (2 * 49_184 + 4 * 291) * S + 2 * 4 * 262_144 \
+        == 409_780_224
     assert _transients(spec, mamba, True)[1] == (2 * 24_576 + 4 * 32) * S == 201_850_880

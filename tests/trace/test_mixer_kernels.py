@@ -38,10 +38,11 @@ def _config(model_type: str, changes: dict[str, Any]) -> dict[str, Any]:
     return {**config, **changes}
 
 
-def _closed(model_type: str, changes: dict[str, Any], mixer: Mixer, s: int = S) -> int:
+def _closed(model_type: str, changes: dict[str, Any], mixer: Mixer, s: int = S,
+            method: str = "lora") -> int:
     spec = load_model(_config(model_type, changes))
     stack = next(s for s in spec.stacks if s.mixer is mixer)
-    setup = TrainingSetup(method="lora", precision="bf16-true", micro_batch=1, seq_len=s,
+    setup = TrainingSetup(method=method, precision="bf16-true", micro_batch=1, seq_len=s,
                           lora_targets="q_proj,v_proj", mixer_kernels=True)
     term = mixer_term(layer_context(spec, stack, setup, profile_for(setup)))
     assert term is not None
@@ -49,7 +50,7 @@ def _closed(model_type: str, changes: dict[str, Any], mixer: Mixer, s: int = S) 
 
 
 def _emulated_saved(model_type: str, changes: dict[str, Any], cls_name: str,
-                    layer_idx: int, s: int = S) -> int:
+                    layer_idx: int, s: int = S, trained: bool = False) -> int:
     from transformers import AutoConfig
 
     config = _config(model_type, changes)
@@ -59,7 +60,7 @@ def _emulated_saved(model_type: str, changes: dict[str, Any], cls_name: str,
         type(cfg).__module__.replace("configuration_", "modeling_"))
     with torch.device("meta"):
         mixer = getattr(modeling, cls_name)(cfg, layer_idx=layer_idx)
-    mixer = mixer.to_empty(device="cpu").to(torch.bfloat16).train().requires_grad_(False)
+    mixer = mixer.to_empty(device="cpu").to(torch.bfloat16).train().requires_grad_(trained)
     x = torch.zeros(1, s, cfg.hidden_size, dtype=torch.bfloat16, requires_grad=True)
     skip = {p.untyped_storage().data_ptr() for p in mixer.parameters()}
     skip.add(x.untyped_storage().data_ptr())
@@ -86,38 +87,55 @@ def test_mamba2_kernel_saved_set_matches() -> None:
 
 def test_gated_deltanet_kernel_saved_set_and_the_norm_gap() -> None:
     """Qwen3.5's Gated DeltaNet (HV 32, V 128): the conv's input and fla's saves (q, k, v,
-    beta, A, g, the q/k rstd) agree to the byte; the gated norm (`Qwen3_5RMSNormGated`, torch
-    with the kernels too) keeps its input, z and z's SiLU in fp32, 8·HV·V + 4·HV bytes a token
-    more than the closed form's input and z (and out_proj's input, frozen here) in bf16; and
+    beta, A, g, the q/k rstd) agree to the byte, and so does the gated norm
+    (`Qwen3_5RMSNormGated`, torch with the kernels too: z in bf16, its input, z and z's SiLU in
+    fp32 and its rstd, 8·HV·V + 4·HV bytes a token more than the closed form counted before it
+    read the norm from source; out_proj, frozen here, keeps no input); the one difference is
     -exp(A_log), fp32 per value head, which does not grow with tokens."""
     closed = _closed("qwen3_5_text", {}, Mixer.GATED_DELTANET)
-    assert closed == 31_686_656
+    assert closed == 31_686_656 + S * (8 * 32 * 128 + 4 * 32) == 48_529_408
     emulated = _emulated_saved("qwen3_5_text", {}, "Qwen3_5GatedDeltaNet", 0)
-    assert emulated - closed == S * (8 * 32 * 128 + 4 * 32) + 32 * 4
+    assert emulated - closed == 32 * 4
 
 
-def test_short_conv_out_proj_input_gap() -> None:
-    """LFM2's short conv with causal-conv1d: the closed form's kernel set counts out_proj's
-    input (h a token) even where out_proj is frozen; the emulation keeps 5h, not 6h."""
+def test_short_conv_kernel_saved_set_matches() -> None:
+    """LFM2's short conv with causal-conv1d: 5h a token, as the emulation keeps; out_proj,
+    frozen here, keeps no input (the closed form counted it, 6h, before)."""
     changes: dict[str, Any] = {"layer_types": ["conv"] * 32}
     closed = _closed("lfm2", changes, Mixer.SHORT_CONV)
-    emulated = _emulated_saved("lfm2", changes, "Lfm2ShortConv", 0)
-    assert closed - emulated == S * 2560 * 2
+    assert closed == S * 5 * 2560 * 2
+    assert _emulated_saved("lfm2", changes, "Lfm2ShortConv", 0) == closed
 
 
 def test_selective_scan_saved_set() -> None:
-    """Jamba's Mamba-1 (d 8,192, N 16, rank 256): causal-conv1d's and `SelectiveScanFn`'s saves
-    agree with the closed form but for: out_proj's and dt_proj's inputs, which frozen Linears
-    do not keep and the closed form counts (d + rank bf16 a token); the three dt/B/C norms'
-    fp32 rstd (3 x 4 bytes a token); the chunk states `x`, one whole 2,048-token chunk at s128
-    where the closed form counts 2N·d/2048 fp32 a token; and A, D, delta_bias in fp32, which do
-    not grow with tokens. (s128: CPU bf16 matmuls of this width are slow.)"""
+    """Jamba's Mamba-1 (d 8,192, N 16, rank 256): causal-conv1d's and `SelectiveScanFn`'s saves,
+    the dt/B/C norms' fp32 inputs and rstd, and the chunk states `x` (one whole 2,048-token
+    chunk at s128) agree with the closed form; out_proj and dt_proj, frozen here, keep no
+    input. The one difference is A, D, delta_bias in fp32, which do not grow with tokens.
+    (s128: CPU bf16 matmuls of this width are slow.)"""
     d, n, rank, s = 8192, 16, 256, 128
     closed = _closed("jamba", {}, Mixer.MAMBA1, s)
+    assert closed == s * (2 * (6 * d + 2 * n) + 4 * (rank + 2 * n + 3)) + 4 * d * 2 * n
     emulated = _emulated_saved("jamba", {}, "JambaMambaMixer", 0, s)
-    states = 4 * d * 2 * n * 1 - s * 4 * 2 * n * d // 2048
-    constants = 4 * (d * n + d + d)
-    assert emulated - closed == s * (-2 * (d + rank) + 3 * 4) + states + constants
+    assert emulated - closed == 4 * (d * n + d + d)
+
+
+@pytest.mark.parametrize(("model_type", "changes", "mixer", "cls_name", "s", "constants"), [
+    ("qwen3_5_text", {}, Mixer.GATED_DELTANET, "Qwen3_5GatedDeltaNet", S, 2 * 32 * 4),
+    ("lfm2", {"layer_types": ["conv"] * 32}, Mixer.SHORT_CONV, "Lfm2ShortConv", S, 0),
+    ("jamba", {}, Mixer.MAMBA1, "JambaMambaMixer", 128, 4 * (2 * 8192 * 16 + 2 * 8192)),
+])
+def test_full_fine_tune_saved_sets_match(model_type: str, changes: dict[str, Any],
+                                         mixer: Mixer, cls_name: str, s: int,
+                                         constants: int) -> None:
+    """The mixer's weights trained (a full fine-tune): the inner Linears keep their inputs
+    (Jamba's x_proj a contiguous copy of the transposed conv output), the norms their
+    normalized inputs, g's softplus its fp32 input; the emulation keeps what the closed form
+    counts, but for per-layer constants that do not grow with tokens (-exp(A_log) and its
+    copies; A, D, delta_bias in fp32)."""
+    closed = _closed(model_type, changes, mixer, s, method="full")
+    emulated = _emulated_saved(model_type, changes, cls_name, 0, s, trained=True)
+    assert emulated - closed == constants
 
 
 def test_kernel_grid_row_within_tolerance() -> None:

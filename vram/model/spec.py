@@ -123,12 +123,13 @@ class Mixer(StrEnum):
     NONE = "none"  # an MLP or MoE block alone (Nemotron-H's `mlp` / `moe` layers)
 
 
-class FallbackSaved(BaseModel):
-    """Elements transformers' PyTorch fallback of a hybrid mixer keeps for its backward, beyond
-    its input projection's input (`vram.model.families.fallback`): per token, per token of the
-    sequence padded to a multiple of `chunk`, per sequence, and the terms that need the
-    mixer's weights trained or its Linears keeping their inputs. Each in the compute dtype and
-    in fp32."""
+class MixerSaved(BaseModel):
+    """Elements a hybrid mixer keeps for its backward, beyond its input projection's input,
+    with its fused kernels (`LayerStack.mixer_saved`) or in transformers' PyTorch fallback
+    (`LayerStack.mixer_fallback`, `vram.model.families.fallback`): per token, per token of the
+    sequence padded to a multiple of `chunk`, per started chunk, per sequence, and the terms
+    that need the mixer's weights trained or its Linears keeping their inputs. Each in the
+    compute dtype and in fp32."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -136,6 +137,8 @@ class FallbackSaved(BaseModel):
     token_fp32: int = 0
     chunk: int = 1
     padded_fp32: int = 0
+    #: fp32 elements per chunk the sequence starts (ceil(T / chunk) of them).
+    chunk_fp32: int = 0
     sequence: int = 0
     sequence_fp32: int = 0
     #: When the mixer's own weights (norm, `D`, `A_log`) train: a full fine-tune.
@@ -251,15 +254,16 @@ class LayerStack(BaseModel):
     #: no SDPA path for it (`GptOssPreTrainedModel._supports_sdpa = False`), so `sdpa` runs
     #: its eager attention (flash-attn kernels take the sinks as `s_aux`).
     attention_sinks: bool = False
-    #: Elements per token the mixer's kernel saves for its backward beyond its projections'
-    #: inputs, (in the compute dtype, in fp32): `docs/hybrid-layers.md`, set by the family.
-    mixer_saved: tuple[int, int] = (0, 0)
+    #: What the mixer's fused kernels, and the PyTorch code around them, keep for the backward
+    #: beyond its input projection's input (`mixer_kernels` true): `docs/hybrid-layers.md`,
+    #: set by the family.
+    mixer_saved: MixerSaved = MixerSaved()
     #: Elements per token the mixer's fused kernel allocates while it runs, beyond what it
     #: saves: (forward, forward fp32, backward, backward fp32) (`vram.model.families.workspace`).
     mixer_workspace: tuple[int, int, int, int] = (0, 0, 0, 0)
     #: What transformers' PyTorch fallback of the mixer keeps instead of the kernel's saved set
     #: (`mixer_kernels` false: `vram.model.families.fallback`).
-    mixer_fallback: FallbackSaved = FallbackSaved()
+    mixer_fallback: MixerSaved = MixerSaved()
     #: q, k and v are views of one fused projection's output, and v (kept by the attention
     #: kernel, or the eager matmul) keeps that whole output alive beside the rotated copies of
     #: q and k (Qwen2.5-VL / Qwen3-VL vision blocks: `qkv(x).reshape(...).unbind(0)`).

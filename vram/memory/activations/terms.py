@@ -13,7 +13,7 @@ from vram.memory.activations.kernel import (
     needs_mask,
 )
 from vram.model.lora_reach import bank_rank_factor, is_bank_parameter
-from vram.model.spec import FallbackSaved, LayerStack, MlpKind, NormKind, Role
+from vram.model.spec import LayerStack, MixerSaved, MlpKind, NormKind, Role
 from vram.setup import Attention
 from vram.stacks.precision import PrecisionPolicy
 from vram.stacks.profile import StackProfile, runs_grouped_experts, runs_transformers_code
@@ -224,33 +224,31 @@ def attention_term(c: LayerContext, a: AttentionLayout) -> Term:
 
 
 def mixer_term(c: LayerContext) -> Term | None:
-    """What a linear-attention, state-space or convolution mixer's kernel saves for its
-    backward beyond its projections' inputs (`LayerStack.mixer_saved`, set by the family from
-    the kernel's `save_for_backward`: docs/hybrid-layers.md); without the kernels
-    (`mixer_kernels` false), what transformers' PyTorch fallback keeps (`fallback_term`)."""
-    if not c.profile.mixer_kernels and c.stack.mixer_fallback != FallbackSaved():
-        return fallback_term(c)
-    elems, fp32_elems = c.stack.mixer_saved
-    if not (elems or fp32_elems):
+    """What a linear-attention, state-space or convolution mixer keeps for its backward beyond
+    its input projection's input: with the kernels, what they save and what the PyTorch code
+    around them keeps (`LayerStack.mixer_saved`, set by the family from the kernels'
+    `save_for_backward` and the modeling file: docs/hybrid-layers.md); without them
+    (`mixer_kernels` false), what transformers' PyTorch fallback keeps
+    (`LayerStack.mixer_fallback`)."""
+    if not c.profile.mixer_kernels and c.stack.mixer_fallback != MixerSaved():
+        return saved_term(c, c.stack.mixer_fallback, "PyTorch fallback's")
+    if c.stack.mixer_saved == MixerSaved():
         return None
-    kept = c.e * elems + FP32 * fp32_elems
-    return Term("mixer", f"{c.stack.mixer.value} kernel's saved tensors",
-                "e·(saved elements) + 4·(saved fp32 elements)", kept)
+    return saved_term(c, c.stack.mixer_saved, "kernel's")
 
 
-def fallback_term(c: LayerContext) -> Term:
-    """transformers' PyTorch fallback of the mixer (`LayerStack.mixer_fallback`, from
-    `vram.model.families.fallback`), over one sequence of T tokens padded to its chunk, per
-    token: the weights' terms in a full fine-tune, the inner Linears' inputs when they keep
-    them (bitsandbytes' MatMul4Bit as ctx attributes under QLoRA)."""
-    f, t = c.stack.mixer_fallback, c.setup.seq_len
-    padded = -(-t // f.chunk) * f.chunk
+def saved_term(c: LayerContext, f: MixerSaved, path: str) -> Term:
+    """A mixer's saved set (`MixerSaved`) over one sequence of T tokens, padded to its chunk,
+    per token: the weights' terms in a full fine-tune, the inner Linears' inputs when they
+    keep them (bitsandbytes' MatMul4Bit as ctx attributes under QLoRA)."""
+    t = c.setup.seq_len
+    chunks = -(-t // f.chunk)
     elems = t * f.token + f.sequence + (t * f.trained if c.full else 0)
-    fp32 = (t * f.token_fp32 + padded * f.padded_fp32 + f.sequence_fp32
-            + (t * f.trained_fp32 if c.full else 0))
+    fp32 = (t * f.token_fp32 + chunks * (f.chunk * f.padded_fp32 + f.chunk_fp32)
+            + f.sequence_fp32 + (t * f.trained_fp32 if c.full else 0))
     inputs = c.e * f.linear_inputs if c.keeps_inputs else 0
     kept = -(-(c.e * elems + FP32 * fp32) // t) + inputs
-    return Term("mixer", f"{c.stack.mixer.value} PyTorch fallback's saved tensors",
+    return Term("mixer", f"{c.stack.mixer.value} {path} saved tensors",
                 "e·(saved elements) + 4·(fp32 elements), chunk-padded", kept,
                 ctx_kept_per_token=inputs if c.bnb_kept else 0)
 

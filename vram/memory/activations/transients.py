@@ -33,7 +33,7 @@ def mixer_workspace_per_token(c: LayerContext, *, backward: bool) -> int:
     tensors it allocates while it runs, beyond what it saves (`LayerStack.mixer_workspace`,
     read from fla's and mamba_ssm's source: `vram.model.families.workspace`). Without the
     kernels (`mixer_kernels` False), what transformers' PyTorch fallback's backward allocates
-    (`FallbackSaved.forward_fp32`, `backward_fp32`: Mamba-2's `segment_sum`, Jamba's loop)."""
+    (`MixerSaved.forward_fp32`, `backward_fp32`: Mamba-2's `segment_sum`, Jamba's loop)."""
     if not c.profile.mixer_kernels:
         fallback = c.stack.mixer_fallback
         return FP32 * (fallback.backward_fp32 if backward else fallback.forward_fp32)

@@ -13,10 +13,10 @@ output, `in_proj`'s input) is counted with the layer's Linear inputs, not here.
 
 from __future__ import annotations
 
-from vram.model.spec import FallbackSaved
+from vram.model.spec import MixerSaved
 
 
-def gated_delta_rule_torch(nk: int, nv: int, dk: int, dv: int, kernel: int) -> FallbackSaved:
+def gated_delta_rule_torch(nk: int, nv: int, dk: int, dv: int, kernel: int) -> MixerSaved:
     """Qwen3NextGatedDeltaNet / Qwen3_5GatedDeltaNet without fla (modeling_qwen3_next.py
     `forward` L660-780, `torch_chunk_gated_delta_rule` L371-509; Qwen3.5's is the same code).
 
@@ -32,7 +32,7 @@ def gated_delta_rule_torch(nk: int, nv: int, dk: int, dv: int, kernel: int) -> F
     out_proj's input (HV·V)."""
     conv = 2 * nk * dk + nv * dv
     c = 64  # chunk_size, L377
-    return FallbackSaved(
+    return MixerSaved(
         token=2 * conv + nv + nv * dv,
         token_fp32=2 * nv * dk + 3 * nv * dv + 4 * nv,
         chunk=c,
@@ -42,7 +42,7 @@ def gated_delta_rule_torch(nk: int, nv: int, dk: int, dv: int, kernel: int) -> F
 
 
 def mamba2_chunk_scan_torch(d: int, heads: int, groups: int, state: int, chunk: int,
-                            kernel: int, *, norm: bool, in_scaled: int = 0) -> FallbackSaved:
+                            kernel: int, *, norm: bool, in_scaled: int = 0) -> MixerSaved:
     """A Mamba-2 mixer without mamba_ssm (NemotronHMamba2Mixer.forward, modeling_nemotron_h.py
     L468-615, `mamba2_chunk_scan` L274-387, `NemotronHRMSNormGated` L56-75; Granite 4's and
     Falcon-H1's (L669-835) are the same scan).
@@ -66,7 +66,7 @@ def mamba2_chunk_scan_torch(d: int, heads: int, groups: int, state: int, chunk: 
     C·H·T·4, and 88.1 MB backward, 2.6 x, of which this counts 2)."""
     conv = d + 2 * groups * state
     gate = 0 if norm else d
-    return FallbackSaved(
+    return MixerSaved(
         token=(2 * d + 2 * groups * state + heads) + conv + 2 * heads + gate,
         token_fp32=d + heads + (4 * d + groups if norm else d),
         chunk=chunk,
@@ -77,7 +77,7 @@ def mamba2_chunk_scan_torch(d: int, heads: int, groups: int, state: int, chunk: 
         forward_fp32=2 * chunk * heads, backward_fp32=2 * chunk * heads)
 
 
-def selective_scan_torch(d: int, state: int, rank: int, kernel: int) -> FallbackSaved:
+def selective_scan_torch(d: int, state: int, rank: int, kernel: int) -> MixerSaved:
     """JambaMambaMixer without mamba_ssm (modeling_jamba.py `forward` L508-625,
     `mamba_selective_scan` L336-430): the scan is a Python loop over every token.
 
@@ -93,22 +93,22 @@ def selective_scan_torch(d: int, state: int, rank: int, kernel: int) -> Fallback
     tensor: two sums and one step's gradient in flight from the last step's backward on, while
     every earlier step's state is still kept (3·d·N; the trace: three `select_backward`
     tensors at the peak of Jamba's Mamba layer's backward)."""
-    return FallbackSaved(
+    return MixerSaved(
         token=6 * d + d * state + state,
         token_fp32=3 * d * state + 2 * d + 3 * state + rank + 3,
         sequence=d * (kernel - 1) + d * state, sequence_fp32=d - d * state,
         trained=rank + 2 * state, linear_inputs=2 * d + rank, backward_fp32=3 * d * state)
 
 
-def short_conv_torch(h: int, kernel: int) -> FallbackSaved:
+def short_conv_torch(h: int, kernel: int) -> MixerSaved:
     """Lfm2ShortConv without causal-conv1d (`forward` L344-385, `causal_conv1d_fn` L294-312 of
     modeling_lfm2.py):
     B·C·x (3h), the conv's input B·x (h) and padded output (h); out_proj's input C·y (h)."""
-    return FallbackSaved(token=5 * h, sequence=h * (kernel - 1), linear_inputs=h)
+    return MixerSaved(token=5 * h, sequence=h * (kernel - 1), linear_inputs=h)
 
 
-def plus(a: FallbackSaved, b: FallbackSaved) -> FallbackSaved:
-    """Two parts' fallback terms together (one part of a layer has a mixer)."""
-    fields = {name: getattr(a, name) + getattr(b, name) for name in FallbackSaved.model_fields
+def plus(a: MixerSaved, b: MixerSaved) -> MixerSaved:
+    """Two parts' saved sets together (one part of a layer has a mixer)."""
+    fields = {name: getattr(a, name) + getattr(b, name) for name in MixerSaved.model_fields
               if name != "chunk"}
-    return FallbackSaved(chunk=max(a.chunk, b.chunk), **fields)
+    return MixerSaved(chunk=max(a.chunk, b.chunk), **fields)

@@ -23,13 +23,13 @@ from vram.model.families.fallback import (
     short_conv_torch,
 )
 from vram.model.families.workspace import (
+    SCAN_CHUNK,
     Workspace,
     gated_delta_rule,
     mamba2_split_conv1d_scan,
     selective_scan,
-    selective_scan_states,
 )
-from vram.model.spec import FallbackSaved, LayerStack, Linear, Mixer, MlpKind, NormKind, Role
+from vram.model.spec import LayerStack, Linear, Mixer, MixerSaved, MlpKind, NormKind, Role
 
 QKVO = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -40,17 +40,16 @@ class Part:
 
     linears: tuple[Linear, ...]
     other_params: int = 0
-    #: Elements per token a mixer's kernel saves beyond its projections' inputs, (in the
-    #: compute dtype, in fp32) (`LayerStack.mixer_saved`).
-    saved: tuple[int, int] = (0, 0)
+    #: What a mixer keeps with its kernels (`LayerStack.mixer_saved`).
+    saved: MixerSaved = field(default_factory=MixerSaved)
     #: What the mixer's kernel allocates while it runs (`LayerStack.mixer_workspace`).
     workspace: Workspace = (0, 0, 0, 0)
     #: What transformers' PyTorch fallback of the mixer keeps (`LayerStack.mixer_fallback`).
-    fallback: FallbackSaved = field(default_factory=FallbackSaved)
+    fallback: MixerSaved = field(default_factory=MixerSaved)
 
     def __add__(self, other: Part) -> Part:
         return Part(self.linears + other.linears, self.other_params + other.other_params,
-                    (self.saved[0] + other.saved[0], self.saved[1] + other.saved[1]),
+                    plus(self.saved, other.saved),
                     _sum4(self.workspace, other.workspace), plus(self.fallback, other.fallback))
 
 
@@ -187,8 +186,14 @@ def gated_deltanet(r: ConfigReader, h: int, *, split: bool) -> Part:
     other = conv_dim * kernel + 2 * nv + dv
     # causal_conv1d saves its input (conv_dim); fla's ChunkGatedDeltaRuleFunction saves q, k, v
     # (conv_dim), beta (nv), A (64 per value head: chunk_fwd.py L385) in the compute dtype and
-    # g (nv), q/k rstd (2·nk) in fp32; the gated norm keeps its input and z, out_proj its input
-    saved = (2 * conv_dim + 65 * nv + 3 * nv * dv, 2 * nv + 2 * nk)
+    # g (nv), q/k rstd (2·nk) in fp32. The gated norm runs in PyTorch with the kernels too
+    # (Qwen3NextRMSNormGated, modeling_qwen3_next.py@v5.24.0 L66-75; Qwen3_5RMSNormGated the
+    # same): it keeps z (nv·dv), its fp32 input, z and SiLU(z) (3·nv·dv) and rstd (nv), and in a
+    # full fine-tune its normalized input and g's softplus for A_log, as the fallback does;
+    # out_proj keeps its input when it trains
+    saved = MixerSaved(token=2 * conv_dim + 65 * nv + nv * dv,
+                       token_fp32=2 * nv + 2 * nk + 3 * nv * dv + nv,
+                       trained=nv * dv, trained_fp32=nv, linear_inputs=nv * dv)
     return Part((*projections, linear(p + "out_proj", Role.MIXER_OUT, nv * dv, h)), other,
                 saved, gated_delta_rule(nv, dk, dv), gated_delta_rule_torch(nk, nv, dk, dv, kernel))
 
@@ -206,7 +211,7 @@ def mamba2(h: int, *, d_inner: int, heads: int, groups: int, state: int, kernel:
     # MambaSplitConv1dScanCombinedFn (mamba_ssm ssd_combined.py L888) saves the in_proj output
     # zxbcdt and the scan's output out_x, and the norm's rstd (fp32, one per group); the conv
     # output, dt, the chunk states and out_proj's input are recomputed in the backward
-    saved = (d_in_proj + d_inner, groups if norm else 0)
+    saved = MixerSaved(token=d_in_proj + d_inner, token_fp32=groups if norm else 0)
     return Part((linear(prefix + "in_proj", Role.MIXER_IN, h, d_in_proj, proj_bias),
                  linear(prefix + "out_proj", Role.MIXER_OUT, d_inner, h, proj_bias)),
                 other + (d_inner if norm else 0), saved,
@@ -228,9 +233,13 @@ def mamba1(r: ConfigReader, h: int) -> Part:
     # selective_scan_fn, not mamba_inner_fn: the conv saves its input, a view that keeps in_proj's
     # whole output (2d); SelectiveScanFn (selective_scan_interface.py L63-66) saves u (the conv
     # output, also x_proj's input: d), delta (d), contiguous copies of z (d), B and C (2N), its
-    # output (d) and fp32 chunk states [d, T/2048, 2N]; out_proj's input is the gated output
-    # (d); dt_proj's matmul keeps the normed dt (rank); the dt/B/C RMSNorms their fp32 inputs
-    saved = (7 * d + 2 * n + rank, rank + 2 * n + selective_scan_states(d, n))
+    # output (d) and fp32 chunk states [d, ceil(T/2048), 2N] (selective_scan.cpp L313); the
+    # dt/B/C RMSNorms keep their fp32 inputs and rstd (rank + 2N + 3), and in a full fine-tune
+    # their normalized inputs, as the fallback does; when x_proj, dt_proj and out_proj train
+    # they keep their inputs: x_proj's matmul a contiguous copy of the transposed conv output
+    # (d, apart from u), dt_proj the normed dt (rank), out_proj the gated output (d)
+    saved = MixerSaved(token=6 * d + 2 * n, token_fp32=rank + 2 * n + 3, chunk=SCAN_CHUNK,
+                       chunk_fp32=2 * n * d, trained=rank + 2 * n, linear_inputs=2 * d + rank)
     return Part((linear("mamba.in_proj", Role.MIXER_IN, h, 2 * d, bias),
                  linear("mamba.x_proj", Role.AUX, d, rank + 2 * n),
                  linear("mamba.dt_proj", Role.AUX, rank, d, True),
@@ -242,11 +251,12 @@ def mamba1(r: ConfigReader, h: int) -> Part:
 def short_conv(h: int, kernel: int, bias: bool) -> Part:
     """Lfm2ShortConv: `in_proj` h -> 3h (B, C, x), a depthwise conv of length `conv_L_cache`,
     `out_proj`."""
-    # kept: B·C·x (3h, B·x's and C·y's operands), the conv's input B·x and output, out_proj's
-    # input C·y (h each)
+    # kept: B·C·x (3h, B·x's and C·y's operands), the conv's input B·x and output (h each);
+    # out_proj's input C·y (h) when out_proj trains, as in the fallback
+    saved = MixerSaved(token=5 * h, linear_inputs=h)
     return Part((linear("conv.in_proj", Role.MIXER_IN, h, 3 * h, bias),
                  linear("conv.out_proj", Role.MIXER_OUT, h, h, bias)),
-                h * kernel + (h if bias else 0), (6 * h, 0), fallback=short_conv_torch(h, kernel))
+                h * kernel + (h if bias else 0), saved, fallback=short_conv_torch(h, kernel))
 
 
 def stack(name: str, count: int, part: Part, shape: Shape, norm_params: int) -> LayerStack:

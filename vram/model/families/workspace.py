@@ -71,12 +71,6 @@ def mamba2_split_conv1d_scan(d: int, heads: int, groups: int, state: int,
     return forward, forward_fp32, backward, backward_fp32
 
 
-def selective_scan_states(d: int, state: int) -> int:
-    """fp32 elements per token of the chunk states SelectiveScanFn saves (`x`,
-    [B, d, T/2048, 2N]: selective_scan.cpp L313), exact when T is a multiple of 2,048."""
-    return d * 2 * state // SCAN_CHUNK
-
-
 def selective_scan(d: int, state: int) -> Workspace:
     """mamba_ssm's `selective_scan_fn` (`SelectiveScanFn`, Mamba-1, d channels, N state).
 
