@@ -48,7 +48,7 @@ def test_every_moment_counts_what_it_would_write_out(name: str, method: str, gra
                           micro_batch=micro_batch, seq_len=seq_len)
     part = state_part(model, setup)
     moments = step_moments(
-        model, setup, plan(model, setup, part.profile), part.grads, part.working,
+        model, setup, part.profile, plan(model, setup, part.profile), part.grads, part.working,
         part.optimizer.step_temp_bytes + part.zero.step_copies_bytes)
     for moment in moments:
         written = line_items(moment.activation_items)

@@ -27,16 +27,11 @@ SOURCE = ("transformers/trainer.py@v5.24.0 L645-646 (top-level use_cache only); 
           "models/qwen3_vl/modeling_qwen3_vl.py@v5.24.0 L781-782 DynamicCache")
 
 
-def config_leaves_text_cache_on(model: ModelSpec) -> bool:
-    """A VLM whose language model reads its own `text_config.use_cache` (left on): the one
-    condition that needs no stack profile, so a text model's estimate skips building one."""
-    return model.vision is not None and model.vision.text_cache
-
-
 def builds_text_cache(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> bool:
     """The language model fills a cache: its config leaves `use_cache` on, the stack turns off
     the top-level one only, and no checkpointing turns it off."""
-    return (config_leaves_text_cache_on(model) and profile.leaves_text_cache_on
+    vision = model.vision
+    return (vision is not None and vision.text_cache and profile.leaves_text_cache_on
             and not setup.grad_ckpt)
 
 

@@ -11,13 +11,13 @@ from operator import attrgetter
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart
 from vram.memory.optimizer import steps_in_backward
-from vram.memory.text_cache import config_leaves_text_cache_on, text_cache_items
+from vram.memory.text_cache import text_cache_items
 from vram.memory.vision import VisionPlan
 from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
 from vram.result import LineItem, MomentId, Phase
 from vram.setup import Offload, TrainingSetup
-from vram.stacks.profile import profile_for
+from vram.stacks.profile import StackProfile
 from vram.step.draft import Alive, ItemDraft, ItemGroup
 
 _bytes_of: Callable[[Alive], int] = attrgetter("bytes")
@@ -72,6 +72,8 @@ class StepContext:
 
     model: ModelSpec
     setup: TrainingSetup
+    #: The stack's behaviours for this setup (the state part's, built once per setup).
+    profile: StackProfile
     plan: act.ActivationPlan
     grads: GradientPart
     #: The weight working copies alive at each stage (see `working_items`).
@@ -109,7 +111,8 @@ class StepContext:
 HEAD_SOURCE = "see vram.memory.head.head_activations"
 
 
-def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
+def step_context(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                 plan: act.ActivationPlan,
                   grads: GradientPart, working: dict[Stage, list[LineItem]],
                   step_temp: int, vision: VisionPlan | None = None) -> StepContext:
     in_backward = steps_in_backward(setup)
@@ -122,20 +125,19 @@ def step_context(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPla
     saved = saved_layer_items(model, setup, plan)  # the same in the forward and the backward
     mask = mask_items(setup, plan, forward=False)
     return StepContext(
-        model=model, setup=setup, plan=plan, grads=grads, working=working,
+        model=model, setup=setup, profile=profile, plan=plan, grads=grads, working=working,
         step_temp_bytes=step_temp, in_backward=in_backward,
         accumulated_bytes=grads.total if setup.grad_accum > 1 and not in_backward else 0,
         layers=mask + saved, mask=mask,
         forward_layers=mask_items(setup, plan, forward=True) + saved, previous=previous,
-        bank=bank_write(model, setup, plan, grads) if not in_backward else None,
+        bank=bank_write(model, setup, profile, plan, grads) if not in_backward else None,
         head_inputs={"tokens": plan.tokens, "vocab": model.vocab_size},
         tied_pending=tied_pending(grads, model.vocab_size),
         reducing=reducing(grads, setup),
         vision_plan=vision,
         vision=[*vision.saved, vision.pixels] if vision else [],
         pixels=[vision.pixels] if vision else [],
-        text_cache=list(text_cache_items(model, setup, profile_for(setup)))
-        if config_leaves_text_cache_on(model) else [],
+        text_cache=list(text_cache_items(model, setup, profile)),
     )
 
 
@@ -167,8 +169,8 @@ class BankWrite:
             bytes=max(0, saved - freed + self.buffers - self.casts_released), source=source)
 
 
-def bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-                grads: GradientPart) -> BankWrite | None:
+def bank_write(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+               plan: act.ActivationPlan, grads: GradientPart) -> BankWrite | None:
     """The MoE candidate for a layer's backward peak, when expert banks train in HF code."""
     if plan.moe_freed_minus_inflight_bytes is None or not grads.bank_gate_up:
         return None
@@ -177,7 +179,7 @@ def bank_write(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
     experts = max(1, grads.bank_experts)
     buffers = 2 * grads.bank_gate_up + grads.bank_gate_up // experts + grads.bank_down
     casts = 0
-    if profile_for(setup).precision.casts_weights:
+    if profile.precision.casts_weights:
         # autocast casts each expert's slice (not a leaf: never cached) and the Linear keeps
         # the cast; the two experts through backward have dropped theirs
         bank_params = max(sum(ln.weight_params for ln in st.linears if ln.is_bank)

@@ -221,7 +221,7 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
     plan = act.plan(model, setup, part.profile)
     grads, zero = part.grads, part.zero
     vision = vision_plan(model, setup, part.profile)
-    moments = step_moments(model, setup, plan, grads, part.working,
+    moments = step_moments(model, setup, part.profile, plan, grads, part.working,
                        part.optimizer.step_temp_bytes + zero.step_copies_bytes, vision)
     if stage is not None:
         with_pipeline(moments, stage, model, setup, plan, part.profile, part.groups)

@@ -14,18 +14,20 @@ from vram.memory.weights import Stage
 from vram.model.spec import ModelSpec
 from vram.result import LineItem, MomentId, Phase
 from vram.setup import TrainingSetup
-from vram.stacks.profile import profile_for
+from vram.stacks.profile import StackProfile
 from vram.step.context import HEAD_SOURCE, Moment, StepContext, step_context
 from vram.step.draft import Alive, ItemDraft
 from vram.step.fsdp2_moments import with_fsdp2
 
 
-def step_moments(model: ModelSpec, setup: TrainingSetup, plan: act.ActivationPlan,
-             grads: GradientPart, working: dict[Stage, list[LineItem]], step_temp: int,
-             vision: VisionPlan | None = None) -> list[Moment]:
-    """The candidate peaks of one step (see the module docstring), in step order. `working`
-    holds the weight copies alive at each stage; `vision`, a VLM's images."""
-    c = step_context(model, setup, plan, grads, working, step_temp, vision)
+def step_moments(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
+                 plan: act.ActivationPlan, grads: GradientPart,
+                 working: dict[Stage, list[LineItem]], step_temp: int,
+                 vision: VisionPlan | None = None) -> list[Moment]:
+    """The candidate peaks of one step (see the module docstring), in step order. `profile`
+    is the stack's (the state part's, built once per setup); `working` holds the weight
+    copies alive at each stage; `vision`, a VLM's images."""
+    c = step_context(model, setup, profile, plan, grads, working, step_temp, vision)
     # Order matters for ties: the allocator reaches a peak at its first moment.
     return _with_fp8_casts(c, with_fsdp2(c, [
         *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
@@ -43,7 +45,7 @@ def _with_fp8_casts(c: StepContext, moments: list[Moment]) -> list[Moment]:
     if c.setup.fp8 not in fp8.TORCHAO_EAGER:
         return moments
     casts = fp8.layer_backward_cast_bytes(c.model, c.setup, c.plan.tokens,
-                                          compiled=profile_for(c.setup).compiled)
+                                          compiled=c.profile.compiled)
     if casts:
         for moment in moments:
             if moment.label in _LAYER_BACKWARD:
@@ -213,7 +215,7 @@ def _tp_embedding_output_grad(c: StepContext) -> list[Alive]:
         key="activations.embedding_output_grad", label="the embedding output's gradient, "
         "gathered over the sequence", formula="tokens × hidden × compute bytes",
         inputs={"tokens": c.plan.tokens, "hidden": c.model.hidden_size},
-        bytes=c.plan.tokens * c.model.hidden_size * profile_for(c.setup).precision.compute,
+        bytes=c.plan.tokens * c.model.hidden_size * c.profile.precision.compute,
         source="torch/distributed/tensor/parallel/style.py@v2.13.0 RowwiseParallel; "
                "torchtitan/models/llama3/infra/parallelize.py@v0.2.2 apply_tp")]
 
