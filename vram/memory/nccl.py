@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from vram.result import LineItem
+from vram.result import InputValue, LineItem
 from vram.setup import TrainingSetup
 from vram.setup.enums import ContextParallel
 from vram.setup.layout import shard_group
@@ -144,20 +144,47 @@ def _p2p_peers_channels(comm: Communicator) -> tuple[int, int]:
     return peers, P2P_NET_CHANNELS if comm.spans_nodes else P2P_NVLINK_CHANNELS
 
 
+@dataclass(frozen=True)
+class _Term:
+    """One part of a communicator's buffers: its formula, its inputs and its bytes."""
+
+    formula: str
+    inputs: dict[str, int]
+    bytes: int
+
+
+def _terms(comm: Communicator) -> list[_Term]:
+    """The parts NCCL connects for this communicator's pattern (none under two ranks): a
+    send/receive or all-to-all group its peers; the others a ring, plus the tree across nodes
+    for an all-reduce and NVLS on a node (a barrier: its ring only)."""
+    if comm.ranks < 2:
+        return []
+    if comm.pattern in (Pattern.SEND_RECV, Pattern.ALL_TO_ALL):
+        peers, channels = _p2p_peers_channels(comm)
+        return [_Term("peers × channels per peer × connection",
+                      {"peers": peers, "channels_per_peer": channels,
+                       "connection_bytes": CONNECTION_BYTES}, p2p_bytes(peers, channels))]
+    terms = [_Term("channels × connection",
+                   {"channels": RING_CHANNELS, "connection_bytes": CONNECTION_BYTES,
+                    "node_gpus": comm.local_ranks}, ring_bytes(RING_CHANNELS))]
+    if comm.pattern is Pattern.BARRIER:
+        return terms
+    if comm.spans_nodes and comm.pattern is Pattern.ALL_REDUCE:
+        terms.append(_Term("tree: (channels if node GPUs > 1) × connection + ⌈channels ÷ node "
+                           "GPUs⌉ × remote peers × connection",
+                           {"remote_tree_peers": REMOTE_TREE_PEERS},
+                           tree_bytes(RING_CHANNELS, comm.local_ranks)))
+    if comm.local_ranks > 1:
+        terms.append(_Term("NVLS channels × 2 × NVLS buffer × GPUs on the node",
+                           {"nvls_channels": NVLS_CHANNELS,
+                            "nvls_buffer_bytes": NVLS_BUFFER_BYTES},
+                           nvls_bytes(comm.local_ranks)))
+    return terms
+
+
 def communicator_bytes(comm: Communicator) -> int:
     """One communicator's device buffers on the busiest rank (`vram.memory.nccl`)."""
-    if comm.ranks < 2:
-        return 0
-    if comm.pattern in (Pattern.SEND_RECV, Pattern.ALL_TO_ALL):
-        return p2p_bytes(*_p2p_peers_channels(comm))
-    total = ring_bytes(RING_CHANNELS)
-    if comm.pattern is Pattern.BARRIER:
-        return total
-    if comm.spans_nodes and comm.pattern is Pattern.ALL_REDUCE:
-        total += tree_bytes(RING_CHANNELS, comm.local_ranks)
-    if comm.local_ranks > 1:
-        total += nvls_bytes(comm.local_ranks)
-    return total
+    return sum(term.bytes for term in _terms(comm))
 
 
 def communicators(setup: TrainingSetup) -> tuple[Communicator, ...]:
@@ -188,35 +215,17 @@ def communicators(setup: TrainingSetup) -> tuple[Communicator, ...]:
     return tuple(groups)
 
 
-def _formula(comm: Communicator) -> tuple[str, dict[str, int]]:
-    """The formula and inputs of `communicator_bytes` for this communicator's case."""
-    if comm.pattern in (Pattern.SEND_RECV, Pattern.ALL_TO_ALL):
-        peers, channels = _p2p_peers_channels(comm)
-        return ("peers × channels per peer × connection",
-                {"peers": peers, "channels_per_peer": channels,
-                 "connection_bytes": CONNECTION_BYTES})
-    terms = ["channels × connection"]
-    inputs = {"channels": RING_CHANNELS, "connection_bytes": CONNECTION_BYTES,
-              "node_gpus": comm.local_ranks}
-    if comm.pattern is not Pattern.BARRIER:
-        if comm.spans_nodes and comm.pattern is Pattern.ALL_REDUCE:
-            terms.append("tree: (channels if node GPUs > 1) × connection + ⌈channels ÷ node "
-                         "GPUs⌉ × remote peers × connection")
-            inputs["remote_tree_peers"] = REMOTE_TREE_PEERS
-        if comm.local_ranks > 1:
-            terms.append("NVLS channels × 2 × NVLS buffer × GPUs on the node")
-            inputs |= {"nvls_channels": NVLS_CHANNELS, "nvls_buffer_bytes": NVLS_BUFFER_BYTES}
-    return " + ".join(terms), inputs
-
-
 def communicator_item(comm: Communicator) -> LineItem:
     """One communicator as a line item of the overhead bucket."""
-    formula, inputs = _formula(comm)
+    terms = _terms(comm)
+    inputs: dict[str, InputValue] = {"gpus": comm.ranks}
+    for term in terms:
+        inputs |= term.inputs
     where = "across nodes" if comm.spans_nodes else "on one node"
     return LineItem.assemble(
         f"overhead.nccl.{comm.kind.replace(' ', '-')}",
         f"NCCL: {comm.kind} group ({comm.ranks} GPUs {where}, {comm.pattern.value})",
-        formula, {"gpus": comm.ranks, **inputs}, communicator_bytes(comm),
+        " + ".join(term.formula for term in terms), inputs, sum(t.bytes for t in terms),
         "NCCL v2.30.7-1 src/transport/p2p.cc, nvls.cc, graph/paths.cc; one communicator per "
         "process group (PyTorch ProcessGroupNCCL); see vram.memory.nccl",
         note="buffers NCCL allocates outside the caching allocator; sized for an 8-GPU "
