@@ -28,7 +28,7 @@ import itertools
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,19 +73,27 @@ AXES = {
 }
 
 
+def combinations(families: Iterable[str], axes: dict[str, list[Any]],
+                 keep: Callable[[str, dict[str, Any]], bool]) -> list[tuple[str, dict[str, Any]]]:
+    """Every family × every combination of the axes that `keep` accepts, in axis order."""
+    keys = list(axes)
+    return [(family, fields) for family in families
+            for fields in (dict(zip(keys, values, strict=True))
+                           for values in itertools.product(*(axes[k] for k in keys)))
+            if keep(family, fields)]
+
+
+def _runnable(family: str, fields: dict[str, Any]) -> bool:
+    # s×s scores at 32k are terabytes: not a setup anyone runs
+    eager_long = fields["attention"] == "eager" and fields["seq_len"] > 8192
+    # the trace cannot put LoRA/QLoRA on 3D expert tensors
+    adapted_banks = family == "mixtral-moe" and fields["method"] != "full"
+    return not (eager_long or adapted_banks)
+
+
 def grid() -> list[tuple[str, dict[str, object]]]:
     """Every family × a covering sample of the other axes (all pairs appear)."""
-    combos = []
-    keys = list(AXES)
-    for family in FAMILIES:
-        for values in itertools.product(*(AXES[k] for k in keys)):
-            fields = dict(zip(keys, values, strict=True))
-            if fields["attention"] == "eager" and fields["seq_len"] > 8192:
-                continue  # s×s scores at 32k are terabytes: not a setup anyone runs
-            if family == "mixtral-moe" and fields["method"] != "full":
-                continue  # the trace cannot put LoRA/QLoRA on 3D expert tensors
-            combos.append((family, fields))
-    return combos
+    return combinations(FAMILIES, AXES, _runnable)
 
 
 @dataclass

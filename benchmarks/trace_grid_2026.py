@@ -14,12 +14,11 @@ fake tensors (benchmarks/FAMILY_TRACE_NOTES.md).
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trace_grid import Row, against_trace, covering_main
+from benchmarks.trace_grid import Row, against_trace, combinations, covering_main
 from vram import TrainingSetup
 from vram.model.catalog import load_config
 
@@ -60,16 +59,9 @@ def config_of(family: str) -> dict[str, Any]:
 
 
 def grid() -> list[tuple[str, dict[str, object]]]:
-    combos = []
-    keys = list(AXES)
-    for family in (*FAMILIES, *MOE_FAMILIES):
-        for values in itertools.product(*(AXES[k] for k in keys)):
-            fields = dict(zip(keys, values, strict=True))
-            if family in MOE_FAMILIES and (fields["precision"] != "bf16-true"
-                                           or fields["method"] == "qlora"):
-                continue
-            combos.append((family, fields))
-    return combos
+    return combinations((*FAMILIES, *MOE_FAMILIES), AXES, lambda family, fields: not (
+        family in MOE_FAMILIES and (fields["precision"] != "bf16-true"
+                                    or fields["method"] == "qlora")))
 
 
 def compare(family: str, fields: dict[str, object]) -> Row:

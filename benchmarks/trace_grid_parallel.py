@@ -20,7 +20,6 @@ stack (untied head, the HF loss on fp32 logits), one micro-batch.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 import sys
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trace_grid import relative_error
+from benchmarks.trace_grid import combinations, relative_error
 from benchmarks.trace_grid_sharded import same_moment
 from vram import TrainingSetup, estimate, load_model
 from vram.model.catalog import load_config
@@ -71,14 +70,7 @@ def valid(family: str, point: dict[str, Any]) -> bool:
 
 
 def grid() -> list[tuple[str, dict[str, Any]]]:
-    keys = list(AXES)
-    out = []
-    for family in FAMILIES:
-        for values in itertools.product(*(AXES[k] for k in keys)):
-            point = dict(zip(keys, values, strict=True))
-            if valid(family, point):
-                out.append((family, point))
-    return out
+    return combinations(FAMILIES, AXES, valid)
 
 
 def chosen(sample: int, seed: int) -> list[tuple[str, dict[str, Any]]]:

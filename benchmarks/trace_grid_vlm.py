@@ -17,12 +17,11 @@ modelled) and Qwen3.5 (its Gated DeltaNet layers run the slow fallback on a CPU)
 from __future__ import annotations
 
 import copy
-import itertools
 import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.trace_grid import Row, against_trace, covering_main
+from benchmarks.trace_grid import Row, against_trace, combinations, covering_main
 from vram import TrainingSetup, estimate, load_model
 from vram.model.catalog import load_config
 
@@ -70,15 +69,9 @@ def config_of(family: str) -> dict[str, Any]:
 
 
 def grid() -> list[tuple[str, dict[str, object]]]:
-    combos = []
-    keys = list(AXES)
-    for family in FAMILIES:
-        for values in itertools.product(*(AXES[k] for k in keys)):
-            fields = dict(zip(keys, values, strict=True))
-            if fields["method"] == "full" and fields["lora_targets"] != "all-linear":
-                continue  # targets mean nothing without adapters
-            combos.append((family, fields))
-    return combos
+    # LoRA targets mean nothing without adapters: one full row per other combination
+    return combinations(FAMILIES, AXES, lambda _, fields: not (
+        fields["method"] == "full" and fields["lora_targets"] != "all-linear"))
 
 
 def _setup(family: str, fields: dict[str, object]) -> TrainingSetup:
