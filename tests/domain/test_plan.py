@@ -91,6 +91,21 @@ def test_solver_answers_fit_and_one_past_does_not(
     assert _high(llama8b, base.model_copy(update={"micro_batch": batch.past})) > usable
 
 
+def test_longest_sequence_under_context_parallel_is_one_cp_splits(
+        llama8b: vram.ModelSpec) -> None:
+    """Under cp = 4 the answer and the length past it are multiples of 4 (each rank holds
+    s / cp tokens; `check_layout` refuses the rest), both proved on the band's top."""
+    setup = vram.TrainingSetup(method="full", seq_len=8192, grad_ckpt=True, n_gpus=4, cp=4,
+                               sharding="zero3", attention="flash")
+    usable = find_gpu("h100-sxm", GPUS).memory_bytes
+    result = vram.plan(llama8b, setup, hardware=vram.Hardware(gpu="h100-sxm", count=4))
+    seq = result.max_seq_len
+    assert seq.value > 8192 and seq.value % 4 == 0 and seq.past == seq.value + 4
+    vram.TrainingSetup.model_validate(setup.model_dump() | {"seq_len": seq.value})
+    assert _high(llama8b, setup.model_copy(update={"seq_len": seq.value})) <= usable
+    assert _high(llama8b, setup.model_copy(update={"seq_len": seq.past})) > usable
+
+
 def test_largest_micro_batch_on_a_card_that_holds_several(llama8b: vram.ModelSpec) -> None:
     setup = vram.TrainingSetup(method="qlora", seq_len=1024, grad_ckpt=True, loss="chunked")
     result = vram.plan(llama8b, setup, hardware=vram.Hardware(gpu="a100-80gb-sxm"))

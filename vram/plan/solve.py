@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from vram.gpus import setup_on
 from vram.plan.hardware import Estimator
 from vram.setup import MAX_MICRO_BATCH, MAX_SEQ_LEN, TrainingSetup
-from vram.setup.layout import gpu_step
+from vram.setup.layout import gpu_step, seq_step
 
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -159,12 +159,18 @@ def max_micro_batch(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
 
 
 def max_seq_len(est: Estimator, setup: TrainingSetup, usable: int) -> Proof:
-    """The longest sequence (tokens) whose step surely fits in `usable` bytes."""
-    def at(s: int) -> TrainingSetup:
-        return setup.model_copy(update={"seq_len": s})
+    """The longest sequence (tokens) whose step surely fits in `usable` bytes; under context
+    parallel only lengths cp splits evenly (`seq_step`, as `check_layout` requires), so the
+    answer and the length past it are both runnable."""
+    step = seq_step(setup)
 
-    return largest_fitting(lambda s: est.high(at(s)), usable, setup.seq_len, MAX_SEQ_LEN,
-                           lambda s: est.peak(at(s)))
+    def at(k: int) -> TrainingSetup:
+        return setup.model_copy(update={"seq_len": k * step})
+
+    found = largest_fitting(lambda k: est.high(at(k)), usable, setup.seq_len // step,
+                            MAX_SEQ_LEN // step, lambda k: est.peak(at(k)))
+    return found.model_copy(update={"value": found.value * step,
+                                    "past": found.past * step if found.past else found.past})
 
 
 def fewest_gpus(est: Estimator, setup: TrainingSetup, usable: int, limit: int) -> Proof:

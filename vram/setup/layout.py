@@ -83,6 +83,12 @@ def gpu_step(setup: Layout) -> int:
     return setup.tp * setup.pp * math.lcm(setup.cp, setup.ep)
 
 
+def seq_step(setup: Layout) -> int:
+    """The sequence lengths this layout runs are the multiples of cp: each context-parallel
+    rank holds `s / cp` tokens (`check_layout`). 1 without cp: any length."""
+    return setup.cp
+
+
 def check_layout(setup: Layout) -> None:
     """The layout's rules, each `ValueError` naming the fields (`TrainingSetup._consistent`)."""
     ranks = model_parallel(setup)
