@@ -80,3 +80,13 @@ def test_validate_reads_the_fsdp1_lora_cases_as_recorded() -> None:
     cases = CONFIGS.parent
     lines = report_lines(run_cases(cases / "cases.csv"))
     assert "\n".join(lines) + "\n" == (cases / "validation.txt").read_text(encoding="utf-8")
+
+
+def test_frozen_weights_left_unsharded_already_fill_the_pool() -> None:
+    """FSDP1 on PyTorch 2.1 keeps every frozen weight unsharded in backward (pytorch#95805,
+    `weights.unsharded_frozen`, 13.5 GB for the 7B in bf16): the root and the blocks are among
+    them, counted live; nothing more is cached."""
+    setup = _setup(framework="litgpt", torch_version="2.1.0")
+    items = _items(estimate(load_model(str(CONFIGS / "llama-2-7b.json")), setup))
+    assert items["weights.unsharded_frozen"] > ROOT_7B + 3 * BLOCK_7B
+    assert "overhead.fsdp1_streams" not in items

@@ -9,7 +9,7 @@ block only to the stream that allocated it (CUDACachingAllocator.cpp `get_free_b
 ordered by stream, then size; `vram.memory.allocator.blocks`), so what those streams cached is
 reserved and out of reach of the compute stream, whatever the compute stream needs.
 
-How much they cache (torch/distributed/fsdp, read at v2.2.0; unchanged to v2.5.0):
+How much they cache (torch/distributed/fsdp, read at v2.2.0):
 
 * the root unit (the embedding, final norm and head under a per-block wrap) is all-gathered at
   the start of the forward and not freed after it (`_post_forward_reshard`: "Do not free the
@@ -25,7 +25,9 @@ How much they cache (torch/distributed/fsdp, read at v2.2.0; unchanged to v2.5.0
   of the pre-unshard stream's pool.
 
 The estimate counts two blocks (or a block and the head) as gathered parameters in every moment
-(`vram.memory.weights`, "weights.gathered"); the pools beyond that are this reserved term.
+(`vram.memory.weights`, "weights.gathered"; on PyTorch <= 2.1 also every frozen weight, left
+unsharded in backward: "weights.unsharded_frozen"); the pools beyond that are this reserved
+term.
 """
 
 from __future__ import annotations

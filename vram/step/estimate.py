@@ -140,7 +140,10 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     zero = zero_buffers(setup, g_groups, shards,
                         gradients_on_device=not grads.host and grads.total > 0)
     fixed_overhead = fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state)
-    gathered = sum(i.bytes for i in weights_on_gpu if i.key == "weights.gathered")
+    # what the estimate already counts unsharded: the gathered layers and, on PyTorch <= 2.1,
+    # the frozen weights FSDP1 left unsharded in backward (both blocks of the unshard pool)
+    gathered = sum(i.bytes for i in weights_on_gpu
+                   if i.key in ("weights.gathered", "weights.unsharded_frozen"))
     pools = fsdp1.unshard_pool_item(model, setup, profile, groups, gathered)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
