@@ -44,7 +44,8 @@ from vram.stacks.resolve import resolve
 SOURCE = ("torch/distributed/fsdp/_runtime_utils.py@v2.2.0 _unshard, _post_forward_reshard; "
           "_flat_param.py@v2.2.0 _free_unsharded_flat_param (record_stream), pre_unshard; "
           "_limiter_utils.py@v2.2.0 _FreeEventQueue (2 in flight); "
-          "c10/cuda/CUDACachingAllocator.cpp@v2.2.0 get_free_block (a free block serves its own stream only)")
+          "c10/cuda/CUDACachingAllocator.cpp@v2.2.0 get_free_block "
+          "(a free block serves its own stream only)")
 
 #: Parameter groups of the root unit under a per-block wrap (Accelerate's
 #: TRANSFORMER_BASED_WRAP, fsdp_qlora's and LitGPT's block policies).
