@@ -172,14 +172,39 @@ def test_more_sharding_never_needs_more_per_gpu(model: str, fields: dict, gpus: 
     # engine and its fixed reduce bucket (see the model-state test below). FSDP1, one
     # precision model for every level: FSDP2 keeps fp32 shards under a mixed policy and its
     # root unit whole beside its shard, so at 2 GPUs its FULL_SHARD can hold more than
-    # SHARD_GRAD_OP (see the FSDP2 test below).
-    peaks = [
+    # SHARD_GRAD_OP (see the FSDP2 test below). FSDP1's FULL_SHARD does too: its all-gather
+    # streams keep the root unit and three blocks cached (`overhead.fsdp1_streams`, not model
+    # state; see test_fsdp1_full_shard_streams_can_outweigh_the_shards below), so the
+    # ordering is of the step without them.
+    results = [
         estimate(spec, TrainingSetup(**{**fields, "n_gpus": gpus, "sharding": sharding,
                                         "sharding_engine": engine, "fsdp_version": 1}))
-        .device_peak_bytes
         for sharding, engine in (("ddp", None), ("zero2", "fsdp"), ("zero3", "fsdp"))
     ]
+    peaks = [r.device_peak_bytes - _fsdp1_streams(r) for r in results]
     assert peaks[2] <= peaks[1] <= peaks[0]
+
+
+def _fsdp1_streams(result: Estimate) -> int:
+    return sum(i.bytes for i in result.bucket("overhead").items
+               if i.key == "overhead.fsdp1_streams")
+
+
+def test_fsdp1_full_shard_streams_can_outweigh_the_shards() -> None:
+    """Llama 3.2 1B QLoRA in fp32 on 2 GPUs (the tied 128,256 x 2,048 embedding, 4 B):
+    FULL_SHARD saves half the weights (821,694,464 B) but its all-gather stream keeps the root
+    unit whole (1,050,673,152 B) and three blocks: more on each GPU than SHARD_GRAD_OP."""
+    fields = {"method": "qlora", "precision": "fp32", "micro_batch": 1, "seq_len": 128,
+              "framework": "torchtune", "n_gpus": 2, "fsdp_version": 1,
+              "sharding_engine": "fsdp"}
+    spec = load_model("llama-3.2-1b")
+    zero2, zero3 = (estimate(spec, TrainingSetup(**fields, sharding=sharding))
+                    for sharding in ("zero2", "zero3"))
+    streams = next(i for i in zero3.bucket("overhead").items
+                   if i.key == "overhead.fsdp1_streams")
+    assert streams.inputs["root"] == 128_256 * 2_048 * 4
+    assert zero3.device_peak_bytes > zero2.device_peak_bytes
+    assert zero3.device_peak_bytes - streams.bytes <= zero2.device_peak_bytes
 
 
 #: Buffers and working copies, not model state: DeepSpeed's reduce bucket is

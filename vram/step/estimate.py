@@ -53,6 +53,7 @@ from vram.result import (
     PeakBytes,
 )
 from vram.setup import TrainingSetup
+from vram.sharding import fsdp1
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
 from vram.sharding.expert_parallel import ep_local, state_model
 from vram.sharding.pipeline import StagePlan, peak_stages, stage_model, stage_plans
@@ -105,6 +106,9 @@ class StatePart:
     bucket_gradient_items: tuple[LineItem, ...]
     fixed_overhead: tuple[LineItem, ...]
     fixed_overhead_bytes: int
+    #: FSDP1's all-gather streams' cached blocks, in the reserved figure
+    #: (`vram.sharding.fsdp1`); empty elsewhere.
+    stream_pools: tuple[LineItem, ...]
     #: The CUDA context the device figure counts, and the bounds' terms that are on.
     context_bytes: int
     bounds_shares: Shares
@@ -136,6 +140,11 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     zero = zero_buffers(setup, g_groups, shards,
                         gradients_on_device=not grads.host and grads.total > 0)
     fixed_overhead = fixed_overhead_items(setup, optimizer.paged_bytes, optimizer.state)
+    # what the estimate already counts unsharded: the gathered layers and, on PyTorch <= 2.1,
+    # the frozen weights FSDP1 left unsharded in backward (both blocks of the unshard pool)
+    gathered = sum(i.bytes for i in weights_on_gpu
+                   if i.key in ("weights.gathered", "weights.unsharded_frozen"))
+    pools = fsdp1.unshard_pool_item(model, setup, profile, groups, gathered)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
         host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
@@ -151,6 +160,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         bucket_gradient_items=bucket_gradient_items(setup, grads, zero),
         fixed_overhead=fixed_overhead,
         fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
+        stream_pools=() if pools is None else (pools,),
         context_bytes=cuda_context_bytes(setup), bounds_shares=shares_for(model, setup),
         fixed_notes=_fixed_notes(model, setup, profile, optimizer),
         live_weight_items=deepspeed_live_items(model, setup, groups))
@@ -250,6 +260,9 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
+    # FSDP1's all-gather streams hold their blocks the whole step, apart from the compute
+    # stream's pool (`vram.sharding.fsdp1`)
+    reserved += sum(item.bytes for item in part.stream_pools)
     return StepPeak(part, plan, vision, peak, allocated, reserved, activations,
                     activations_max, stage)
 
@@ -259,7 +272,9 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     figures: list[MomentBytes] = []
     step = _step_peak(model, setup, figures)
     part, peak, allocated, reserved = step.part, step.peak, step.allocated, step.reserved
-    overhead = (slack_item(max(0, reserved - allocated)), *part.fixed_overhead)
+    pools = sum(item.bytes for item in part.stream_pools)
+    overhead = (slack_item(max(0, reserved - allocated - pools)), *part.stream_pools,
+                *part.fixed_overhead)
     device = allocated + sum(i.bytes for i in overhead)
     extra_weights = [*peak.weight_items,
                      *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
