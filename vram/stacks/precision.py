@@ -131,7 +131,10 @@ def lora_base_16bit(setup: TrainingSetup, stack_loads_16bit: bool = False) -> bo
 def qlora_base_16bit(setup: TrainingSetup, upcasts_frozen: bool) -> bool:
     """QLoRA under autocast on a stack that leaves the base's non-quantized parameters in the
     16 bits it loads them in (no `prepare_model_for_kbit_training` upcast, or one undone): the
-    16-bit embedding starts a 16-bit residual stream, as `lora_base_16bit` does for LoRA."""
+    16-bit embedding starts a 16-bit residual stream, as `lora_base_16bit` does for LoRA
+    (RMSNorm returns its input's dtype; the trace agrees within 0.6 %). A LayerNorm family's
+    stream turns partly fp32 (autocast's fp32 LayerNorm into Linear4bit, which returns its
+    input's dtype): not modelled, benchmarks/ACCURACY.md says by how much."""
     return (setup.method is Method.QLORA and is_mixed(setup) and not upcasts_frozen
             and not runs_half_model(setup))
 
