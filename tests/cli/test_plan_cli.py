@@ -79,19 +79,20 @@ def test_validate_speed_summary(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_plan_reads_a_training_config(capsys: pytest.CaptureFixture[str]) -> None:
     """`plan --from` plans the run a training config describes; typed flags override it.
-    axolotl's qlora.yml (Llama 3 8B, micro-batch 2 x 4096) does not fit one RTX 4090; at
-    micro-batch 1 (the plan's own first lever) the estimate fits, 22.4 of 25.8 GB, but the
-    band's high bound does not: borderline, not a sure fit, with the same headroom both
-    ways."""
+    axolotl's qlora.yml (Llama 3 8B, micro-batch 2) at 7,168 tokens does not fit one RTX 4090
+    (40.4 GB); at micro-batch 1 (the plan's own first lever) the estimate fits, 24.3 of
+    25.8 GB, but the band's high bound (28.8 GB) does not: borderline, not a sure fit, with
+    the same headroom both ways. (At the file's 4,096 tokens axolotl's bf16 embedding, head
+    and residual stream leave micro-batch 2 borderline and micro-batch 1 a sure fit.)"""
     config = "tests/data/configs/axolotl/llama3-qlora.yml"
-    assert main(["plan", "--from", config, "--gpu", "rtx-4090", "--tokens", "1e8",
-                 "--json"]) == 0
+    assert main(["plan", "--from", config, "--seq", "7168", "--gpu", "rtx-4090", "--tokens",
+                 "1e8", "--json"]) == 0
     as_file = json.loads(capsys.readouterr().out)
     assert as_file["fits"] is False and as_file["verdict"] == "does not fit"
     assert as_file["max_micro_batch"] == 0
     lever = next(lever for lever in as_file["levers"] if lever["name"].startswith("micro-batch"))
-    assert main(["plan", "--from", config, "--batch", "1", "--gpu", "rtx-4090", "--tokens",
-                 "1e8", "--json"]) == 0
+    assert main(["plan", "--from", config, "--seq", "7168", "--batch", "1", "--gpu", "rtx-4090",
+                 "--tokens", "1e8", "--json"]) == 0
     batch_one = json.loads(capsys.readouterr().out)
     assert batch_one["fits"] is False and batch_one["verdict"] == "borderline"
     assert 0.5 <= batch_one["fit_probability"] < 0.95

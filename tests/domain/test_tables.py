@@ -33,7 +33,8 @@ from vram.stacks.table import BEHAVIOURS, OVERLAYS, stack_row, stacks
 from vram.units import GIB, format_gb, format_gib, size_text
 
 HF_LIKE = (Framework.HF_TRAINER, Framework.PEFT_ACCELERATE, Framework.FSDP_QLORA,
-           Framework.UNSLOTH, Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.OTHER)
+           Framework.UNSLOTH, Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.MS_SWIFT,
+           Framework.OTHER)
 
 
 _TINY: dict[str, object] = {
@@ -139,10 +140,11 @@ def test_stack_defaults_come_from_the_table() -> None:
 def test_checkpoint_reentrancy_defaults_from_source() -> None:
     """axolotl and LLaMA-Factory default to reentrant checkpointing, Transformers 5 and the
     PyTorch-native stacks to non-reentrant; DeepSpeed's own checkpointing is reentrant, and so is
-    Unsloth's offloading checkpointer (an autograd.Function whose forward runs under no_grad)."""
+    Unsloth's offloading checkpointer (an autograd.Function whose forward runs under no_grad);
+    ms-swift is reentrant but under plain DDP (one GPU: reentrant)."""
     reentrant = {f for f in Framework if stack_row(f).defaults["ckpt_reentrant"]}
     assert reentrant == {Framework.AXOLOTL, Framework.LLAMA_FACTORY, Framework.DEEPSPEED,
-                         Framework.UNSLOTH}
+                         Framework.UNSLOTH, Framework.MS_SWIFT}
     ckpt = TrainingSetup(method="qlora", grad_ckpt=True, framework="axolotl")
     assert not profile_for(ckpt).checkpoint_keeps_ctx_attributes
 
@@ -262,8 +264,11 @@ def test_activation_dtypes_by_recipe() -> None:
     assert dtypes(method="full", precision="bf16-mixed", n_gpus=2, sharding="zero3") == (
         2, 2, 2, False)
     assert dtypes(method="qlora", precision="bf16-mixed") == (4, 4, 2, True)  # HF upcast
-    assert dtypes(method="qlora", precision="bf16-mixed", framework="torchtune") == (
-        2, 4, 2, True)
+    # a QLoRA base left in the 16 bits it was loaded in (no upcast, or axolotl's cast back):
+    # the bf16 embedding starts a bf16 residual stream (the trace loads it so too)
+    for framework in ("torchtune", "llama-factory", "ms-swift", "axolotl"):
+        assert dtypes(method="qlora", precision="bf16-mixed", framework=framework) == (
+            2, 2, 2, True), framework
 
 
 def test_zero_with_a_mixed_recipe_runs_a_16_bit_model() -> None:

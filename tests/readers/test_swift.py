@@ -26,7 +26,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {
         method="lora", quant=None, lora_rank=8, lora_targets="all-linear", lora_dropout=0.05,
         precision="bf16-true", micro_batch=1, grad_accum=16, seq_len=2048, grad_ckpt=True,
         ckpt_reentrant=True, attention="sdpa", n_gpus=1, sharding="none",
-        framework="hf-trainer", freeze_vision=True, loss="standard", optimizer="adamw"),
+        framework="ms-swift", freeze_vision=True, loss="standard", optimizer="adamw"),
     # examples/train/qlora/bnb/train.sh ("# 10GB"): 4-bit nf4, double quantization.
     "qlora-bnb-train.sh": dict(
         method="qlora", quant="nf4-dq", lora_rank=8, lora_targets="all-linear",

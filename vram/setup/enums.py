@@ -159,4 +159,5 @@ class Framework(StrEnum):
     DEEPSPEED = "deepspeed"
     AXOLOTL = "axolotl"
     LLAMA_FACTORY = "llama-factory"
+    MS_SWIFT = "ms-swift"
     OTHER = "other"

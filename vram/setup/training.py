@@ -473,7 +473,7 @@ class TrainingSetup(BaseModel):
                 ("peft-accelerate", "PEFT + Accelerate"), ("fsdp-qlora", "FSDP-QLoRA"),
                 ("unsloth", "Unsloth"), ("torchtitan", "torchtitan"),
                 ("deepspeed", "DeepSpeed"), ("axolotl", "axolotl"),
-                ("llama-factory", "LLaMA-Factory"), ("other", "other")),
+                ("llama-factory", "LLaMA-Factory"), ("ms-swift", "ms-swift"), ("other", "other")),
     )] = Framework.HF_TRAINER
     # A vision-language model's inputs (vram.setup.vision): seq_len counts their tokens.
     images_per_sample: ImagesPerSample = 0

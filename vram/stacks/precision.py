@@ -128,6 +128,17 @@ def lora_base_16bit(setup: TrainingSetup, stack_loads_16bit: bool = False) -> bo
             and not runs_half_model(setup))
 
 
+def qlora_base_16bit(setup: TrainingSetup, upcasts_frozen: bool) -> bool:
+    """QLoRA under autocast on a stack that leaves the base's non-quantized parameters in the
+    16 bits it loads them in (no `prepare_model_for_kbit_training` upcast, or one undone): the
+    16-bit embedding starts a 16-bit residual stream, as `lora_base_16bit` does for LoRA
+    (RMSNorm returns its input's dtype; the trace agrees within 0.6 %). A LayerNorm family's
+    stream turns partly fp32 (autocast's fp32 LayerNorm into Linear4bit, which returns its
+    input's dtype): not modelled, benchmarks/ACCURACY.md says by how much."""
+    return (setup.method is Method.QLORA and is_mixed(setup) and not upcasts_frozen
+            and not runs_half_model(setup))
+
+
 def _adapter_input_bytes(setup: TrainingSetup, fp32_adapters: bool) -> int:
     """PEFT upcasts adapters to fp32 (autocast_adapter_dtype=True); stacks that keep the model
     dtype have 16-bit adapters only in a pure-bf16 recipe; a ZeRO engine casts the whole model,
@@ -224,7 +235,7 @@ def precision_policy(setup: TrainingSetup, *, fp32_adapters: bool, upcasts_froze
     elif setup.precision is Precision.BF16_TRUE or half_model:
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, BF16_BYTES, False, BF16_BYTES, False)
-    elif lora_base_16bit(setup, base_16bit):
+    elif lora_base_16bit(setup, base_16bit) or qlora_base_16bit(setup, upcasts_frozen):
         # the 16-bit embedding starts a 16-bit residual stream; autocast runs the adapters
         compute, residual, autocast, attention, input_copy = (
             BF16_BYTES, BF16_BYTES, True, BF16_BYTES, False)

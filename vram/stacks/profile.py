@@ -26,6 +26,10 @@ class StackProfile:
 
     unties_head: bool
     quantizes_head: bool
+    #: QLoRA runs `prepare_model_for_kbit_training` (an fp32 upcast of the non-quantized
+    #: parameters, and a stack may cast some back: `kbit_recasts_16bit`).
+    kbit_prepared: bool
+    #: ... and the embedding, norms and head stay fp32 after it.
     upcasts_frozen_to_fp32: bool
     #: Bytes of the LoRA branch's input (the adapter dtype as it computes).
     adapter_bytes: int
@@ -104,8 +108,9 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
     resolved = resolve(setup)
     run = resolved.run
     qlora = setup.method is Method.QLORA
-    upcasts = row.kbit_upcast and qlora and (row.kbit_upcast_sharded
-                                             or not resolved.sharded_qlora)
+    prepared = row.kbit_upcast and qlora and (row.kbit_upcast_sharded
+                                              or not resolved.sharded_qlora)
+    upcasts = prepared and not row.kbit_recasts_16bit
     precision = precision_policy(run, fp32_adapters=row.fp32_adapters, upcasts_frozen=upcasts,
                                  deepspeed_engine=resolved.deepspeed,
                                  torch_autocast=bool(run.torch_autocast),
@@ -113,6 +118,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
     return StackProfile(
         unties_head=row.unties_head,
         quantizes_head=row.quantizes_head and qlora,
+        kbit_prepared=prepared,
         upcasts_frozen_to_fp32=upcasts,
         adapter_bytes=precision.adapter_inputs,
         upcasts_logits=row.upcasts_logits,

@@ -46,6 +46,9 @@ class StackRow(BaseModel):
     kbit_upcast: bool
     #: ... and also when the QLoRA base is sharded (TRL skips the upcast there).
     kbit_upcast_sharded: bool
+    #: ... then casts the norms, the embedding and the head back to the model's 16 bits
+    #: (axolotl, for flash attention), so the upcast leaves only biases in fp32.
+    kbit_recasts_16bit: bool
     #: LoRA adapters are upcast to fp32 (PEFT's `autocast_adapter_dtype=True`).
     fp32_adapters: bool
     #: The loss runs on `logits.float()`.

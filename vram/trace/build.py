@@ -12,7 +12,9 @@ Recipes (what each `TrainingSetup` field becomes):
 * `qlora`: every linear layer of the repeated blocks becomes a `QuantLinear` (bitsandbytes
   storage, see `quant.py`); the LM head stays 16-bit except with LitGPT, which quantizes it too.
   For the HF Trainer and PEFT+Accelerate stacks `peft.prepare_model_for_kbit_training` runs
-  first, which upcasts every non-quantized 16-bit parameter (embeddings, norms, LM head) to fp32.
+  first, which upcasts every non-quantized 16-bit parameter (embeddings, norms, LM head) to fp32;
+  axolotl then casts its norms and embedding modules back (`kbit_recasts_16bit`). A stack that
+  runs neither (ms-swift, LLaMA-Factory) keeps the base in the 16 bits it was loaded in.
 * `grad_ckpt`: the model's own `activation_checkpointing_enable(use_reentrant=False)` (transformers
   5.x; `gradient_checkpointing_enable` before it).
 * attention: `eager` builds HF's eager attention (s x s scores are real). `sdpa` builds HF's
@@ -45,7 +47,7 @@ from vram.setup import (
     Precision,
     TrainingSetup,
 )
-from vram.stacks.precision import lora_base_16bit
+from vram.stacks.precision import lora_base_16bit, qlora_base_16bit
 from vram.stacks.profile import profile_for
 from vram.stacks.resolve import resolve
 from vram.stacks.table import stack_row
@@ -211,11 +213,13 @@ def kind_of(model_type: str, config: dict[str, Any] | None = None) -> str:
 
 
 def weight_dtype(setup: TrainingSetup) -> torch.dtype:
-    """The dtype the model is loaded in: 16 bits for pure bf16 and for a LoRA base loaded in
-    16 bits under a mixed recipe (`vram.stacks.precision.lora_base_16bit`), else fp32."""
+    """The dtype the model is loaded in: 16 bits for pure bf16, for a LoRA base loaded in
+    16 bits under a mixed recipe (`vram.stacks.precision.lora_base_16bit`) and for a QLoRA base
+    whose stack keeps it so (`qlora_base_16bit`), else fp32."""
     if setup.precision is Precision.BF16_TRUE:
         return torch.bfloat16
-    if lora_base_16bit(resolve(setup).run):
+    if lora_base_16bit(resolve(setup).run) or qlora_base_16bit(
+            setup, profile_for(setup).upcasts_frozen_to_fp32):
         return torch.float16 if setup.precision is Precision.FP16_MIXED else torch.bfloat16
     return torch.float32
 
@@ -377,6 +381,25 @@ def _expert_adapters_without_dropout() -> Iterator[None]:
         ParamWrapper.__init__ = original  # type: ignore[method-assign]
 
 
+#: axolotl's embedding modules by model type (src/axolotl/loaders/utils.py@v0.18.0#L231-L238
+#: get_linear_embedding_layers); every other type: embed_tokens and lm_head.
+_EMBEDDING_MODULES = {"gpt_neox": ("embed_in", "embed_out"),
+                      "falcon": ("word_embeddings", "lm_head"),
+                      "nemotron_h": ("embeddings", "lm_head")}
+
+
+def _recast_norms_and_embeddings(model: nn.Module, model_type: str, dtype: torch.dtype) -> None:
+    """axolotl after `prepare_model_for_kbit_training`: every module whose name holds 'norm',
+    and the embedding modules, back to the model dtype (src/axolotl/loaders/model.py@v0.18.0
+    `_convert_embedding_modules_dtype`, L1025-L1047; names matched as substrings)."""
+    embeddings = _EMBEDDING_MODULES.get(model_type, ("embed_tokens", "lm_head"))
+    for name, module in model.named_modules():
+        if "norm" in name:
+            module.to(dtype)
+        if any(m in name for m in embeddings) and hasattr(module, "weight"):
+            module.to(dtype)
+
+
 def _apply_lora(model: nn.Module, model_type: str, setup: TrainingSetup, kind: str) -> nn.Module:
     from peft import LoraConfig, TaskType, get_peft_model
 
@@ -433,10 +456,12 @@ def build(config: dict[str, Any], setup: TrainingSetup) -> Built:
         _quantize(model, lists, setup, quant_head=profile.quantizes_head)
         if kind == "vlm":
             _quantize_linears(vision.projector_linears(model), setup)
-        if profile.upcasts_frozen_to_fp32:
+        if profile.kbit_prepared:
             from peft import prepare_model_for_kbit_training
 
             prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+            if stack_row(setup.framework).kbit_recasts_16bit:
+                _recast_norms_and_embeddings(model, model_type, weight_dtype(setup))
     if setup.ckpt_selective:
         raise TraceUnsupported("ckpt_selective: the trace runs Transformers' per-layer "
                                "checkpointing; torchtitan's per-op policy is not traced")

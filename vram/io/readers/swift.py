@@ -18,7 +18,8 @@ arguments.py` per_device_train_batch_size 1, gradient_accumulation_steps ceil(16
 world size), gradient_checkpointing True (Transformers' own default is off);
 `swift/trainers/mixin.py` `_fix_gradient_checkpointing` use_reentrant False under plain DDP,
 else True. Training runs in Transformers' Trainer (`swift/trainers/seq2seq_trainer.py`
-Seq2SeqTrainer), so the stack is `hf-trainer`.
+Seq2SeqTrainer); the stack is `ms-swift`, the HF Trainer's row but for what ms-swift does
+itself (no `prepare_model_for_kbit_training` for QLoRA: `data/stacks.toml`).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def read(data: dict[str, Any], *, base_dir: Path | None = None,
     for key, text in unread:
         m.ignore(key, f"{shown(text)} needs the shell to run; vram runs nothing: give the "
                  "value itself (or the matching flag)")
-    m.set("framework", "hf-trainer", "(format)", f"ms-swift {subcommand}", "ms-swift trains "
+    m.set("framework", "ms-swift", "(format)", f"ms-swift {subcommand}", "ms-swift trains "
           f"with Transformers' Trainer (swift/trainers/seq2seq_trainer.py{AT})")
     for note in notes:
         m.note(note)

@@ -99,8 +99,9 @@ def precision_for(*, bf16: bool, fp16: bool, weights: str, method: str) -> str:
     A model loaded in bf16 and trained with Transformers' `bf16=True` has no fp32 copy: its
     trained parameters, gradients and Adam states are bf16 (pure bf16 = `bf16-true`). PEFT
     keeps LoRA adapters in fp32 either way (`autocast_adapter_dtype=True`), which the stack
-    profile counts. QLoRA's frozen non-quantized parameters are upcast to fp32 by
-    `prepare_model_for_kbit_training`, the `bf16-mixed` recipe.
+    profile counts. QLoRA runs autocast over a base whose frozen non-quantized parameters stay
+    in the loaded dtype or are upcast to fp32 (`prepare_model_for_kbit_training`), as the stack
+    does (`kbit_upcast`): the `bf16-mixed` recipe.
     """
     if fp16:
         return "fp16-mixed"
