@@ -57,3 +57,20 @@ def test_the_h200_3b_step_and_the_rows_it_leaves_alone() -> None:
                                       seq_len=4096, grad_ckpt=False)) == 0
     assert _idle_item_bytes(_estimate("llama-3.1-8b", method="lora", precision="bf16-true",
                                       micro_batch=4, seq_len=4096)) == 0
+
+
+def test_only_the_pipeline_stage_that_runs_the_loss_holds_its_blocks() -> None:
+    """Llama-3.1-8B bf16-mixed, 4 x 4096 tokens, 2 pipeline stages: the last stage (the head
+    and the loss) gets the idle blocks; the first, whose stage model has no loss, none."""
+    from vram.sharding.pipeline import stage_model, stage_plans
+    from vram.step.estimate import _rank_peak
+
+    model = vram.load_model("llama-3.1-8b")
+    setup = vram.TrainingSetup(method="full", precision="bf16-mixed", micro_batch=4,
+                               seq_len=4096, grad_ckpt=True, n_gpus=2, pp=2,
+                               framework="torchtitan")
+    first, last = stage_plans(setup, model.n_layers)
+    assert (first.last, last.last) == (False, True)
+    assert _rank_peak(stage_model(model, last), setup, None, last).idle_loss > 0
+    step = _rank_peak(stage_model(model, first), setup, None, first)
+    assert (step.idle_loss, step.loss_block) == (0, 0)
