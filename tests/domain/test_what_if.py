@@ -147,7 +147,9 @@ def test_cli_json_gains_what_if() -> None:
 
 def test_what_compression_buys_on_one_gpu_is_proved_by_two_estimates() -> None:
     """8B full with checkpointing does not fit one H100 (0 everywhere); with the optimizer
-    state 4x smaller a micro-batch of 3, 7,557 tokens, and a 8.1B model fit (5.0B before).
+    state 4x smaller a micro-batch of 3, 6,300 tokens (once a logits block outgrows the
+    largest parameter, the loss's two idle fp32 blocks are reserved:
+    `overhead.idle_loss_bytes`), and a 8.1B model fit (5.0B before).
     Each answer fits and the next one up does not."""
     from vram.plan.compressed import MODEL_STEP, compressed_limits
 
@@ -157,7 +159,7 @@ def test_what_compression_buys_on_one_gpu_is_proved_by_two_estimates() -> None:
     ratios = {B.OPTIMIZER: Fraction(4)}
     limits = compressed_limits(model, setup, ratios, h100)
     assert (limits.micro_batch_before.value, limits.seq_len_before.value) == (0, 0)
-    assert (limits.micro_batch.value, limits.seq_len.value) == (3, 7557)
+    assert (limits.micro_batch.value, limits.seq_len.value) == (3, 6300)
     assert (limits.model_params, limits.model_params_before) == (81 * MODEL_STEP,
                                                                 50 * MODEL_STEP)
 
@@ -167,4 +169,4 @@ def test_what_compression_buys_on_one_gpu_is_proved_by_two_estimates() -> None:
 
     usable = limits.usable_bytes
     assert peak(micro_batch=3) <= usable < peak(micro_batch=4)
-    assert peak(seq_len=7557) <= usable < peak(seq_len=7558)
+    assert peak(seq_len=6300) <= usable < peak(seq_len=6301)

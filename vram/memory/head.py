@@ -33,6 +33,9 @@ class HeadActivations:
     kept_per_token: int | None = None
     #: Alive right after the training stack casts the model's output (0: no cast).
     cast_per_token: int = 0
+    #: One of the unchunked loss's vocabulary-wide blocks (the upcast logits, their
+    #: log-softmax), per token; 0 for chunked, fused and compiled losses.
+    loss_block_per_token: int = 0
 
 
 def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -120,7 +123,8 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
         loss_peak += up
     return HeadActivations(loss_forward, max(loss_peak, loss_forward),
                            "logits (e·V) → fp32 (4·V) → log-softmax (4·V); backward 3 × 4·V",
-                           "logits and cross-entropy (fp32)")
+                           "logits and cross-entropy (fp32)",
+                           loss_block_per_token=up)
 
 
 def _next_power_of_2(value: int) -> int:

@@ -341,7 +341,7 @@ def _unpaged_bytes(spec: OptimizerSpec, group: ParamGroup, dense_bytes: int) -> 
 # ------------------------------------------------------------------------------------------
 
 
-def _largest_trainable(model: ModelSpec, setup: TrainingSetup,
+def largest_trainable(model: ModelSpec, setup: TrainingSetup,
                        groups: list[ParamGroup]) -> int:
     """Values in the largest trainable tensor (per-parameter optimizer loops size their
     temporaries to it)."""
@@ -380,7 +380,7 @@ def optimizer_part(model: ModelSpec, groups: list[ParamGroup], setup: TrainingSe
     master_full = _master_bytes(groups, profile)
     state = optimizer_state(groups, setup, fused=profile.fused_optimizer,
                             state_dtype_bytes=profile.precision.states,
-                            largest_param=_largest_trainable(model, setup, groups),
+                            largest_param=largest_trainable(model, setup, groups),
                             galore_rank=projection_rank(model.hidden_size))
     master = master_full // shards.optimizer
     state_bytes = state.state_bytes // shards.optimizer

@@ -32,6 +32,38 @@ def allocator_slack_bytes(allocated_bytes: int, activation_bytes: int) -> int:
     return allocated_bytes * 3 // 100 + activation_bytes * 20 // 100
 
 
+#: The loss's vocabulary-wide blocks the next step's loss takes anew: the upcast logits and
+#: their log-softmax, both alive in its forward (`vram.memory.head`, HF's unchunked loss).
+IDLE_LOSS_BLOCKS = 2
+
+
+def idle_loss_bytes(block_bytes: int, largest_param_block_bytes: int, state_bytes: int,
+                    checkpointed: bool) -> int:
+    """The loss's blocks cached idle at the reserved peak: 2 × b·s·V·e (e: the loss's dtype).
+
+    Step 1's optimizer state is created after its backward freed the loss's blocks; under
+    checkpointing those are the largest free blocks then (the layers free one recomputed layer
+    at a time), so a state at least their size lands in their segments, and from step 2 on the
+    loss takes new segments for them, idle through the layers' backward and the optimizer step.
+    Not where a block is no larger than the largest parameter (its gradient or state takes it
+    whole every step), nor without checkpointing (the state lands in the stored activations).
+    Source: the allocator model's replay (`benchmarks/reserved_full_replay.txt`: Llama-3.1-8B
+    at 16k tokens holds 1.9-3.5 such blocks idle) and the H200 3B step (2.4 measured).
+    """
+    n = IDLE_LOSS_BLOCKS * block_bytes
+    if not checkpointed or block_bytes <= largest_param_block_bytes or state_bytes < n:
+        return 0
+    return n
+
+
+def idle_loss_item(extra: int, block_bytes: int) -> LineItem:
+    """What the idle loss blocks add to the reserved figure beyond the fitted slack."""
+    return LineItem.assemble(
+        "overhead.idle_loss", "loss blocks cached idle (caching allocator)",
+        f"{IDLE_LOSS_BLOCKS} × b·s·V·e − fitted slack", {"block_bytes": block_bytes}, extra,
+        "caching-allocator replay of full fine-tunes; see vram.memory.overhead.idle_loss_bytes")
+
+
 def cuda_context_bytes(setup: TrainingSetup | None = None) -> int:
     """The CUDA context as nvidia-smi counts it: the setup's `context_mib` when given (measured
     on the run's machine), else the constant (a GPU's own figure is applied by `vram.gpus`)."""

@@ -24,11 +24,13 @@ from vram.memo import TOKEN_FIELDS, memoized, setup_key
 from vram.memory import activations as act
 from vram.memory.gradients import GradientPart, bucket_gradient_items, gradient_part
 from vram.memory.inference import inference_estimate
-from vram.memory.optimizer import OptimizerPart, optimizer_part
+from vram.memory.optimizer import OptimizerPart, largest_trainable, optimizer_part
 from vram.memory.overhead import (
     allocator_slack_bytes,
     cuda_context_bytes,
     fixed_overhead_items,
+    idle_loss_bytes,
+    idle_loss_item,
     slack_item,
 )
 from vram.memory.vision import VisionPlan, vision_plan, vision_tokens
@@ -189,6 +191,9 @@ class StepPeak:
     activations_max: int
     #: Under pipeline parallel, the rank whose step this is (the one with the peak).
     stage: StagePlan | None = None
+    #: What the loss's idle blocks add to `reserved` beyond the fitted slack, and one block.
+    idle_loss: int = 0
+    loss_block: int = 0
 
     def peaks(self, device: int) -> Peaks:
         """What the bounds are built from, with the device figure."""
@@ -260,11 +265,23 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
                                                 in_flight_bytes))
+    block = plan.head.loss_block_per_token * plan.tokens
+    idle = _idle_loss(model, setup, part, block) if setup.grad_ckpt and block else 0
+    idle = max(0, allocated + idle - reserved)
     # FSDP1's all-gather streams hold their blocks the whole step, apart from the compute
     # stream's pool (`vram.sharding.fsdp1`)
-    reserved += sum(item.bytes for item in part.stream_pools)
+    reserved += idle + sum(item.bytes for item in part.stream_pools)
     return StepPeak(part, plan, vision, peak, allocated, reserved, activations,
-                    activations_max, stage)
+                    activations_max, stage, idle, block)
+
+
+def _idle_loss(model: ModelSpec, setup: TrainingSetup, part: StatePart, block: int) -> int:
+    """`idle_loss_bytes` with the rank's largest parameter block and optimizer state."""
+    policy = part.profile.precision
+    largest = largest_trainable(model, setup, part.groups) * max(
+        policy.weights, policy.gradients, policy.states)
+    state = part.optimizer_bucket.bytes - part.optimizer.paged_bytes
+    return idle_loss_bytes(block, largest, state, setup.grad_ckpt)
 
 
 def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
@@ -273,8 +290,9 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     step = _step_peak(model, setup, figures)
     part, peak, allocated, reserved = step.part, step.peak, step.allocated, step.reserved
     pools = sum(item.bytes for item in part.stream_pools)
-    overhead = (slack_item(max(0, reserved - allocated - pools)), *part.stream_pools,
-                *part.fixed_overhead)
+    idle = (idle_loss_item(step.idle_loss, step.loss_block),) if step.idle_loss else ()
+    overhead = (slack_item(max(0, reserved - allocated - pools - step.idle_loss)), *idle,
+                *part.stream_pools, *part.fixed_overhead)
     device = allocated + sum(i.bytes for i in overhead)
     extra_weights = [*peak.weight_items,
                      *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
