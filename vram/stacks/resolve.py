@@ -133,6 +133,14 @@ def _ckpt_offload(setup: TrainingSetup, stack: bool) -> bool:
     return setup.offload is Offload.ACTIVATIONS or stack
 
 
+def _compile_loss(setup: TrainingSetup, compiled_model: bool, stack: bool) -> bool:
+    """torch.compile of the loss: the knob, else with a compiled model the stack's fact (the
+    loss compiled with it, or left eager: torchtitan@9dec370), else eager."""
+    if setup.compile_loss is not None:
+        return setup.compile_loss
+    return compiled_model and stack
+
+
 def _torch_autocast(setup: TrainingSetup, deepspeed: bool) -> bool:
     """torch.autocast over a 16-bit model: the knob, else on for bf16-true under DeepSpeed's
     ZeRO engine (its documented low-precision config), else off."""
@@ -171,6 +179,8 @@ def _resolve(setup: TrainingSetup) -> Resolved:
         sharding_engine=engine,
         ckpt_offload=_ckpt_offload(setup, bool(stack["ckpt_offload"])),
         torch_autocast=_torch_autocast(setup, deepspeed),
+        compile_loss=_compile_loss(setup, bool(filled.get("compile", setup.compile)),
+                                   bool(stack["compile_loss"])),
     )
     run = setup.model_copy(update=filled)
     return Resolved(
