@@ -3,7 +3,8 @@
 torchtitan@9dec370 compiled the blocks and left the loss eager (train.py: `# loss_fn =
 torch.compile(loss_fn)`); torchtitan@6404b93 compiles both (components/loss.py
 `build_cross_entropy_loss`); Transformers' model computes the loss in its compiled forward;
-DeepSpeed's `engine.compile()` compiles the module, not a loss computed outside it.
+DeepSpeed's `engine.compile()` and LitGPT's pretrain.py compile the module, not a loss computed
+outside it.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _compiled(**fields: object) -> tuple[bool, bool]:
     ({"framework": "hf-trainer", "compile": True}, (True, True)),      # loss inside forward
     ({"framework": "axolotl", "compile": True}, (True, True)),         # HF's TrainingArguments
     ({"framework": "deepspeed", "compile": True}, (True, False)),      # engine.compile: module
+    ({"framework": "litgpt", "compile": True}, (True, False)),         # pretrain.py: the model
 ])
 def test_each_stack_compiles_what_it_compiles(fields: dict[str, object],
                                               expected: tuple[bool, bool]) -> None:
