@@ -2,7 +2,9 @@
 
 torchtitan@9dec370 compiled the blocks and left the loss eager (train.py: `# loss_fn =
 torch.compile(loss_fn)`); torchtitan@6404b93 compiles both (components/loss.py
-`build_cross_entropy_loss`); Transformers' model computes the loss in its compiled forward;
+`build_cross_entropy_loss`); torchtune@v0.3.0's recipes compile a chunked loss in place and drop
+the compiled standard loss `training.compile_loss` returns, except the single-device LoRA
+recipe; Transformers' model computes the loss in its compiled forward;
 DeepSpeed's `engine.compile()` and LitGPT's pretrain.py compile the module, not a loss computed
 outside it.
 """
@@ -35,7 +37,11 @@ def _compiled(**fields: object) -> tuple[bool, bool]:
     ({"framework": "torchtitan"}, (False, False)),                     # compile off: neither
     ({"framework": "torchtitan", "compile": True, "compile_loss": False}, (True, False)),
     ({"framework": "torchtitan", "compile_loss": True}, (False, True)),  # components ["loss"]
-    ({"framework": "torchtune"}, (True, True)),                        # compile_loss in recipes
+    ({"framework": "torchtune"}, (True, True)),                        # chunked: in place
+    ({"framework": "torchtune", "loss": "standard"}, (True, False)),   # result dropped
+    ({"framework": "torchtune", "loss": "standard", "method": "lora"}, (True, True)),
+    ({"framework": "torchtune", "loss": "standard", "method": "lora", "n_gpus": 2,
+      "sharding": "zero3"}, (True, False)),                            # lora_..._distributed
     ({"framework": "hf-trainer", "compile": True}, (True, True)),      # loss inside forward
     ({"framework": "axolotl", "compile": True}, (True, True)),         # HF's TrainingArguments
     ({"framework": "deepspeed", "compile": True}, (True, False)),      # engine.compile: module
@@ -43,8 +49,8 @@ def _compiled(**fields: object) -> tuple[bool, bool]:
 ])
 def test_each_stack_compiles_what_it_compiles(fields: dict[str, object],
                                               expected: tuple[bool, bool]) -> None:
-    assert _compiled(method="full", optimizer="adamw", precision="bf16-mixed",
-                     **fields) == expected
+    assert _compiled(**{"method": "full", "optimizer": "adamw", "precision": "bf16-mixed",
+                        **fields}) == expected
 
 
 def test_a_compiled_model_with_an_eager_loss_keeps_the_fp32_loss_by_hand() -> None:
