@@ -64,17 +64,20 @@ def test_one_range_per_url_key(text: str, message: str) -> None:
 
 
 def test_every_memory_knob_reaches_the_setup() -> None:
-    """The controls beyond the sliders: accumulation, dropout, the longest-batch protocol and
-    compile land in the TrainingSetup, and a bad value names its parameter."""
+    """The controls beyond the sliders: accumulation, dropout, the longest-batch protocol,
+    compile and the loss's compile land in the TrainingSetup, and a bad value names its
+    parameter."""
     state = {**REG.defaults(), "method": "lora", "accum": 8, "dropout": 0.0, "once": True,
-             "compile": False}
+             "compile": True, "closs": False}
     setup, errors = params.build_setup(state)
     assert errors == [] and setup is not None
     assert (setup.grad_accum, setup.lora_dropout, setup.longest_batch_repeats,
-            setup.compile) == (8, 0.0, False, False)
-    _, errors = params.parse_query(REG, {"accum": "3", "dropout": "0.5", "compile": "maybe"})
+            setup.compile, setup.compile_loss) == (8, 0.0, False, True, False)
+    _, errors = params.parse_query(REG, {"accum": "3", "dropout": "0.5", "compile": "maybe",
+                                         "closs": "lossy"})
     text = " ".join(errors)
     assert "parameter accum " in text and "parameter dropout " in text and "compile (" in text
+    assert "closs (" in text
 
 
 def test_gpu_page_filters_are_in_the_url() -> None:
@@ -112,6 +115,7 @@ states = st.fixed_dictionaries(
         "dropout": st.sampled_from(params.options("dropout")),
         "once": st.booleans(),
         "compile": st.sampled_from(params.options("compile")),
+        "closs": st.sampled_from(params.options("closs")),
         "quant": st.sampled_from(params.options("quant")),
         "loss": st.sampled_from(params.options("loss")),
         "stack": st.sampled_from(params.options("stack")),

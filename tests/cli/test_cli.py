@@ -210,3 +210,20 @@ def test_new_knob_flags_reach_the_estimate(capsys: pytest.CaptureFixture[str]) -
     assert peaks[("--ckpt-reentrant",)] < peaks[()]
     assert peaks[("--bitsandbytes-version", "0.50.2")] < peaks[()]
     assert peaks[("--context-mib", "2048")] - peaks[()] == 1024 * 2**20
+
+
+def test_compile_loss_flag_reaches_the_record_and_the_loss(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compile --no-compile-loss` (torchtitan@9dec370: blocks compiled, loss eager) comes
+    back under the case-file column `compile_loss`, and the eager fp32 loss costs more."""
+    base = ["estimate", "--model", "llama-3.2-1b", "--method", "full", "--optimizer", "adamw",
+            "--precision", "bf16-mixed", "--seq", "4096", "--framework", "torchtitan",
+            "--compile", "--json"]
+    peaks = {}
+    for flag in ("--compile-loss", "--no-compile-loss"):
+        assert main([*base, flag]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["setup"]["compile"], out["setup"]["compile_loss"]) == (
+            True, flag == "--compile-loss")
+        peaks[flag] = out["allocated_peak_bytes"]
+    assert peaks["--no-compile-loss"] > peaks["--compile-loss"]

@@ -91,7 +91,7 @@ def test_a_bad_cell_names_its_column(cells: dict[str, str], column: str) -> None
 #: The project's own case files (`benchmarks/*/cases.csv`): a new knob's column is the schema's
 #: (design.md: "Case-file columns are added for new knobs ... empty means the default") before
 #: the shared file carries it: `benchmarks/experts/cases.csv` holds `lora_experts` (issue 22),
-#: `benchmarks/parallel/cases.csv` holds `tp, pp, cp, ep, fp8` (issue 23),
+#: `benchmarks/parallel/cases.csv` holds `tp, pp, cp, ep, fp8` (issue 23) and `compile_loss`,
 #: `benchmarks/hybrid/cases.csv` holds `mixer_kernels` (issue 22; no published hybrid run yet).
 PROJECT_CASES = sorted((Path(__file__).resolve().parents[2] / "benchmarks").glob("*/cases.csv"))
 

@@ -61,8 +61,9 @@ def test_every_stack_states_a_default_for_each_knob_that_defers_to_it() -> None:
     """The same knobs in every row, each a TrainingSetup field whose None means "the
     stack's" (a knob added to one row and not the others is refused at load)."""
     knobs = set(stack_row(Framework.HF_TRAINER).defaults)
-    assert knobs == {"loss", "compile", "ckpt_reentrant", "ckpt_offload", "fsdp_version",
-                     "fsdp_embedding_units", "bitsandbytes_version", "lora_base_16bit",
+    assert knobs == {"loss", "compile", "compile_loss", "ckpt_reentrant", "ckpt_offload",
+                     "fsdp_version", "fsdp_embedding_units", "bitsandbytes_version",
+                     "lora_base_16bit",
                      "zero_reduce_bucket_values", "zero_param_persistence_threshold",
                      "zero3_linear_wrapper", "alloc_conf", "max_pixels", "min_pixels",
                      "crop_images", "video_max_pixels", "freeze_vision", "sequence_parallel",

@@ -319,6 +319,7 @@ def _resolved(setup: TrainingSetup) -> dict[str, object]:
         "quant": setup.effective_quant,
         "loss": run.loss,
         "compile": run.compile,
+        "compile_loss": run.compile_loss,
         "ckpt_reentrant": run.ckpt_reentrant if setup.grad_ckpt else None,
         "fsdp_version": run.fsdp_version if setup.sharding.shards_gradients else None,
         "fsdp_embedding_units": run.fsdp_embedding_units if resolved.fsdp2 else None,

@@ -85,9 +85,9 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     if profile.fused_linear_loss:
         return _fused_linear_head(model, setup, norm, 2 if n.autocast else n.compute,
                                   head_weight_bytes=n.compute if full else 0)
-    if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled:
+    if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled_loss:
         return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
-    if profile.compiled:
+    if profile.compiled_loss:
         # A compiled cross-entropy keeps the 16-bit logits and a logsumexp per token. Its
         # backward frees each chunk's logits as it writes that chunk's gradient, so chunked
         # losses peak at one extra chunk (torchtune: 8 chunks); unchunked at a full copy.

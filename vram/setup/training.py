@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from vram.memory.allocator.conf import parse_alloc_conf
+from vram.setup.compile import Compile, CompileLoss
 from vram.setup.enums import (
     Attention,
     ContextParallel,
@@ -375,13 +376,8 @@ class TrainingSetup(BaseModel):
              "(lit-gpt's 2023 scripts); a stack that keeps the previous step's graph then "
              "never holds two long steps",
     )] = True
-    #: torch.compile of model and loss; None = the stack's published default.
-    compile: Annotated[bool | None, Field(strict=True), Knob(
-        "torch.compile", key="compile", flag="--compile", column="compile",
-        labels=(("auto", "stack default"), ("true", "compiled"),
-                ("false", "eager (not compiled)")),
-        help="torch.compile of model and loss (default: the stack's)",
-    )] = None
+    compile: Compile = None  # vram.setup.compile
+    compile_loss: CompileLoss = None
     attention: Annotated[Attention, Knob(
         "Attention kernel", key="attn", flag="--attention", column="attention",
         labels=(("sdpa", "SDPA"), ("eager", "eager (keeps s×s scores)"),

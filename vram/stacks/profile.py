@@ -46,7 +46,10 @@ class StackProfile:
     norm_keeps_fp32_normalized: bool
     fsdp_keeps_frozen_unsharded: bool
     fused_activations: bool
+    #: torch.compile of the model: the layers' saved set (`compile`).
     compiled: bool
+    #: torch.compile of the loss: the logits and cross-entropy (`compile_loss`).
+    compiled_loss: bool
     #: Checkpointing is non-reentrant: tensors an autograd Function keeps as ctx attributes
     #: (bitsandbytes' inputs) stay alive for every layer; reentrant checkpointing's forward
     #: keeps no graph at all.
@@ -135,6 +138,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         fsdp_keeps_frozen_unsharded=resolved.fsdp1_keeps_frozen_unsharded,
         fused_activations=row.fused_activations,
         compiled=bool(run.compile),
+        compiled_loss=bool(run.compile_loss),
         checkpoint_keeps_ctx_attributes=not run.ckpt_reentrant,
         offloads_checkpoints=bool(run.ckpt_offload),
         mixer_kernels=bool(run.mixer_kernels),

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from vram.memo import BoundedCache, cached_in
-from vram.setup import Method, Offload, Precision, Sharding, TrainingSetup
+from vram.setup import Loss, Method, Offload, Precision, Sharding, TrainingSetup
 from vram.setup.layout import shard_group
 from vram.stacks.support import unsupported
 from vram.stacks.table import StackRow, stack_row
@@ -133,6 +133,19 @@ def _ckpt_offload(setup: TrainingSetup, stack: bool) -> bool:
     return setup.offload is Offload.ACTIVATIONS or stack
 
 
+def _compile_loss(setup: TrainingSetup, compiled_model: bool, stack: bool, loss: Loss,
+                  row: StackRow) -> bool:
+    """torch.compile of the loss: the knob, else with a compiled model the stack's fact (the
+    loss compiled with it, or left eager: torchtitan@9dec370), else eager. A stack whose
+    recipes drop `compile_loss`'s result leaves an unchunked loss eager, except in its
+    single-device LoRA recipe (torchtune: `StackRow.drops_compiled_unchunked_loss`)."""
+    if setup.compile_loss is not None:
+        return setup.compile_loss
+    kept = setup.trains_adapters and setup.n_gpus == 1
+    dropped = row.drops_compiled_unchunked_loss and loss is Loss.STANDARD and not kept
+    return compiled_model and stack and not dropped
+
+
 def _torch_autocast(setup: TrainingSetup, deepspeed: bool) -> bool:
     """torch.autocast over a 16-bit model: the knob, else on for bf16-true under DeepSpeed's
     ZeRO engine (its documented low-precision config), else off."""
@@ -171,6 +184,9 @@ def _resolve(setup: TrainingSetup) -> Resolved:
         sharding_engine=engine,
         ckpt_offload=_ckpt_offload(setup, bool(stack["ckpt_offload"])),
         torch_autocast=_torch_autocast(setup, deepspeed),
+        compile_loss=_compile_loss(setup, bool(filled.get("compile", setup.compile)),
+                                   bool(stack["compile_loss"]),
+                                   cast("Loss", filled.get("loss", setup.loss)), row),
     )
     run = setup.model_copy(update=filled)
     return Resolved(

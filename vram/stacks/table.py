@@ -70,6 +70,10 @@ class StackRow(BaseModel):
     fsdp_keeps_frozen_unsharded: bool
     #: The MLP activation is a fused kernel (F.silu / F.gelu) whatever the config says.
     fused_activations: bool
+    #: With compile on, the recipes compile the loss and drop the result: a chunked loss is
+    #: compiled in place, an unchunked one stays eager (torchtune; its single-device LoRA
+    #: recipe keeps the result): `vram.stacks.resolve`.
+    drops_compiled_unchunked_loss: bool
     #: The training loop keeps the logits referenced through backward.
     keeps_logits: bool
     #: The loop keeps the previous step's `logits` and `loss` into the next forward.
