@@ -276,7 +276,8 @@ FLAG_VALUES: dict[str, list[str]] = {
     "--offload": ["none", "optimizer"], "--framework": ["hf-trainer", "litgpt", "torchtune"],
     "--grad-accum": ["1", "8"], "--lora-dropout": ["0", "0.1"], "--loss": ["chunked"],
 }
-SWITCHES = ("--grad-ckpt", "--json", "--compile", "--no-compile", "--single-longest-batch")
+SWITCHES = ("--grad-ckpt", "--json", "--compile", "--no-compile", "--compile-loss",
+            "--no-compile-loss", "--single-longest-batch")
 
 
 @st.composite
@@ -337,7 +338,8 @@ URL_VALUES: dict[str, list[str]] = {
     "prec": ["fp32", "bf16-true"], "rank": ["8", "512", "513"], "targets": ["q_proj,v_proj"],
     "quant": ["nf4", "int8"], "ckpt": ["1", "0"], "accum": ["1", "8", "3"],
     "dropout": ["0.0", "0.1"], "repeats": ["0"], "compile": ["on", "off", "auto"],
-    "attn": ["eager", "flash"], "loss": ["chunked"], "gpus": ["1", "8", "1024", "1025"],
+    "closs": ["on", "off", "auto", "maybe"], "attn": ["eager", "flash"], "loss": ["chunked"],
+    "gpus": ["1", "8", "1024", "1025"],
     "shard": ["zero3", "ddp", "none"], "offload": ["optimizer", "params+optimizer"],
     "stack": ["litgpt", "torchtune"], "vendor": ["NVIDIA", "AMD,Acme"],
     "segment": ["datacenter"], "fits": ["1"], "math": ["1"], "unit": ["GiB", "GB"],
