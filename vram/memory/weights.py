@@ -246,6 +246,11 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     """
     if not profile.precision.casts_weights:
         return 0
+    if stage is Stage.LOSS and profile.fused_linear_loss:
+        # a fused linear loss peaks in its forward, still inside the autocast region (its
+        # backward allocates nothing: liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0
+        # lines 143-189): the forward's cached casts are alive (the trace, checkpointed)
+        stage = Stage.FORWARD
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
         ("embedding",) if model.lm_head_tied else ())

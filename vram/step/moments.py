@@ -99,9 +99,11 @@ def _output_cast(c: StepContext) -> list[Moment]:
 
 def _loss(c: StepContext) -> Moment:
     """The loss's forward and backward: logits, log-softmax and their gradients at their
-    largest, with every layer's saved tensors still alive."""
+    largest, with every layer's saved tensors still alive. A fused linear loss is at its
+    largest in its forward (its chunk loop; `vram.memory.head._fused_linear_head`)."""
     plan = c.plan
-    return Moment(Phase.BACKWARD, MomentId.LOSS, c.accumulated_bytes, [
+    phase = Phase.FORWARD if c.profile.fused_linear_loss else Phase.BACKWARD
+    return Moment(phase, MomentId.LOSS, c.accumulated_bytes, [
         *c.layers, *c.working[Stage.LOSS],
         ItemDraft(key="activations.loss", label="logits, loss and their gradients",
                   formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
