@@ -82,6 +82,11 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     elif head_targeted(setup):
         norm += (profile.adapter_bytes + 1) * model.hidden_size
     logits = (2 if n.autocast else n.compute) * vocab  # autocast: the head matmul is 16-bit
+    if profile.fused_linear_loss and profile.fused_loss_is_cce:
+        stored = n.weights if full else n.frozen_weights  # the head as stored
+        return _cce_head(model, setup, norm, x=n.residual, e=2 if n.autocast else n.residual,
+                         full=full, casts_head=n.autocast and not n.half_model and stored == FP32,
+                         head_weight_bytes=stored if n.autocast else n.compute)
     if profile.fused_linear_loss:
         return _fused_linear_head(model, setup, norm, 2 if n.autocast else n.compute,
                                   x=n.residual, head_weight_bytes=(
@@ -164,6 +169,33 @@ def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int
         formula="grad of hidden (x·H) + fp32 loss (+ the head's gradient); in the loss the "
                 "shifted hidden copy (x·H) and a chunk at max(3e, 2e + 4)·V",
         label="fused linear cross-entropy (Liger)")
+
+
+def _cce_head(model: ModelSpec, setup: TrainingSetup, norm: int, *, x: int, e: int, full: bool,
+              casts_head: bool, head_weight_bytes: int) -> HeadActivations:
+    """Apple's Cut Cross-Entropy (cut_cross_entropy/cce.py@d42911f lines 48-235): no logits
+    and no gradient in the forward. It saves the hidden states as the kernel reads them
+    (e·H: a 16-bit copy under autocast over x-byte hidden states, else the norm's output
+    itself, already counted for a trained head), the head (a 16-bit copy under autocast over
+    an fp32 head), an fp32 logsumexp and an int64 index per token, and an fp32 mean logit per
+    vocabulary entry (filter_eps="auto"). Its backward allocates `de = zeros_like(e)` and, for a
+    trained head, `dc = zeros_like(c)`, each cast back to its input's dtype
+    (cce_backward.py@d42911f lines 385-521). Fixed-size terms are spread over the tokens.
+    """
+    tokens = max(1, setup.micro_batch * setup.seq_len)
+    vocab, hidden = model.vocab_size, model.hidden_size
+    matrix = vocab * hidden
+    e_copy = e != x
+    c = 2 if casts_head else head_weight_bytes  # the head as the kernel reads it
+    saved_hidden = e * hidden if e_copy or not full else 0
+    head_copy = -(-(matrix * 2) // tokens) if casts_head else 0
+    saved = norm + saved_hidden + head_copy + FP32 + 8 + -(-(vocab * FP32) // tokens)
+    de = e * hidden + (x * hidden if e_copy else 0)
+    dc = -(-(matrix * (c + (head_weight_bytes if casts_head else 0))) // tokens) if full else 0
+    return HeadActivations(
+        saved_per_token=saved, loss_peak_per_token=saved + de + dc, kept_per_token=x * hidden,
+        formula="hidden (e·H) + fp32 logsumexp + int64 index; backward de (e·H) + dc (V·H)",
+        label="fused linear cross-entropy (Cut Cross-Entropy)")
 
 
 #: LitGPT's fine-tuning scripts run the lm_head on 128-token chunks (lm_head_chunk_size=128).

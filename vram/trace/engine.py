@@ -119,8 +119,9 @@ def _label_embedding_backward(built: Built, tracker: StorageTracker) -> None:
 def training_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
           labels: torch.Tensor, extra: dict[str, Any] | None = None) -> torch.Tensor:
     model = built.model
-    if built.kind == "causal" and profile_for(setup).fused_linear_loss:
-        return fused_linear_loss(built.hf, ids, labels)
+    profile = profile_for(setup)
+    if built.kind == "causal" and profile.fused_linear_loss:
+        return fused_linear_loss(built.hf, ids, labels, cce=profile.fused_loss_is_cce)
     if built.kind == "causal" and resolve(setup).run.loss is Loss.CHUNKED:
         hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
         head = built.hf.get_output_embeddings()

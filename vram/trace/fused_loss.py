@@ -181,8 +181,13 @@ def cce_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -
     return loss
 
 
-def fused_linear_loss(hf: Any, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def fused_linear_loss(hf: Any, ids: torch.Tensor, labels: torch.Tensor, *, cce: bool,
+                      ) -> torch.Tensor:
     """The causal model's last hidden states through the fused head and loss (the model's
-    `lm_head` never runs on its own)."""
+    `lm_head` never runs on its own): Cut Cross-Entropy where the stack runs it, else Liger's.
+    """
     hidden = hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
-    return liger_loss(hidden, hf.get_output_embeddings().weight, labels)
+    weight = hf.get_output_embeddings().weight
+    if cce:  # unsloth_zoo/loss_utils.py@ce232d6c fused_linear_cross_entropy: to the head's dtype
+        return cce_loss(hidden.to(weight.dtype), weight, labels)
+    return liger_loss(hidden, weight, labels)
