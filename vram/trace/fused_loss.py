@@ -15,7 +15,9 @@ skips the kernels' arithmetic (an in-place write allocates nothing).
   grad_output != 1) and 192-238 (saves `grad_input` and `grad_weight`). Called by
   src/liger_kernel/transformers/model/llama.py@v0.3.0 `lce_forward` lines 101-109 on
   `hidden_states[..., :-1, :].contiguous()` flattened to BT x H.
-- Cut Cross-Entropy: `LinearCrossEntropyFunction`, apple/ml-cross-entropy
+- Cut Cross-Entropy, where the stack runs it (`fused_loss_is_cce`: unsloth, which first casts
+  the hidden states to the head's dtype, unsloth_zoo/loss_utils.py@ce232d6c
+  `fused_linear_cross_entropy`): `LinearCrossEntropyFunction`, apple/ml-cross-entropy
   cut_cross_entropy/cce.py@d42911f lines 48-162 (forward casts e and c to the autocast dtype,
   saves e, c, lse and the valid-token index), 164-235 (backward), 261-319
   (`cce_linear_cross_entropy`: `_build_flat_valids`, cut_cross_entropy/utils.py@d42911f lines
