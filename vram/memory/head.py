@@ -82,9 +82,17 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
     elif head_targeted(setup):
         norm += (profile.adapter_bytes + 1) * model.hidden_size
     logits = (2 if n.autocast else n.compute) * vocab  # autocast: the head matmul is 16-bit
+    if profile.fused_linear_loss and profile.fused_loss_is_cce:
+        stored = n.weights if full else n.frozen_weights  # the head as stored
+        return _cce_head(model, setup, norm, x=n.residual, e=2 if n.autocast else n.residual,
+                         full=full, casts_head=n.autocast and not n.half_model and stored == FP32,
+                         head_weight_bytes=stored if n.autocast else n.compute)
     if profile.fused_linear_loss:
         return _fused_linear_head(model, setup, norm, 2 if n.autocast else n.compute,
-                                  head_weight_bytes=n.compute if full else 0)
+                                  x=n.residual, head_weight_bytes=(
+                                      (n.weights if n.casts_weights else n.compute)
+                                      if full else 0),
+                                  casts_head=full and n.casts_weights)
     if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled_loss:
         return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
     if profile.compiled_loss:
@@ -131,27 +139,63 @@ def _next_power_of_2(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
-def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int, *,
-                       head_weight_bytes: int) -> HeadActivations:
+def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int, *, x: int,
+                       head_weight_bytes: int, casts_head: bool) -> HeadActivations:
     """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0
-    fused_linear_cross_entropy_forward): the head and the loss run on chunks of
-    next_power_of_2(ceil(tokens / ceil(V / H))) tokens; the loss kernel writes each chunk's
-    gradient into its logits in place, and the forward already builds the gradient of the
-    hidden states (`grad_input`, e·H per token), an fp32 loss per token and, when the head
-    trains, the head's whole gradient (`grad_weight = zeros_like(weight)`), all kept for
-    backward. Per token here: the fixed-size terms are spread over the micro-batch's tokens.
+    lines 15-140, called by liger_kernel/transformers/model/llama.py@v0.3.0 lines 101-109 on
+    the shifted hidden states copied contiguous: x bytes per entry, the final norm's dtype).
+    The head and the loss run on chunks of next_power_of_2(ceil(tokens / ceil(V / H))) tokens;
+    the forward already builds the gradient of the hidden states (`grad_input`, x·H per token),
+    an fp32 loss per token and, when the head trains, the head's whole gradient
+    (`grad_weight = zeros_like(weight)`, the weight's dtype), all kept for backward.
+    A chunk's worst moment: the previous chunk's e-byte gradient, this chunk's e-byte logits
+    and their fp32 upcast, or three e-byte chunks (`logits_chunk * alpha`). Under autocast
+    over an fp32 head, `weight.t()` is a view and autocast caches only leaves' casts: each
+    chunk's logits matmul casts the whole head afresh (the trace: llama-3.2-1b). Per token
+    here: the fixed-size terms are spread over the micro-batch's tokens.
     """
     tokens = max(1, setup.micro_batch * setup.seq_len)
     vocab, hidden = model.vocab_size, model.hidden_size
     chunk_tokens = min(tokens, _next_power_of_2(-(-tokens // -(-vocab // hidden))))
-    chunk_logits = -(-(chunk_tokens * vocab * e) // tokens)
+    per_entry = max(3 * e, 2 * e + FP32)
+    chunk_logits = -(-(chunk_tokens * vocab * per_entry) // tokens)
     grad_weight = -(-(vocab * hidden * head_weight_bytes) // tokens)
-    saved = norm + e * hidden + FP32 + grad_weight
+    head_cast = -(-(vocab * hidden * 2) // tokens) if casts_head else 0
+    saved = norm + x * hidden + FP32 + grad_weight
     return HeadActivations(
-        saved_per_token=saved, loss_peak_per_token=saved + chunk_logits,
-        kept_per_token=e * hidden,
-        formula="grad of hidden (e·H) + fp32 loss + one chunk's logits (+ the head's gradient)",
+        saved_per_token=saved,
+        loss_peak_per_token=saved + x * hidden + chunk_logits + head_cast,
+        kept_per_token=x * hidden,
+        formula="grad of hidden (x·H) + fp32 loss (+ the head's gradient); in the loss the "
+                "shifted hidden copy (x·H) and a chunk at max(3e, 2e + 4)·V",
         label="fused linear cross-entropy (Liger)")
+
+
+def _cce_head(model: ModelSpec, setup: TrainingSetup, norm: int, *, x: int, e: int, full: bool,
+              casts_head: bool, head_weight_bytes: int) -> HeadActivations:
+    """Apple's Cut Cross-Entropy (cut_cross_entropy/cce.py@d42911f lines 48-235): no logits
+    and no gradient in the forward. It saves the hidden states as the kernel reads them
+    (e·H: a 16-bit copy under autocast over x-byte hidden states, else the norm's output
+    itself, already counted for a trained head), the head (a 16-bit copy under autocast over
+    an fp32 head), an fp32 logsumexp and an int64 index per token, and an fp32 mean logit per
+    vocabulary entry (filter_eps="auto"). Its backward allocates `de = zeros_like(e)` and, for a
+    trained head, `dc = zeros_like(c)`, each cast back to its input's dtype
+    (cce_backward.py@d42911f lines 385-521). Fixed-size terms are spread over the tokens.
+    """
+    tokens = max(1, setup.micro_batch * setup.seq_len)
+    vocab, hidden = model.vocab_size, model.hidden_size
+    matrix = vocab * hidden
+    e_copy = e != x
+    c = 2 if casts_head else head_weight_bytes  # the head as the kernel reads it
+    saved_hidden = e * hidden if e_copy or not full else 0
+    head_copy = -(-(matrix * 2) // tokens) if casts_head else 0
+    saved = norm + saved_hidden + head_copy + FP32 + 8 + -(-(vocab * FP32) // tokens)
+    de = e * hidden + (x * hidden if e_copy else 0)
+    dc = -(-(matrix * (c + (head_weight_bytes if casts_head else 0))) // tokens) if full else 0
+    return HeadActivations(
+        saved_per_token=saved, loss_peak_per_token=saved + de + dc, kept_per_token=x * hidden,
+        formula="hidden (e·H) + fp32 logsumexp + int64 index; backward de (e·H) + dc (V·H)",
+        label="fused linear cross-entropy (Cut Cross-Entropy)")
 
 
 #: LitGPT's fine-tuning scripts run the lm_head on 128-token chunks (lm_head_chunk_size=128).

@@ -246,11 +246,18 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     """
     if not profile.precision.casts_weights:
         return 0
+    if stage is Stage.LOSS and profile.fused_linear_loss and not profile.fused_loss_is_cce:
+        # Liger's fused linear loss peaks in its forward, still inside the autocast region (its
+        # backward allocates nothing: liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0
+        # lines 143-189): the forward's cached casts are alive (the trace, checkpointed)
+        stage = Stage.FORWARD
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
         ("embedding",) if model.lm_head_tied else ())
     if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):
         head_keys = ()  # the head's backward ran: its cast is gone
+    if profile.fused_linear_loss and profile.fused_loss_is_cce:
+        head_keys = ()  # Cut Cross-Entropy copies the head itself (`vram.memory.head._cce_head`)
     if stage is Stage.LAYERS_FORWARD:
         head_keys = ()  # the head has not run: no cast of it exists yet (the trace)
         stage = Stage.FORWARD

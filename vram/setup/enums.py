@@ -71,8 +71,9 @@ class Attention(StrEnum):
 class Loss(StrEnum):
     """`standard`: full logits, upcast to fp32 for cross-entropy. `chunked`: the stack's
     chunked loss (torchtune, LitGPT: all 16-bit logits exist, the loss runs per chunk; HF
-    Trainer: Liger's, fused). `fused-linear`: head and cross-entropy fused per chunk of tokens
-    (Liger), so the logits never exist whole."""
+    Trainer: Liger's, fused). `fused-linear`: head and cross-entropy fused, so the logits never
+    exist whole: Liger's per chunk of tokens, or Cut Cross-Entropy where the stack runs it
+    (`fused_loss_is_cce`: unsloth)."""
 
     STANDARD = "standard"
     CHUNKED = "chunked"

@@ -38,6 +38,8 @@ class StackProfile:
     #: The loss fuses the head and cross-entropy per chunk of tokens (Liger): see
     #: `vram.memory.head._fused_linear_head`.
     fused_linear_loss: bool
+    #: That fused loss is Cut Cross-Entropy (`vram.memory.head._cce_head`), not Liger's.
+    fused_loss_is_cce: bool
     fused_optimizer: bool
     expands_kv: bool
     norm_keeps_fp32_input: bool
@@ -128,6 +130,7 @@ def profile_for(setup: TrainingSetup) -> StackProfile:
         chunked_loss=run.loss is Loss.CHUNKED and not row.chunked_loss_fuses_head,
         fused_linear_loss=run.loss is Loss.FUSED_LINEAR or (
             run.loss is Loss.CHUNKED and row.chunked_loss_fuses_head),
+        fused_loss_is_cce=row.fused_loss_is_cce,
         fused_optimizer=row.fused_optimizer,
         expands_kv=row.expands_kv,
         norm_keeps_fp32_input=row.norm_keeps_fp32_input,

@@ -84,6 +84,9 @@ class StackRow(BaseModel):
     casts_output_to_fp32: bool
     #: The stack's chunked loss is a fused linear + cross-entropy (Liger): no whole logits.
     chunked_loss_fuses_head: bool
+    #: The stack's fused linear loss is Apple's Cut Cross-Entropy (saves the hidden states and
+    #: a logsumexp; the gradients are built in backward); False: Liger's (built in forward).
+    fused_loss_is_cce: bool
     #: QLoRA quantizes MoE expert banks (experts as nn.Linear); False: the model code holds a
     #: bank as one 3-D parameter, which bitsandbytes' Linear replacement passes by.
     quantizes_expert_banks: bool

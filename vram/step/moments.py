@@ -99,9 +99,13 @@ def _output_cast(c: StepContext) -> list[Moment]:
 
 def _loss(c: StepContext) -> Moment:
     """The loss's forward and backward: logits, log-softmax and their gradients at their
-    largest, with every layer's saved tensors still alive."""
+    largest, with every layer's saved tensors still alive. A fused linear loss is at its
+    largest in its forward (its chunk loop; `vram.memory.head._fused_linear_head`); Cut
+    Cross-Entropy in its backward."""
     plan = c.plan
-    return Moment(Phase.BACKWARD, MomentId.LOSS, c.accumulated_bytes, [
+    liger = c.profile.fused_linear_loss and not c.profile.fused_loss_is_cce
+    phase = Phase.FORWARD if liger else Phase.BACKWARD
+    return Moment(phase, MomentId.LOSS, c.accumulated_bytes, [
         *c.layers, *c.working[Stage.LOSS],
         ItemDraft(key="activations.loss", label="logits, loss and their gradients",
                   formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,

@@ -22,6 +22,7 @@ from vram.trace.attention import cuda_attention
 from vram.trace.build import Built
 from vram.trace.cuda_autocast import cuda_autocast
 from vram.trace.dropout import cuda_dropout
+from vram.trace.fused_loss import fused_linear_loss
 from vram.trace.mixer_kernels import emulated_mixer_kernels
 from vram.trace.moe import cuda_grouped_mm
 from vram.trace.tracker import SegmentPeak, StorageTracker
@@ -118,6 +119,9 @@ def _label_embedding_backward(built: Built, tracker: StorageTracker) -> None:
 def training_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
           labels: torch.Tensor, extra: dict[str, Any] | None = None) -> torch.Tensor:
     model = built.model
+    profile = profile_for(setup)
+    if built.kind == "causal" and profile.fused_linear_loss:
+        return fused_linear_loss(built.hf, ids, labels, cce=profile.fused_loss_is_cce)
     if built.kind == "causal" and resolve(setup).run.loss is Loss.CHUNKED:
         hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
         head = built.hf.get_output_embeddings()
