@@ -33,6 +33,7 @@ from vram.setup.enums import (
 )
 from vram.setup.knob import Knob
 from vram.setup.layout import check_layout, shard_group
+from vram.setup.liger import LigerVersion
 from vram.setup.lora_targets import ALL_LINEAR, parse_lora_targets
 from vram.setup.mixers import MixerKernels
 from vram.setup.vision import (
@@ -265,6 +266,7 @@ class TrainingSetup(BaseModel):
         help="bitsandbytes version such as 0.41.1 (default: a current one, or one of "
              "PyTorch <= 2.1's time); up to 0.43.0 a 4-bit Linear kept its input for backward",
     )] = None
+    liger_version: LigerVersion = None  # vram.setup.liger
     #: DeepSpeed ZeRO's reduce bucket in values; None: the stack's config, else DeepSpeed's
     #: default (5e8, deepspeed/runtime/zero/config.py@v0.16.0). No case-file column yet.
     zero_reduce_bucket_values: Annotated[int | None, Field(strict=True, ge=1, le=10**10), Knob(
