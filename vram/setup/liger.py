@@ -18,6 +18,7 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 from vram.setup.knob import Knob
+from vram.setup.versions import lenient_version
 
 #: The current release, what an unstated version means (tag v0.8.2, 2026-08-18).
 CURRENT_LIGER = (0, 8, 2)
@@ -35,16 +36,8 @@ _VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?")
 
 
 def _liger_version(value: object) -> object:
-    # "0.3.0", "v0.6" -> "0.3.0", "0.6.0"; "not stated (...)" / "auto" -> None
-    if not isinstance(value, str):
-        return value
-    text = value.strip().lower()
-    found = _VERSION.fullmatch(text)
-    if found:
-        return ".".join(str(int(part)) for part in found.groups(default="0"))
-    if not text or text.startswith(("not stated", "unknown", "auto")):
-        return None
-    raise ValueError(f"{value[:40]!r} is not a Liger Kernel version such as 0.3.0")
+    # "0.3.0", "v0.6", "0.6.2.dev0" -> "0.3.0", "0.6.0", "0.6.2"; "not stated (...)" -> None
+    return lenient_version(value, _VERSION, "a Liger Kernel version such as 0.3.0")
 
 
 def liger_release(version: str | None) -> tuple[int, int, int]:
