@@ -275,6 +275,7 @@ FLAG_VALUES: dict[str, list[str]] = {
     "--gpus": ["1", "8", "64"], "--sharding": ["none", "ddp", "zero3", "fsdp-full"],
     "--offload": ["none", "optimizer"], "--framework": ["hf-trainer", "litgpt", "torchtune"],
     "--grad-accum": ["1", "8"], "--lora-dropout": ["0", "0.1"], "--loss": ["chunked"],
+    "--liger-version": ["0.3.0", "v0.8.2", "0.6", "auto", "0.3.0.post1", "1e400"],
 }
 SWITCHES = ("--grad-ckpt", "--json", "--compile", "--no-compile", "--compile-loss",
             "--no-compile-loss", "--single-longest-batch")
@@ -339,6 +340,7 @@ URL_VALUES: dict[str, list[str]] = {
     "quant": ["nf4", "int8"], "ckpt": ["1", "0"], "accum": ["1", "8", "3"],
     "dropout": ["0.0", "0.1"], "repeats": ["0"], "compile": ["on", "off", "auto"],
     "closs": ["on", "off", "auto", "maybe"], "attn": ["eager", "flash"], "loss": ["chunked"],
+    "liger": ["0.3.0", "0.8.2", "auto", "v0.6", "0.6.2.dev0", "banana"],
     "gpus": ["1", "8", "1024", "1025"],
     "shard": ["zero3", "ddp", "none"], "offload": ["optimizer", "params+optimizer"],
     "stack": ["litgpt", "torchtune"], "vendor": ["NVIDIA", "AMD,Acme"],

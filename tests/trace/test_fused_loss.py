@@ -1,6 +1,7 @@
 """The fused linear cross-entropy (`--loss fused-linear`): the closed form held to the trace.
 
-The trace runs Liger's `LigerFusedLinearCrossEntropyFunction` as its v0.3.0 source allocates,
+The trace runs Liger's `LigerFusedLinearCrossEntropyFunction` as its source allocates (v0.3.0,
+and the later chunk loops by `liger_version`),
 and Cut Cross-Entropy where the stack runs it (unsloth) (`vram.trace.fused_loss`); the closed
 forms are `vram.memory.head._fused_linear_head` and `_cce_head`. Liger's loss
 peaks inside its own forward (the chunk loop), so the trace's segment after the last block's
@@ -8,9 +9,13 @@ forward is held to the estimate's loss moment, and the whole step to the trace a
 tests/trace/test_agreement.py does. Llama 3.2 1B at 4,096 tokens: chunks of 128 tokens over
 a 128,256-entry vocabulary (8 B per entry at the loop's worst: 94 MiB, and the shifted hidden
 copy 16 MiB; the estimate without them was -12 % (LoRA) to -50 % (LoRA, checkpointed)).
-Measured when added (loss moment / whole-step peak): full bf16-true +0.95 % / +1.43 %,
-checkpointed +2.01 % / +1.03 %; LoRA -0.13 % / -0.04 %, checkpointed -0.50 % / -0.05 %;
-full bf16-mixed +0.83 % / +0.36 %, checkpointed +1.14 % / +0.41 %.
+Measured when added (loss moment / whole-step peak), at v0.3.0: full bf16-true +0.95 % /
++1.43 %, checkpointed +2.01 % / +1.03 %; LoRA -0.13 % / -0.04 %, checkpointed -0.50 % /
+-0.05 %; full bf16-mixed +0.83 % / +0.36 %, checkpointed +1.14 % / +0.41 %. The `liger_version`
+knob (`vram.setup.liger`) picks the chunk loop; its default, the current release (v0.8.2),
+when the knob was added: full bf16-true +0.50 % / +0.09 %, checkpointed +0.69 % / +0.36 %;
+LoRA -0.30 % / -0.01 %, checkpointed -0.69 % / -0.02 %; full bf16-mixed (an fp32 head:
+v0.8.2's addmm(out_dtype=fp32), no product) -0.08 % / -0.01 %, checkpointed -0.10 % / -0.16 %.
 """
 
 from __future__ import annotations
@@ -79,6 +84,39 @@ def test_closed_form_agrees_with_the_traced_fused_loss(method: str, precision: s
     # estimated, the trace's peak 14,571 in the loss)
     failures = _step_failures(setup)
     assert not failures, failures
+
+
+@pytest.mark.parametrize(("grad_ckpt", "liger_version"), [
+    (False, "0.3.0"), (True, "0.3.0"), (False, "0.6.1"), (True, "0.6.1"),
+    (False, "0.8.2"), (True, "0.8.2")])
+def test_closed_form_follows_the_liger_version(grad_ckpt: bool, liger_version: str) -> None:
+    """bf16-true full fine-tune, the head's weight bf16 and trained: v0.3.0 upcasts each chunk;
+    v0.6.1 keeps it bf16 and adds into `grad_weight` in place; v0.8.2 (as from v0.6.2) adds
+    `torch.mm(...).float()`: a bf16 V·H product and its fp32 copy (1,503 MiB at 1B), the
+    loss's largest moment. Measured when added (loss moment / whole step): v0.3.0 +0.95 % /
+    +0.36 %, checkpointed +2.01 % / +0.36 %; v0.6.1 +0.99 % / +0.46 %, checkpointed
+    +2.20 % / +0.36 %; v0.8.2 +0.50 % / +0.09 %, checkpointed +0.69 % / +0.36 %."""
+    setup = _setup("full", "bf16-true", grad_ckpt).model_copy(
+        update={"liger_version": liger_version})
+    error = _loss_moment_error(setup, LOSS_FORWARD)
+    assert abs(error) <= TOLERANCE["activations"], f"loss moment {100 * error:+.2f}%"
+    failures = _step_failures(setup)
+    assert not failures, failures
+
+
+def test_the_trace_sees_the_fp32_product() -> None:
+    """The emulation's own difference between v0.6.1 and v0.8.2 at the loss, two layers of
+    Llama 3.2 1B at 4,096 tokens: the bf16 product and its fp32 copy (6·V·H) less one chunk
+    (2·128·V), as the closed form has it (test_liger_version.py)."""
+    config = with_depth(load_config("llama-3.2-1b"), 2)
+    peaks = [trace_depth(config, _setup("full", "bf16-true", False).model_copy(
+        update={"liger_version": v}), 2).peaks[LOSS_FORWARD].buckets["activations"]
+        for v in ("0.6.1", "0.8.2")]
+    vocab, hidden = 128_256, 2_048
+    chunk = liger_chunk_tokens(4095, vocab, hidden)
+    # 1,543,176,192 by hand; the trace's moments differ by two 512-byte blocks of scalars
+    # (measured: 1,543,175,168)
+    assert abs(peaks[1] - peaks[0] - (6 * vocab * hidden - 2 * chunk * vocab)) <= 1024
 
 
 @pytest.mark.parametrize(("method", "grad_ckpt", "seq_len"), [

@@ -12,7 +12,15 @@ from dataclasses import dataclass, replace
 from vram.model.params import head_targeted
 from vram.model.spec import HeadKind, ModelSpec
 from vram.setup import Method, TrainingSetup
+from vram.setup.liger import (
+    LIGER_ADDMM_OUT_DTYPE,
+    LIGER_ALIASES_GRAD,
+    LIGER_FP32_PRODUCT,
+    LIGER_NO_UPCAST,
+    liger_release,
+)
 from vram.stacks.profile import StackProfile
+from vram.stacks.resolve import torch_at_most
 from vram.units import FP32_BYTES as FP32
 
 #: torchtune's CEWithChunkedOutputLoss splits the output projection and loss in 8 chunks.
@@ -92,7 +100,9 @@ def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProf
                                   x=n.residual, head_weight_bytes=(
                                       (n.weights if n.casts_weights else n.compute)
                                       if full else 0),
-                                  casts_head=full and n.casts_weights)
+                                  casts_head=full and n.casts_weights,
+                                  liger=liger_release(setup.liger_version),
+                                  addmm_out_dtype=not torch_at_most(setup, (2, 7)))
     if profile.casts_output_to_fp32 and n.compute != FP32 and not profile.compiled_loss:
         return _fabric_head(norm, vocab, n.compute, setup, profile.chunked_loss)
     if profile.compiled_loss:
@@ -140,7 +150,8 @@ def _next_power_of_2(value: int) -> int:
 
 
 def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int, *, x: int,
-                       head_weight_bytes: int, casts_head: bool) -> HeadActivations:
+                       head_weight_bytes: int, casts_head: bool, liger: tuple[int, int, int],
+                       addmm_out_dtype: bool) -> HeadActivations:
     """Liger's fused linear cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py@v0.3.0
     lines 15-140, called by liger_kernel/transformers/model/llama.py@v0.3.0 lines 101-109 on
     the shifted hidden states copied contiguous: x bytes per entry, the final norm's dtype).
@@ -148,27 +159,57 @@ def _fused_linear_head(model: ModelSpec, setup: TrainingSetup, norm: int, e: int
     the forward already builds the gradient of the hidden states (`grad_input`, x·H per token),
     an fp32 loss per token and, when the head trains, the head's whole gradient
     (`grad_weight = zeros_like(weight)`, the weight's dtype), all kept for backward.
-    A chunk's worst moment: the previous chunk's e-byte gradient, this chunk's e-byte logits
-    and their fp32 upcast, or three e-byte chunks (`logits_chunk * alpha`). Under autocast
-    over an fp32 head, `weight.t()` is a view and autocast caches only leaves' casts: each
-    chunk's logits matmul casts the whole head afresh (the trace: llama-3.2-1b). Per token
-    here: the fixed-size terms are spread over the micro-batch's tokens.
+    A chunk's worst moment follows the version (`vram.setup.liger`): `_chunk_bytes`. Under
+    autocast over an fp32 head, `weight.t()` is a view and autocast caches only leaves' casts:
+    each chunk's logits matmul casts the whole head afresh (the trace: llama-3.2-1b). Per
+    token here: the fixed-size terms are spread over the micro-batch's tokens.
     """
     tokens = max(1, setup.micro_batch * setup.seq_len)
     vocab, hidden = model.vocab_size, model.hidden_size
     chunk_tokens = min(tokens, _next_power_of_2(-(-tokens // -(-vocab // hidden))))
-    per_entry = max(3 * e, 2 * e + FP32)
-    chunk_logits = -(-(chunk_tokens * vocab * per_entry) // tokens)
+    head_cast = vocab * hidden * 2 if casts_head else 0
+    product = liger_head_product_bytes(vocab * hidden, e, head_weight_bytes, liger,
+                                       addmm_out_dtype=addmm_out_dtype)
+    chunk = -(-_chunk_bytes(chunk_tokens * vocab, e, head_cast, product, liger) // tokens)
     grad_weight = -(-(vocab * hidden * head_weight_bytes) // tokens)
-    head_cast = -(-(vocab * hidden * 2) // tokens) if casts_head else 0
     saved = norm + x * hidden + FP32 + grad_weight
     return HeadActivations(
         saved_per_token=saved,
-        loss_peak_per_token=saved + x * hidden + chunk_logits + head_cast,
+        loss_peak_per_token=saved + x * hidden + chunk,
         kept_per_token=x * hidden,
         formula="grad of hidden (x·H) + fp32 loss (+ the head's gradient); in the loss the "
-                "shifted hidden copy (x·H) and a chunk at max(3e, 2e + 4)·V",
+                "shifted hidden copy (x·H) and a chunk (by the Liger version)",
         label="fused linear cross-entropy (Liger)")
+
+
+def _chunk_bytes(entries: int, e: int, head_cast: int, product: int,
+                 liger: tuple[int, int, int]) -> int:
+    """One chunk's worst moment, its c·V `entries` at e bytes. Up to v0.4.2 the previous
+    chunk's gradient, this chunk's logits and their fp32 upcast, or three e-byte chunks
+    (`logits_chunk * alpha`) (@v0.3.0 lines 63-117); v0.5.0-v0.5.2 no upcast, three e-byte
+    chunks (@v0.5.0 lines 65-114); from v0.5.3 `grad_logits_chunk = logits_chunk` (@v0.5.3
+    line 122): the previous chunk and this one, then this one beside the head's gradient
+    product (`liger_head_product_bytes`)."""
+    if liger < LIGER_NO_UPCAST:
+        return entries * max(3 * e, 2 * e + FP32) + head_cast
+    if liger < LIGER_ALIASES_GRAD:
+        return entries * 3 * e + head_cast
+    return max(2 * e * entries + head_cast, e * entries + product)
+
+
+def liger_head_product_bytes(matrix: int, m: int, w: int, liger: tuple[int, int, int], *,
+                             addmm_out_dtype: bool) -> int:
+    """From v0.6.2 a trained head's gradient is accumulated per chunk as
+    `grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float()` (@v0.6.2 line 134,
+    @v0.8.2 line 257): the V·H product in the chunk's m-byte dtype and its fp32 copy (none
+    when it is already fp32). From v0.8.1 an fp32 `grad_weight` (w = 4) over 16-bit logits
+    takes `addmm(..., out_dtype=torch.float32, out=grad_weight)` on PyTorch >= 2.8
+    (@v0.8.2 lines 18, 243-256): nothing. Before v0.6.2 an in-place `addmm`: nothing."""
+    if w == 0 or liger < LIGER_FP32_PRODUCT:
+        return 0
+    if liger >= LIGER_ADDMM_OUT_DTYPE and addmm_out_dtype and w == FP32 and m < FP32:
+        return 0
+    return matrix * (m + (FP32 if m != FP32 else 0))
 
 
 def _cce_head(model: ModelSpec, setup: TrainingSetup, norm: int, *, x: int, e: int, full: bool,

@@ -33,8 +33,10 @@ from vram.setup.enums import (
 )
 from vram.setup.knob import Knob
 from vram.setup.layout import check_layout, shard_group
+from vram.setup.liger import LigerVersion
 from vram.setup.lora_targets import ALL_LINEAR, parse_lora_targets
 from vram.setup.mixers import MixerKernels
+from vram.setup.versions import lenient_version
 from vram.setup.vision import (
     CropImages,
     FreezeVision,
@@ -75,20 +77,6 @@ MAX_CONTEXT_MIB = 64 * 1024
 MAX_CAPACITY_FACTOR = 64.0
 #: The methods that train adapters (knobs of LoRA only mean something with them).
 ADAPTERS: tuple[str, ...] = ("lora", "qlora")
-
-
-def _lenient_version(value: object, pattern: re.Pattern[str], what: str) -> object:
-    """A version's leading numbers as `pattern` reads them, zero-padded groups joined by dots;
-    a case file's "not stated (...)" or "unknown" is None (the knob's default)."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip().lower()
-    found = pattern.match(text)
-    if found:
-        return ".".join(str(int(part)) for part in found.groups(default="0"))
-    if not text or text.startswith(("not stated", "unknown", "auto")):
-        return None
-    raise ValueError(f"{value[:40]!r} is not {what}")
 
 
 class TrainingSetup(BaseModel):
@@ -265,6 +253,7 @@ class TrainingSetup(BaseModel):
         help="bitsandbytes version such as 0.41.1 (default: a current one, or one of "
              "PyTorch <= 2.1's time); up to 0.43.0 a 4-bit Linear kept its input for backward",
     )] = None
+    liger_version: LigerVersion = None  # vram.setup.liger
     #: DeepSpeed ZeRO's reduce bucket in values; None: the stack's config, else DeepSpeed's
     #: default (5e8, deepspeed/runtime/zero/config.py@v0.16.0). No case-file column yet.
     zero_reduce_bucket_values: Annotated[int | None, Field(strict=True, ge=1, le=10**10), Knob(
@@ -495,7 +484,7 @@ class TrainingSetup(BaseModel):
     @classmethod
     def _torch_major_minor(cls, value: object) -> object:
         # "2.1.0", "2.6.0a0 nightly (...)", "2.4.0.dev20240427" -> "2.1", "2.6", "2.4"
-        return _lenient_version(value, TORCH_VERSION, "a PyTorch version such as 2.1")
+        return lenient_version(value, TORCH_VERSION, "a PyTorch version such as 2.1")
 
     @field_validator("alloc_conf", mode="before")
     @classmethod
@@ -512,7 +501,7 @@ class TrainingSetup(BaseModel):
     @classmethod
     def _bnb_version(cls, value: object) -> object:
         # "0.41.1", "0.43.0.post1" -> "0.41.1", "0.43.0" (patch 0 when absent)
-        return _lenient_version(value, BNB_VERSION, "a bitsandbytes version such as 0.41.1")
+        return lenient_version(value, BNB_VERSION, "a bitsandbytes version such as 0.41.1")
 
     @model_validator(mode="before")
     @classmethod

@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from vram.setup import Loss, TrainingSetup
+from vram.setup.liger import liger_release
 from vram.stacks.profile import profile_for
-from vram.stacks.resolve import resolve
+from vram.stacks.resolve import resolve, torch_at_most
 from vram.trace.attention import cuda_attention
 from vram.trace.build import Built
 from vram.trace.cuda_autocast import cuda_autocast
@@ -121,7 +122,9 @@ def training_loss(built: Built, setup: TrainingSetup, ids: torch.Tensor,
     model = built.model
     profile = profile_for(setup)
     if built.kind == "causal" and profile.fused_linear_loss:
-        return fused_linear_loss(built.hf, ids, labels, cce=profile.fused_loss_is_cce)
+        return fused_linear_loss(built.hf, ids, labels, cce=profile.fused_loss_is_cce,
+                                 liger=liger_release(setup.liger_version),
+                                 addmm_out_dtype=not torch_at_most(setup, (2, 7)))
     if built.kind == "causal" and resolve(setup).run.loss is Loss.CHUNKED:
         hidden = built.hf.base_model(input_ids=ids, use_cache=False).last_hidden_state
         head = built.hf.get_output_embeddings()

@@ -14,7 +14,12 @@ skips the kernels' arithmetic (an in-place write allocates nothing).
   `addmm` into `grad_weight`), 143-189 (backward: scales the saved gradients in place when
   grad_output != 1) and 192-238 (saves `grad_input` and `grad_weight`). Called by
   src/liger_kernel/transformers/model/llama.py@v0.3.0 `lce_forward` lines 101-109 on
-  `hidden_states[..., :-1, :].contiguous()` flattened to BT x H.
+  `hidden_states[..., :-1, :].contiguous()` flattened to BT x H. Later releases by the
+  `liger_version` knob (`vram.setup.liger`): no fp32 upcast from v0.5.0 (@v0.5.0 lines 64-77),
+  `grad_logits_chunk = logits_chunk` from v0.5.3 (line 122), and from v0.6.2
+  `grad_weight += torch.mm(grad_logits_chunk.t(), _input_chunk).float()` (@v0.6.2 line 134,
+  @v0.8.2 line 257; v0.8.1 on, an fp32 grad_weight over 16-bit logits on PyTorch >= 2.8 takes
+  `addmm(out_dtype=torch.float32)` in place, @v0.8.2 lines 243-256).
 - Cut Cross-Entropy, where the stack runs it (`fused_loss_is_cce`: unsloth, which first casts
   the hidden states to the head's dtype, unsloth_zoo/loss_utils.py@ce232d6c
   `fused_linear_cross_entropy`): `LinearCrossEntropyFunction`, apple/ml-cross-entropy
@@ -33,7 +38,16 @@ from typing import Any
 
 import torch
 
+from vram.setup.liger import (
+    LIGER_ADDMM_OUT_DTYPE,
+    LIGER_ALIASES_GRAD,
+    LIGER_FP32_PRODUCT,
+    LIGER_NO_UPCAST,
+)
+
 IGNORE_INDEX = -100
+#: The release the emulation was first written from.
+LIGER_V030 = (0, 3, 0)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -58,11 +72,13 @@ def _autocast_dtype(default: torch.dtype) -> torch.dtype:
 
 
 class LigerFusedLinearCrossEntropy(torch.autograd.Function):
-    """Liger's fused linear cross-entropy at v0.3.0 (see the module's docstring)."""
+    """Liger's fused linear cross-entropy at v0.3.0, and its later chunk loops by the version
+    (`vram.setup.liger`; see the module's docstring)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor,  # type: ignore[override]
-                target: torch.Tensor) -> torch.Tensor:
+                target: torch.Tensor, liger: tuple[int, int, int] = LIGER_V030,
+                addmm_out_dtype: bool = True) -> torch.Tensor:
         dtype = _autocast_dtype(x.dtype)
         bt, hidden = x.shape
         chunk = liger_chunk_tokens(bt, weight.shape[0], hidden)
@@ -77,24 +93,18 @@ class LigerFusedLinearCrossEntropy(torch.autograd.Function):
             loss_slice = loss_1d[start:end]
             # `.sum().item()` on the chunk's targets: every label counts (no ignored ones)
             alpha = (end - start) / total
-            logits_chunk = logits_chunk.float().contiguous()
-            # liger_cross_entropy_kernel: loss and the logits' gradient, written in place
-            logits_chunk = logits_chunk.to(dtype)
+            if liger < LIGER_NO_UPCAST:  # up to v0.4.2 the kernel runs on an fp32 copy
+                logits_chunk = logits_chunk.float().contiguous()
+                # liger_cross_entropy_kernel: loss and the logits' gradient, written in place
+                logits_chunk = logits_chunk.to(dtype)
             loss_1d[start:end] = loss_slice * alpha
-            grad_logits_chunk = logits_chunk * alpha
+            # v0.5.3 on: `grad_logits_chunk = logits_chunk` (scaled inside the kernel)
+            grad_logits_chunk = logits_chunk * alpha if liger < LIGER_ALIASES_GRAD \
+                else logits_chunk
             grad_input[start:end] = grad_logits_chunk @ weight
             if grad_weight is not None:
-                # v0.3.0 hands addmm the chunk's e-byte gradient and the input as they are; a
-                # fp32 input (autocast on an fp32 model) fails there, and v0.6.0 casts the
-                # gradient to the input's dtype (lines 126-135): that cast, where it applies
-                mat1 = logits_chunk.t()
-                if mat1.dtype != x_chunk.dtype:
-                    mat1 = mat1.to(x_chunk.dtype)
-                with torch.autocast("cpu", enabled=False):
-                    torch.addmm(grad_weight, mat1, x_chunk.to(grad_weight.dtype)
-                                if x_chunk.dtype != grad_weight.dtype else x_chunk,
-                                out=grad_weight)
-                del mat1
+                _accumulate_head_grad(grad_weight, grad_logits_chunk, x_chunk, liger,
+                                      addmm_out_dtype)
         loss = torch.sum(loss_1d)
         ctx.save_for_backward(grad_input.detach(),
                               grad_weight.detach() if grad_weight is not None else None)
@@ -105,16 +115,41 @@ class LigerFusedLinearCrossEntropy(torch.autograd.Function):
         # grad_output is 1.0 at the end of a step: `element_mul_kernel` is skipped, and in any
         # case it scales the saved gradients in place (lines 146-189): nothing is allocated
         grad_input, grad_weight = ctx.saved_tensors
-        return grad_input, grad_weight, None
+        return grad_input, grad_weight, None, None, None
+
+
+def _accumulate_head_grad(grad_weight: torch.Tensor, grad_logits: torch.Tensor,
+                          x_chunk: torch.Tensor, liger: tuple[int, int, int],
+                          addmm_out_dtype: bool) -> None:
+    """The chunk's share of the head's gradient, as each version adds it."""
+    if liger >= LIGER_FP32_PRODUCT and not (
+            liger >= LIGER_ADDMM_OUT_DTYPE and addmm_out_dtype
+            and grad_weight.dtype == torch.float32 and grad_logits.dtype != torch.float32):
+        # v0.6.2 line 134 / v0.8.2 line 257: the product (autocast's dtype) and its fp32 copy
+        grad_weight += torch.mm(grad_logits.t(), x_chunk).float()
+        return
+    # v0.3.0 hands addmm the chunk's e-byte gradient and the input as they are; a fp32 input
+    # (autocast on an fp32 model) fails there, and v0.6.0 casts the gradient to the input's
+    # dtype (lines 126-135): that cast, where it applies; v0.8.1's addmm(out_dtype=fp32)
+    # writes in place as well
+    mat1 = grad_logits.t()
+    if mat1.dtype != x_chunk.dtype:
+        mat1 = mat1.to(x_chunk.dtype)
+    with torch.autocast("cpu", enabled=False):
+        torch.addmm(grad_weight, mat1, x_chunk.to(grad_weight.dtype)
+                    if x_chunk.dtype != grad_weight.dtype else x_chunk, out=grad_weight)
+    del mat1
 
 
 def liger_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+               liger: tuple[int, int, int] = LIGER_V030, addmm_out_dtype: bool = True,
                ) -> torch.Tensor:
     """`lce_forward` (llama.py@v0.3.0 lines 101-109): the shifted hidden states copied
     contiguous, flattened, through the fused function."""
     shift_hidden = hidden[..., :-1, :].contiguous().view(-1, hidden.shape[-1])
     shift_labels = labels[..., 1:].contiguous().view(-1)
-    loss: torch.Tensor = LigerFusedLinearCrossEntropy.apply(shift_hidden, weight, shift_labels)
+    loss: torch.Tensor = LigerFusedLinearCrossEntropy.apply(shift_hidden, weight, shift_labels,
+                                                            liger, addmm_out_dtype)
     return loss
 
 
@@ -184,7 +219,8 @@ def cce_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -
 
 
 def fused_linear_loss(hf: Any, ids: torch.Tensor, labels: torch.Tensor, *, cce: bool,
-                      ) -> torch.Tensor:
+                      liger: tuple[int, int, int] = LIGER_V030,
+                      addmm_out_dtype: bool = True) -> torch.Tensor:
     """The causal model's last hidden states through the fused head and loss (the model's
     `lm_head` never runs on its own): Cut Cross-Entropy where the stack runs it, else Liger's.
     """
@@ -192,4 +228,4 @@ def fused_linear_loss(hf: Any, ids: torch.Tensor, labels: torch.Tensor, *, cce: 
     weight = hf.get_output_embeddings().weight
     if cce:  # unsloth_zoo/loss_utils.py@ce232d6c fused_linear_cross_entropy: to the head's dtype
         return cce_loss(hidden.to(weight.dtype), weight, labels)
-    return liger_loss(hidden, weight, labels)
+    return liger_loss(hidden, weight, labels, liger, addmm_out_dtype)
