@@ -14,6 +14,7 @@ from vram.result import LineItem, MomentId
 from vram.setup import Offload, Sharding, TrainingSetup
 from vram.setup.layout import shard_group
 from vram.sharding.deepspeed_zero import (
+    LiveParameters,
     gathers_copies,
     linear_wrapper,
     live_parameters,
@@ -128,18 +129,16 @@ _FORWARD_GATHERED = frozenset({MomentId.LAST_LAYER_FORWARD, MomentId.FORWARD_END
 _ONE_MODULE_GATHERED = frozenset({MomentId.FIRST_LAYER_BACKWARD, MomentId.EMBEDDING_BACKWARD})
 
 
-def deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
-                         ) -> dict[MomentId, list[LineItem]]:
-    """The whole parameters DeepSpeed ZeRO-3 holds gathered, by moment
-    (`vram.sharding.deepspeed_zero.live_parameters`): from the end of the forward to the top layer's
-    backward, the last max_reuse_distance / 2 parameters of the forward and the prefetch;
-    later, the module running and the prefetch; none at the optimizer step."""
+def _deepspeed_window(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
+                      ) -> tuple[LiveParameters, int, float, int] | None:
+    """DeepSpeed ZeRO-3's live window (`live_parameters`), its partitioned values, their bytes
+    per value and the largest module's values; None where nothing gathered is a copy."""
     if not runs_deepspeed_zero3(setup) or not gathers_copies(setup):
-        return {}
+        return None
     persistent_values, persistent_bytes = _persistent_values_and_bytes(setup, groups)
     values = sum(g.n_params for g in groups) - persistent_values
     if values <= 0:
-        return {}
+        return None
     per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
     largest = max(largest_matrix(model, profile_for(setup)), model.vocab_size * model.hidden_size)
     retained = 0
@@ -147,7 +146,30 @@ def deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[Pa
         # checkpointed layers keep nothing for backward; the head is never checkpointed
         keys = ("head",) if setup.grad_ckpt else ("linears", "head")
         retained = sum(g.n_params for g in groups if g.key in keys)
-    live = live_parameters(setup, values, largest, retained)
+    return live_parameters(setup, values, largest, retained), values, per_value, largest
+
+
+def deepspeed_prefetch_buffer_bytes(model: ModelSpec, setup: TrainingSetup,
+                                    groups: list[ParamGroup]) -> int:
+    """A coalesced prefetch's flat all-gather buffer (partition_parameters.py@v0.18.4#L1232):
+    the prefetched values whole, beside the parameters `wait` copies out of it (#L761)."""
+    window = _deepspeed_window(model, setup, groups)
+    if window is None:
+        return 0
+    live, _, per_value, _ = window
+    return int(live.prefetched * per_value)
+
+
+def deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
+                         ) -> dict[MomentId, list[LineItem]]:
+    """The whole parameters DeepSpeed ZeRO-3 holds gathered, by moment
+    (`vram.sharding.deepspeed_zero.live_parameters`): from the end of the forward to the top layer's
+    backward, the last max_reuse_distance / 2 parameters of the forward and the prefetch;
+    later, the module running and the prefetch; none at the optimizer step."""
+    window = _deepspeed_window(model, setup, groups)
+    if window is None:
+        return {}
+    live, values, per_value, largest = window
     source = ("deepspeed/runtime/zero/partitioned_param_coordinator.py@v0.18.4#L553 "
               "(stage3_max_reuse_distance), #L384 (prefetch, max_live_parameters)")
     inputs: dict[str, int | float | str] = {"kept": live.kept_for_backward,

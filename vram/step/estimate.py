@@ -38,6 +38,7 @@ from vram.memory.weights import (
     QUANTIZED,
     Stage,
     deepspeed_live_items,
+    deepspeed_prefetch_buffer_bytes,
     weight_items,
     working_items,
 )
@@ -56,6 +57,7 @@ from vram.result import (
 )
 from vram.setup import TrainingSetup
 from vram.sharding import fsdp1
+from vram.sharding.deepspeed_streams import allgather_pool_item, runs_allgather_stream
 from vram.sharding.deepspeed_zero import ZeroBuffers, zero_buffers
 from vram.sharding.expert_parallel import ep_local, state_model
 from vram.sharding.pipeline import StagePlan, peak_stages, stage_model, stage_plans
@@ -111,6 +113,9 @@ class StatePart:
     #: FSDP1's all-gather streams' cached blocks, in the reserved figure
     #: (`vram.sharding.fsdp1`); empty elsewhere.
     stream_pools: tuple[LineItem, ...]
+    #: DeepSpeed ZeRO-3's coalesced prefetch buffer on its all-gather stream, None where the
+    #: all-gathers do not run on a stream of their own (`vram.sharding.deepspeed_streams`).
+    allgather_flat_bytes: int | None
     #: The CUDA context the device figure counts, and the bounds' terms that are on.
     context_bytes: int
     bounds_shares: Shares
@@ -163,6 +168,8 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         fixed_overhead=fixed_overhead,
         fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
         stream_pools=() if pools is None else (pools,),
+        allgather_flat_bytes=(deepspeed_prefetch_buffer_bytes(model, setup, groups)
+                              if runs_allgather_stream(setup) else None),
         context_bytes=cuda_context_bytes(setup), bounds_shares=shares_for(model, setup),
         fixed_notes=_fixed_notes(model, setup, profile, optimizer),
         live_weight_items=deepspeed_live_items(model, setup, groups))
@@ -194,6 +201,9 @@ class StepPeak:
     #: What the loss's idle blocks add to `reserved` beyond the fitted slack, and one block.
     idle_loss: int = 0
     loss_block: int = 0
+    #: The streams' pools in `reserved` (`StatePart.stream_pools`, DeepSpeed's all-gather
+    #: stream's).
+    stream_pools: tuple[LineItem, ...] = ()
 
     def peaks(self, device: int) -> Peaks:
         """What the bounds are built from, with the device figure."""
@@ -250,6 +260,7 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
 
     static = part.static_bytes
     peak, allocated, reserved = moments[0], -1, 0
+    window = counted = 0  # the most gathered parameters, and those at the reserved peak
     activations = activations_max = 0
     for moment in moments:
         gradient_bytes, activation_bytes, in_flight_bytes, weight_bytes = moment.figures()
@@ -260,7 +271,10 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
         activations_max = max(activations_max, activation_bytes)
         # The caching allocator keeps what it reserved in backward through the optimizer step,
         # so the reserved peak is the largest (allocated + slack) over the moments.
-        reserved = max(reserved, total + allocator_slack_bytes(total, activation_bytes))
+        candidate = total + allocator_slack_bytes(total, activation_bytes)
+        if candidate > reserved:
+            reserved, counted = candidate, weight_bytes
+        window = max(window, weight_bytes)
         if figures is not None:
             figures.append(MomentBytes.assemble(moment.phase, moment.label, total,
                                                 gradient_bytes, activation_bytes,
@@ -268,11 +282,15 @@ def _rank_peak(model: ModelSpec, setup: TrainingSetup, figures: list[MomentBytes
     block = plan.head.loss_block_per_token * plan.tokens
     idle = _idle_loss(model, setup, part, block) if setup.grad_ckpt and block else 0
     idle = max(0, allocated + idle - reserved)
-    # FSDP1's all-gather streams hold their blocks the whole step, apart from the compute
-    # stream's pool (`vram.sharding.fsdp1`)
-    reserved += idle + sum(item.bytes for item in part.stream_pools)
+    # FSDP1's and DeepSpeed's all-gather streams hold their blocks the whole step, apart from
+    # the compute stream's pool (`vram.sharding.fsdp1`, `vram.sharding.deepspeed_streams`)
+    pools = part.stream_pools
+    if part.allgather_flat_bytes is not None:
+        ds_pool = allgather_pool_item(window, part.allgather_flat_bytes, counted)
+        pools = pools if ds_pool is None else (*pools, ds_pool)
+    reserved += idle + sum(item.bytes for item in pools)
     return StepPeak(part, plan, vision, peak, allocated, reserved, activations,
-                    activations_max, stage, idle, block)
+                    activations_max, stage, idle, block, pools)
 
 
 def _idle_loss(model: ModelSpec, setup: TrainingSetup, part: StatePart, block: int) -> int:
@@ -289,10 +307,10 @@ def estimate(model: ModelSpec, setup: TrainingSetup) -> Estimate:
     figures: list[MomentBytes] = []
     step = _step_peak(model, setup, figures)
     part, peak, allocated, reserved = step.part, step.peak, step.allocated, step.reserved
-    pools = sum(item.bytes for item in part.stream_pools)
+    pools = sum(item.bytes for item in step.stream_pools)
     idle = (idle_loss_item(step.idle_loss, step.loss_block),) if step.idle_loss else ()
     overhead = (slack_item(max(0, reserved - allocated - pools - step.idle_loss)), *idle,
-                *part.stream_pools, *part.fixed_overhead)
+                *step.stream_pools, *part.fixed_overhead)
     device = allocated + sum(i.bytes for i in overhead)
     extra_weights = [*peak.weight_items,
                      *(i for i in peak.in_flight_items if i.key.startswith("weights."))]
