@@ -86,3 +86,26 @@ def test_one_gpu_with_the_shards_in_host_memory_copies_them_in_on_the_stream() -
 ])
 def test_only_deepspeed_zero3_with_overlap_comm_has_it(changes: dict[str, object]) -> None:
     assert KEY not in _items(_seven_b(**changes))
+
+
+def test_a_4bit_base_packs_four_codes_per_counted_element() -> None:
+    """DeepSpeed counts its live window in stored elements (`ds_numel`), and a sharded QLoRA
+    base stores its 4-bit codes four to a bf16 element: the forward's last 5e8 elements are
+    2e9 weights. Llama 2 7B nf4 (its 6.48e9 layer weights are 1.62e9 elements), ZeRO-3 on 2
+    GPUs: the window kept to the top of the backward is 5e8 + 5e7 elements (1.1 GB of packed
+    codes and their scales), not 5.5e8 weights (about 0.3 GB)."""
+    from vram.memory.weights import deepspeed_elements
+    from vram.model.params import ParamGroup, Storage
+
+    nf4 = ParamGroup("linears", "w", 6_476_005_376, Storage.NF4, False, 3_339_000_000)
+    assert deepspeed_elements(nf4) == 1_619_001_344
+    dense = ParamGroup("embedding", "e", 131_072_000, Storage.BF16, False, 262_144_000)
+    assert deepspeed_elements(dense) == 131_072_000
+    setup = TrainingSetup.model_validate({
+        "method": "qlora", "quant": "nf4", "optimizer": "adamw", "precision": "bf16-mixed",
+        "micro_batch": 1, "seq_len": 512, "grad_ckpt": True, "framework": "hf-trainer",
+        "sharding": "zero3", "sharding_engine": "deepspeed", "n_gpus": 2})
+    gathered = _items(estimate(load_model("llama-2-7b"), setup))["weights.gathered"]
+    # 5.5e8 elements x 2.21 B: 2 B of codes + 0.25 B of fp32 absmax per 4 codes for the
+    # Linears, 2 B for the bf16 embedding and head, pooled over the partitioned values
+    assert 5.5e8 * 2.2 < gathered < 5.5e8 * 2.25

@@ -136,17 +136,38 @@ def _deepspeed_window(model: ModelSpec, setup: TrainingSetup, groups: list[Param
     if not runs_deepspeed_zero3(setup) or not gathers_copies(setup):
         return None
     persistent_values, persistent_bytes = _persistent_values_and_bytes(setup, groups)
-    values = sum(g.n_params for g in groups) - persistent_values
+    values = sum(deepspeed_elements(g) for g in groups) - persistent_values
     if values <= 0:
         return None
     per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
-    largest = max(largest_matrix(model, profile_for(setup)), model.vocab_size * model.hidden_size)
+    packed = any(g.storage in FOUR_BIT for g in groups)
+    largest = max(largest_matrix(model, profile_for(setup)) // (CODES_PER_ELEMENT if packed
+                                                                 else 1),
+                  model.vocab_size * model.hidden_size)
     retained = 0
     if not linear_wrapper(setup):
         # checkpointed layers keep nothing for backward; the head is never checkpointed
         keys = ("head",) if setup.grad_ckpt else ("linears", "head")
-        retained = sum(g.n_params for g in groups if g.key in keys)
+        retained = sum(deepspeed_elements(g) for g in groups if g.key in keys)
     return live_parameters(setup, values, largest, retained), values, per_value, largest
+
+
+#: 4-bit codes one 16-bit `bnb_4bit_quant_storage` element holds. DeepSpeed ZeRO-3 shards a
+#: QLoRA base only with the codes packed in the model's 16-bit dtype (PEFT's DeepSpeed QLoRA
+#: guide, peft docs/source/accelerate/deepspeed.md@6008f272a, `bnb_4bit_quant_storage=
+#: torch.bfloat16`), and it counts its live window in the stored tensor's elements
+#: (`all_gather_numel += param.ds_numel`,
+#: deepspeed/runtime/zero/partitioned_param_coordinator.py@v0.18.4#L485-L488).
+CODES_PER_ELEMENT = 4
+FOUR_BIT = (Storage.NF4, Storage.NF4_DQ)
+
+
+def deepspeed_elements(group: ParamGroup) -> int:
+    """The elements DeepSpeed counts for a group: its values, or for a 4-bit base the 16-bit
+    storage elements that pack them (`CODES_PER_ELEMENT` codes each)."""
+    if group.storage in FOUR_BIT:
+        return -(-group.n_params // CODES_PER_ELEMENT)
+    return group.n_params
 
 
 def deepspeed_prefetch_buffer_bytes(model: ModelSpec, setup: TrainingSetup,
