@@ -100,6 +100,8 @@ class MomentId(StrEnum):
     #: Right after a stack casts the model's output to fp32 (Lightning Fabric).
     OUTPUT_CAST = "the output cast to fp32"
     LOSS = "the loss"
+    #: The final RMSNorm's backward, after the loss's and the head's (its fp32 temporaries).
+    FINAL_NORM_BACKWARD = "the final norm's backward"
     TOP_LAYER_BACKWARD = "the top layer's backward"
     #: FSDP2: the two ends of the run of middle blocks.
     BLOCK_BELOW_TOP_BACKWARD = "the block below the top's backward"

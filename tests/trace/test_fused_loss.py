@@ -128,9 +128,11 @@ def test_cut_cross_entropy_builds_its_gradients_in_backward(method: str, grad_ck
     de, dc and dc's fp32 cast, are the loss's largest moment. Measured when added (loss
     moment / whole step): full +0.90 % / +0.11 %, checkpointed -1.58 % / -0.00 %; QLoRA at
     512 tokens +0.21 %, checkpointed -1.59 %. QLoRA at 4,096 checkpointed is -10 % at the loss
-    (the final RMSNorm's fp32 forward and backward temporaries, left out for every loss: 99 MiB
-    at the end of the forward) while its whole step agrees (-0.09 %); 512 tokens keeps the
-    head's copy (V·H·2 = 501 MiB) the term under test."""
+    while its whole step agrees (-0.09 %): at the trace's peak after the forward, the two
+    blocks' fp32 checkpoints (32 MiB each), which the estimate has unsloth offload, not the
+    final RMSNorm (its backward, `MomentId.FINAL_NORM_BACKWARD`, holds 192 MiB there, below
+    the loss: tests/trace/test_final_norm.py); 512 tokens keeps the head's copy
+    (V·H·2 = 501 MiB) the term under test."""
     setup = _setup(method, "bf16-mixed", grad_ckpt, framework="unsloth", seq_len=seq_len)
     error = _loss_moment_error(setup, LOSS_BACKWARD)
     assert abs(error) <= TOLERANCE["activations"], f"loss moment {100 * error:+.2f}%"
@@ -143,9 +145,10 @@ def test_cut_cross_entropy_builds_its_gradients_in_backward(method: str, grad_ck
 def test_cut_cross_entropy_whole_step(method: str, precision: str, grad_ckpt: bool,
                                       seq_len: int) -> None:
     """The whole step on unsloth with Cut Cross-Entropy. bf16-true: the segment after the loss
-    peaks in the final RMSNorm's fp32 backward, which the estimate leaves out for every loss
-    (-7 % full, -14 % LoRA at the loss moment), while the whole step agrees (+0.46 %, -0.01 %
-    when added). Checkpointed LoRA/QLoRA on unsloth are off whatever the loss (the standard
+    peaks in the final RMSNorm's fp32 backward, past the loss moment (-7 % full, -14 % LoRA
+    against it); the estimate's own moment for it (`MomentId.FINAL_NORM_BACKWARD`) is -0.07 %
+    full, -0.12 % LoRA (tests/trace/test_final_norm.py), and the whole step agrees (+0.46 %,
+    -0.01 % when added). Checkpointed LoRA/QLoRA on unsloth are off whatever the loss (the standard
     loss: QLoRA at 512 tokens -4.9 % activations; LoRA at 4,096 256 MiB under at the peak,
     -3 % with the standard loss, -8 % fused: as many bytes as its 16 checkpoints, which
     unsloth offloads), not held here."""

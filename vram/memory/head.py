@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vram.model.params import head_targeted
-from vram.model.spec import HeadKind, ModelSpec
+from vram.model.spec import HeadKind, ModelSpec, NormKind
 from vram.setup import Method, TrainingSetup
 from vram.setup.liger import (
     LIGER_ADDMM_OUT_DTYPE,
@@ -44,6 +44,8 @@ class HeadActivations:
     #: One of the unchunked loss's vocabulary-wide blocks (the upcast logits, their
     #: log-softmax), per token; 0 for chunked, fused and compiled losses.
     loss_block_per_token: int = 0
+    #: The final norm's backward at its largest, per token (`final_norm_backward_per_token`).
+    norm_backward_per_token: int = 0
 
 
 def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
@@ -54,13 +56,39 @@ def head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     remains is the gradient of the last hidden state, and the logits themselves where the
     training loop still holds them (LitGPT). The trace showed HF's logits gone by then.
     """
-    head = _head_activations(model, setup, profile)
+    head = replace(_head_activations(model, setup, profile),
+                   norm_backward_per_token=final_norm_backward_per_token(model, profile))
     if head.kept_per_token is not None:
         return head
     n = profile.precision
     grad_hidden = n.compute * model.hidden_size
     logits = n.compute * model.vocab_size if profile.keeps_logits else 0
     return replace(head, kept_per_token=grad_hidden + logits)
+
+
+#: fp32 [tokens, H] tensors alive at the RMSNorm backward's largest: the input's fp32 copy
+#: and five temporaries (see `final_norm_backward_per_token`).
+RMS_NORM_BACKWARD_FP32_COPIES = 6
+
+
+def final_norm_backward_per_token(model: ModelSpec, profile: StackProfile) -> int:
+    """The final RMSNorm's backward, after the loss's and the head's: autograd runs
+    `hidden.to(fp32)`, `pow(2).mean(-1)`, `* rsqrt(var + eps)` backwards
+    (transformers/models/llama/modeling_llama.py@v5.24.0 LlamaRMSNorm.forward;
+    torch/csrc/autograd/FunctionsManual.cpp@v2.13.0 pow_backward: `grad * 2 * self.pow(1)`).
+    At its largest the saved fp32 input, the rsqrt branch's gradient (grad · rstd), the mean's
+    expanded gradient, `self.pow(1)`, its doubling and their product are alive: six fp32
+    [tokens, H] tensors (the trace, llama-3.2-1b and qwen2.5-0.5b, every method and precision);
+    the head's input, output and their 16-bit gradients are freed by then. torchtune's
+    RMSNorm is the same graph (torchtune/modules/rms_norm.py@v0.3.0). A LayerNorm's fused
+    backward, or a compiled norm, holds none of these; T5's norm scales the 16-bit input by an
+    fp32 rstd (modeling_t5.py T5LayerNorm), another graph, not traced: left out. Sequence
+    parallel: 1 / tp of the tokens."""
+    if model.head_kind is HeadKind.CLASSIFIER or profile.compiled or model.is_encoder_decoder:
+        return 0
+    if model.decoder.norm_kind is not NormKind.RMS or not profile.norm_keeps_fp32_input:
+        return 0
+    return RMS_NORM_BACKWARD_FP32_COPIES * FP32 * model.hidden_size // profile.seq_split
 
 
 def _head_activations(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,

@@ -123,7 +123,7 @@ def _deepspeed_persistent_items(setup: TrainingSetup, groups: list[ParamGroup],
 #: ZeRO-3 still holds the parameters it keeps for reuse (`step_moments` labels them).
 _FORWARD_GATHERED = frozenset({MomentId.LAST_LAYER_FORWARD, MomentId.FORWARD_END,
                                MomentId.OUTPUT_CAST, MomentId.LOSS,
-                               MomentId.TOP_LAYER_BACKWARD})
+                               MomentId.FINAL_NORM_BACKWARD, MomentId.TOP_LAYER_BACKWARD})
 
 #: Later in the backward only the module running and the prefetch are gathered.
 _ONE_MODULE_GATHERED = frozenset({MomentId.FIRST_LAYER_BACKWARD, MomentId.EMBEDDING_BACKWARD})
@@ -227,6 +227,8 @@ class Stage(Enum):
     FORWARD = "forward"  # the forward and the loss's forward, inside autocast
     LAYERS_FORWARD = "layers' forward"  # inside the last layer: the head has not run yet
     LOSS = "loss"  # the loss's backward, before the head's
+    #: the final norm's backward: the head's backward ran, no layer's has begun (none recomputed)
+    FINAL_NORM = "final norm"
     TOP_LAYER = "top layer"  # the layers' backward, once the head's backward ran
     FIRST_LAYER = "first layer"  # the first layer's backward: the others' copies are freed
     #: the first layer's attention backward: its MLP's copies are freed too (the trace)
@@ -253,7 +255,7 @@ def working_items(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
             inputs={"bytes_per_param": 2}, bytes=casts // shards.weights,
             source="torch.autocast casts each weight; the Linear keeps it for backward",
         ))
-    if any(g.storage in QUANTIZED for g in groups):
+    if any(g.storage in QUANTIZED for g in groups) and stage is not Stage.FINAL_NORM:
         # the head's matrix is dequantized only between its forward and its backward; from the
         # end of the forward through the loss no layer's Linear runs, so only a quantized
         # head's dequantized weight can exist then (the trace: none at the loss's backward)
@@ -297,7 +299,7 @@ def _autocast_copies(model: ModelSpec, setup: TrainingSetup, profile: StackProfi
     # A tied head multiplies by the embedding matrix: that is the weight autocast casts.
     head_keys = ("head",) if any(g.key == "head" for g in groups) else (
         ("embedding",) if model.lm_head_tied else ())
-    if stage in (Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):
+    if stage in (Stage.FINAL_NORM, Stage.TOP_LAYER, Stage.FIRST_LAYER, Stage.FIRST_ATTENTION):
         head_keys = ()  # the head's backward ran: its cast is gone
     if profile.fused_linear_loss and profile.fused_loss_is_cce:
         head_keys = ()  # Cut Cross-Entropy copies the head itself (`vram.memory.head._cce_head`)

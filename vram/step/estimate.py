@@ -4,6 +4,8 @@ The step is followed through the moments that can hold the peak (`vram.step.mome
 - forward end: weights + optimizer state + every saved activation + the logits;
 - the loss: the same, with the loss's forward and backward buffers (logits, log-softmax and
   their gradients) at their largest;
+- the final norm's backward: the loss's tensors gone, the RMSNorm's fp32 temporaries at their
+  largest (a fused linear loss, or a long context, can peak there);
 - the top layer's backward: the head's gradient exists while every layer's activations are
   still held (under checkpointing, the top layer is recomputed);
 - late backward: almost every gradient exists, one layer's activations remain;

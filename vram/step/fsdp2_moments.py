@@ -16,6 +16,7 @@ _FSDP2_IN_FLIGHT = {
     MomentId.FORWARD_END: fsdp2.forward_end,
     MomentId.OUTPUT_CAST: fsdp2.after_forward,
     MomentId.LOSS: fsdp2.loss_backward,
+    MomentId.FINAL_NORM_BACKWARD: fsdp2.loss_backward,
     MomentId.TOP_LAYER_BACKWARD: fsdp2.top_block_backward,
     MomentId.FIRST_LAYER_BACKWARD: fsdp2.first_block_backward,
     MomentId.EMBEDDING_BACKWARD: fsdp2.embedding_backward,

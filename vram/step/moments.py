@@ -31,8 +31,8 @@ def step_moments(model: ModelSpec, setup: TrainingSetup, profile: StackProfile,
     # Order matters for ties: the allocator reaches a peak at its first moment.
     return _with_fp8_casts(c, with_fsdp2(c, [
         *_last_layer_forward(c), _forward_end(c), *_output_cast(c), _loss(c),
-        _top_layer_backward(c), _first_layer_backward(c), *_vision_backward(c),
-        _embedding_backward(c), _optimizer_step(c)]))
+        *_final_norm_backward(c), _top_layer_backward(c), _first_layer_backward(c),
+        *_vision_backward(c), _embedding_backward(c), _optimizer_step(c)]))
 
 
 _LAYER_BACKWARD = frozenset({MomentId.TOP_LAYER_BACKWARD, MomentId.BLOCK_BELOW_TOP_BACKWARD,
@@ -110,6 +110,25 @@ def _loss(c: StepContext) -> Moment:
         ItemDraft(key="activations.loss", label="logits, loss and their gradients",
                   formula=plan.head.formula, inputs=c.head_inputs, bytes=plan.head_peak_bytes,
                   source=HEAD_SOURCE), *c.vision])
+
+
+def _final_norm_backward(c: StepContext) -> list[Moment]:
+    """The final RMSNorm's backward: the loss's and the head's tensors are freed, every
+    layer's saved tensors still alive, the head's gradient done (as at the top layer's
+    backward) and the norm's fp32 temporaries at their largest
+    (`vram.memory.head.final_norm_backward_per_token`). It decides the step's peak where the
+    loss is small: a fused linear loss, or a long context."""
+    plan = c.plan
+    if plan.head_norm_backward_bytes == 0:
+        return []
+    grads = c.grads
+    head_grads = grads.head if c.in_backward else max(c.accumulated_bytes, grads.head)
+    return [Moment(Phase.BACKWARD, MomentId.FINAL_NORM_BACKWARD, head_grads, [
+        *c.layers, *c.working[Stage.FINAL_NORM],
+        ItemDraft(key="activations.final_norm", label="the final norm's backward",
+                  formula="6 × 4·H: the fp32 input and five fp32 temporaries",
+                  inputs=c.head_inputs, bytes=plan.head_norm_backward_bytes,
+                  source=HEAD_SOURCE), *c.tied_pending, *c.vision])]
 
 
 def _top_layer_backward(c: StepContext) -> Moment:

@@ -47,6 +47,8 @@ class ActivationPlan:
     head_saved_bytes: int
     head_peak_bytes: int
     head_kept_bytes: int
+    #: The final norm's backward at its largest (`vram.memory.head.final_norm_backward_per_token`).
+    head_norm_backward_bytes: int
     head_cast_bytes: int
     offloaded_bytes: int
     #: The 4-D causal masks HF builds once per forward for eager/math attention (b × s × s).
@@ -193,6 +195,7 @@ def plan(model: ModelSpec, setup: TrainingSetup, profile: StackProfile) -> Activ
         backward_attention_transient_bytes=per.backward_attention_transient * tokens,
         head_kept_bytes=head.kept_per_token * tokens, head_cast_bytes=head.cast_per_token * tokens,
         head_peak_bytes=head.loss_peak_per_token * tokens, offloaded_bytes=offloaded,
+        head_norm_backward_bytes=head.norm_backward_per_token * tokens,
     )
 
 
