@@ -14,7 +14,9 @@ The largest is the allocated peak (`torch.cuda.max_memory_allocated()`); the buc
 is alive at that moment, and `phase` names it.
 
     >>> from vram import load_model, TrainingSetup, estimate
-    >>> estimate(load_model("llama-3.1-8b"), TrainingSetup(method="qlora")).device_peak_bytes
+    >>> peak = estimate(load_model("llama-3.1-8b"), TrainingSetup(method="qlora"))
+    >>> peak.device_peak_bytes > peak.allocated_peak_bytes
+    True
 """
 
 from __future__ import annotations
@@ -345,7 +347,11 @@ def estimate_peaks(model: ModelSpec, setup: TrainingSetup) -> PeakBytes:
     peaks only, in about half the time.
 
         >>> from vram import load_model, TrainingSetup, estimate_peaks
-        >>> estimate_peaks(load_model("llama-3.1-8b"), TrainingSetup()).device_peak_bytes
+        >>> from vram import estimate
+        >>> model, setup = load_model("llama-3.1-8b"), TrainingSetup()
+        >>> fast, full = estimate_peaks(model, setup), estimate(model, setup)
+        >>> fast.device_peak_bytes == full.device_peak_bytes
+        True
     """
     step = _step_peak(model, setup, None)
     slack = max(0, step.reserved - step.allocated)
