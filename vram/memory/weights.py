@@ -22,7 +22,7 @@ from vram.sharding.deepspeed_zero import (
     runs_deepspeed_zero3,
 )
 from vram.sharding.shards import Shards
-from vram.stacks.profile import StackProfile, profile_for, runs_grouped_experts
+from vram.stacks.profile import StackProfile, runs_grouped_experts
 
 QUANTIZED = (Storage.NF4, Storage.NF4_DQ, Storage.INT8)
 
@@ -129,29 +129,6 @@ _FORWARD_GATHERED = frozenset({MomentId.LAST_LAYER_FORWARD, MomentId.FORWARD_END
 _ONE_MODULE_GATHERED = frozenset({MomentId.FIRST_LAYER_BACKWARD, MomentId.EMBEDDING_BACKWARD})
 
 
-def _deepspeed_window(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
-                      ) -> tuple[LiveParameters, int, float, int] | None:
-    """DeepSpeed ZeRO-3's live window (`live_parameters`), its partitioned values, their bytes
-    per value and the largest module's values; None where nothing gathered is a copy."""
-    if not runs_deepspeed_zero3(setup) or not gathers_copies(setup):
-        return None
-    persistent_values, persistent_bytes = _persistent_values_and_bytes(setup, groups)
-    values = sum(deepspeed_elements(g) for g in groups) - persistent_values
-    if values <= 0:
-        return None
-    per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
-    packed = any(g.storage in FOUR_BIT for g in groups)
-    largest = max(largest_matrix(model, profile_for(setup)) // (CODES_PER_ELEMENT if packed
-                                                                 else 1),
-                  model.vocab_size * model.hidden_size)
-    retained = 0
-    if not linear_wrapper(setup):
-        # checkpointed layers keep nothing for backward; the head is never checkpointed
-        keys = ("head",) if setup.grad_ckpt else ("linears", "head")
-        retained = sum(deepspeed_elements(g) for g in groups if g.key in keys)
-    return live_parameters(setup, values, largest, retained), values, per_value, largest
-
-
 #: 4-bit codes one 16-bit `bnb_4bit_quant_storage` element holds. DeepSpeed ZeRO-3 shards a
 #: QLoRA base only with the codes packed in the model's 16-bit dtype (PEFT's DeepSpeed QLoRA
 #: guide, peft docs/source/accelerate/deepspeed.md@6008f272a, `bnb_4bit_quant_storage=
@@ -170,24 +147,48 @@ def deepspeed_elements(group: ParamGroup) -> int:
     return group.n_params
 
 
-def deepspeed_prefetch_buffer_bytes(model: ModelSpec, setup: TrainingSetup,
-                                    groups: list[ParamGroup]) -> int:
+#: DeepSpeed ZeRO-3's live window (`live_parameters`), its partitioned values, their bytes per
+#: value and the largest module's values (`deepspeed_window`).
+DeepSpeedWindow = tuple[LiveParameters, int, float, int]
+
+
+def deepspeed_window(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup],
+                     profile: StackProfile) -> DeepSpeedWindow | None:
+    """DeepSpeed ZeRO-3's live window, read once per setup by the gathered parameters
+    (`deepspeed_live_items`) and the all-gather stream's flat buffer
+    (`deepspeed_prefetch_buffer_bytes`); None where nothing gathered is a copy."""
+    if not runs_deepspeed_zero3(setup) or not gathers_copies(setup):
+        return None
+    persistent_values, persistent_bytes = _persistent_values_and_bytes(setup, groups)
+    values = sum(deepspeed_elements(g) for g in groups) - persistent_values
+    if values <= 0:
+        return None
+    per_value = (sum(g.bytes for g in groups) - persistent_bytes) / values
+    packed = any(g.storage in FOUR_BIT for g in groups)
+    largest = max(largest_matrix(model, profile) // (CODES_PER_ELEMENT if packed else 1),
+                  model.vocab_size * model.hidden_size)
+    retained = 0
+    if not linear_wrapper(setup):
+        # checkpointed layers keep nothing for backward; the head is never checkpointed
+        keys = ("head",) if setup.grad_ckpt else ("linears", "head")
+        retained = sum(deepspeed_elements(g) for g in groups if g.key in keys)
+    return live_parameters(setup, values, largest, retained), values, per_value, largest
+
+
+def deepspeed_prefetch_buffer_bytes(window: DeepSpeedWindow | None) -> int:
     """A coalesced prefetch's flat all-gather buffer (partition_parameters.py@v0.18.4#L1232):
     the prefetched values whole, beside the parameters `wait` copies out of it (#L761)."""
-    window = _deepspeed_window(model, setup, groups)
     if window is None:
         return 0
     live, _, per_value, _ = window
     return int(live.prefetched * per_value)
 
 
-def deepspeed_live_items(model: ModelSpec, setup: TrainingSetup, groups: list[ParamGroup]
-                         ) -> dict[MomentId, list[LineItem]]:
+def deepspeed_live_items(window: DeepSpeedWindow | None) -> dict[MomentId, list[LineItem]]:
     """The whole parameters DeepSpeed ZeRO-3 holds gathered, by moment
     (`vram.sharding.deepspeed_zero.live_parameters`): from the end of the forward to the top layer's
     backward, the last max_reuse_distance / 2 parameters of the forward and the prefetch;
     later, the module running and the prefetch; none at the optimizer step."""
-    window = _deepspeed_window(model, setup, groups)
     if window is None:
         return {}
     live, values, per_value, largest = window

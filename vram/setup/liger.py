@@ -12,13 +12,12 @@ and its fp32 copy per chunk. None is the current release, v0.8.2 (2026-08-18).
 
 from __future__ import annotations
 
-import re
 from typing import Annotated
 
 from pydantic import BeforeValidator
 
 from vram.setup.knob import Knob
-from vram.setup.versions import lenient_version
+from vram.setup.versions import MAJOR_MINOR_PATCH, lenient_version
 
 #: The current release, what an unstated version means (tag v0.8.2, 2026-08-18).
 CURRENT_LIGER = (0, 8, 2)
@@ -32,12 +31,11 @@ LIGER_FP32_PRODUCT = (0, 6, 2)
 #: on PyTorch >= 2.8 (@v0.8.1 `_ADDMM_SUPPORTS_OUT_DTYPE`).
 LIGER_ADDMM_OUT_DTYPE = (0, 8, 1)
 
-_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?")
 
 
 def _liger_version(value: object) -> object:
     # "0.3.0", "v0.6", "0.6.2.dev0" -> "0.3.0", "0.6.0", "0.6.2"; "not stated (...)" -> None
-    return lenient_version(value, _VERSION, "a Liger Kernel version such as 0.3.0")
+    return lenient_version(value, MAJOR_MINOR_PATCH, "a Liger Kernel version such as 0.3.0")
 
 
 def liger_release(version: str | None) -> tuple[int, int, int]:

@@ -36,7 +36,7 @@ from vram.setup.layout import check_layout, shard_group
 from vram.setup.liger import LigerVersion
 from vram.setup.lora_targets import ALL_LINEAR, parse_lora_targets
 from vram.setup.mixers import MixerKernels
-from vram.setup.versions import lenient_version
+from vram.setup.versions import MAJOR_MINOR_PATCH, lenient_version
 from vram.setup.vision import (
     CropImages,
     FreezeVision,
@@ -52,7 +52,7 @@ from vram.setup.vision import (
 #: A PyTorch version's major and minor numbers at the start of its text.
 TORCH_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})")
 #: A bitsandbytes version's leading numbers: "0.41.1", "0.43" (patch 0 when absent).
-BNB_VERSION = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?")
+BNB_VERSION = MAJOR_MINOR_PATCH
 
 #: Names other tools use for the same sharding, accepted on input.
 SHARDING_ALIASES: dict[str, Sharding] = {

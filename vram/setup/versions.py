@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import re
 
+#: major.minor with an optional patch: bitsandbytes and Liger Kernel versions ("0.41.1",
+#: "v0.6", "0.6.2.dev0").
+MAJOR_MINOR_PATCH = re.compile(r"v?(\d{1,3})\.(\d{1,3})(?:\.(\d{1,3}))?")
+
 
 def lenient_version(value: object, pattern: re.Pattern[str], what: str) -> object:
     """A version's leading numbers as `pattern` reads them, zero-padded groups joined by dots;

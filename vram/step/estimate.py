@@ -43,6 +43,7 @@ from vram.memory.weights import (
     Stage,
     deepspeed_live_items,
     deepspeed_prefetch_buffer_bytes,
+    deepspeed_window,
     weight_items,
     working_items,
 )
@@ -156,6 +157,7 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
     gathered = sum(i.bytes for i in weights_on_gpu
                    if i.key in ("weights.gathered", "weights.unsharded_frozen"))
     pools = fsdp1.unshard_pool_item(model, setup, profile, groups, gathered)
+    window = deepspeed_window(model, setup, groups, profile)
     return StatePart(
         profile=profile, groups=groups, shards=shards,
         host_bytes=host + grads.host + optimizer.host_bytes, optimizer=optimizer, grads=grads,
@@ -172,11 +174,11 @@ def _state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
         fixed_overhead=fixed_overhead,
         fixed_overhead_bytes=sum(item.bytes for item in fixed_overhead),
         stream_pools=() if pools is None else (pools,),
-        allgather_flat_bytes=(deepspeed_prefetch_buffer_bytes(model, setup, groups)
+        allgather_flat_bytes=(deepspeed_prefetch_buffer_bytes(window)
                               if runs_allgather_stream(setup) else None),
         context_bytes=cuda_context_bytes(setup), bounds_shares=shares_for(model, setup),
         fixed_notes=_fixed_notes(model, setup, profile, optimizer),
-        live_weight_items=deepspeed_live_items(model, setup, groups))
+        live_weight_items=deepspeed_live_items(window))
 
 
 def state_part(model: ModelSpec, setup: TrainingSetup) -> StatePart:
